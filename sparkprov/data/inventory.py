@@ -1,0 +1,229 @@
+"""The inventory: which hosts exist, how to reach them, and their variables.
+
+    defaults:  {user, port, ssh_key, known_hosts, connection, become_password_env, ...}
+    hosts:     {NAME: {address, port, user, ssh_key, connection: ssh|local, vars: {...}}}
+    groups:    {GROUP: [host-or-group, ...]}  or  {GROUP: {hosts: [...], vars: {...}}}
+    vars:      {...}   # for every host; group vars override these, host vars override both
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.errors import InputError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+RESERVED = {"all", "localhost"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Connection(_Strict):
+    """How to reach a host; every field may come from `defaults`."""
+
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    connection: Literal["ssh", "local"] | None = None
+    become_password_env: str | None = None
+    become_password_file: str | None = None
+    connect_timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v):
+        if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}\$?", v):
+            raise ValueError(f"{v!r} is not a valid user name")
+        return v
+
+
+class HostEntry(Connection):
+    address: str | None = None
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v):
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]+", v):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+
+class GroupEntry(_Strict):
+    hosts: list[str] = Field(default_factory=list)
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class InventoryFile(_Strict):
+    defaults: Connection = Field(default_factory=Connection)
+    hosts: dict[str, HostEntry | None] = Field(default_factory=dict)
+    groups: dict[str, GroupEntry | list[str]] = Field(default_factory=dict)
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class Host(BaseModel):
+    """A resolved host: connection settings with defaults applied, and merged variables."""
+
+    name: str
+    address: str
+    connection: Literal["ssh", "local"] = "ssh"
+    user: str | None = None
+    port: int | None = None
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    become_password_env: str | None = None
+    become_password_file: str | None = None
+    connect_timeout: float = 10.0
+    vars: dict[str, Any] = Field(default_factory=dict)
+    groups: list[str] = Field(default_factory=list)
+
+
+class Inventory:
+    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, list[str]], pos: Positions):
+        self.path = path
+        self.hosts = hosts
+        self.groups = groups  # group -> host names (flattened)
+        self.pos = pos
+
+    def host_vars(self, name: str) -> dict[str, Any]:
+        return dict(self.hosts[name].vars)
+
+    def resolve(self, pattern: str | list[str], *, where: tuple[str, int | None, int | None] | None = None,
+                what: str = "host pattern") -> list[str]:
+        """Names matching a pattern: names, groups, `all`, globs, `!exclusions`, `&intersections`,
+        comma-separated. Order follows the inventory. Unknown plain names are an error."""
+        parts = pattern if isinstance(pattern, list) else [p for p in re.split(r"[,:\s]+", pattern) if p]
+        order = list(self.hosts)
+        chosen: set[str] = set()
+        for raw in parts:
+            raw = str(raw).strip()
+            if not raw:
+                continue
+            neg, inter = raw.startswith("!"), raw.startswith("&")
+            term = raw[1:] if (neg or inter) else raw
+            matched = self._match(term)
+            if matched is None:
+                file, line, col = where or (self.path, None, None)
+                close = _close(term, list(self.hosts) + list(self.groups))
+                raise InputError(f"unknown host or group {term!r} in {what}", file=file, line=line, column=col,
+                                 fix=f"did you mean {close!r}?" if close else
+                                 f"define it under hosts: or groups: in {self.path}")
+            if neg:
+                chosen -= matched
+            elif inter:
+                chosen &= matched
+            else:
+                chosen |= matched
+        return [h for h in order if h in chosen]
+
+    def _match(self, term: str) -> set[str] | None:
+        if term == "all" or term == "*":
+            return set(self.hosts)
+        if term in self.groups:
+            return set(self.groups[term])
+        if term in self.hosts:
+            return {term}
+        if any(c in term for c in "*?["):
+            return {h for h in self.hosts if fnmatch.fnmatchcase(h, term)} | {
+                h for g, members in self.groups.items() if fnmatch.fnmatchcase(g, term) for h in members}
+        return None
+
+
+def _close(term: str, names: list[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(term, names, n=1)
+    return found[0] if found else None
+
+
+def implicit_localhost() -> Host:
+    return Host(name="localhost", address="localhost", connection="local")
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    data, pos = load_yaml(path)
+    file = str(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise pos.error((), "an inventory must be a mapping with hosts:, groups:, vars:",
+                        fix="see inventory.yaml in the sparkprov repository")
+    model: InventoryFile = parse_model(InventoryFile, data, pos)
+    defaults = model.defaults
+    hosts: dict[str, Host] = {}
+    for name, entry in model.hosts.items():
+        name = str(name)
+        if not NAME_RE.match(name) or name == "all":
+            raise pos.error(("hosts", name), f"invalid host name {name!r}", key=True,
+                            fix="use letters, digits, '.', '_' and '-'")
+        entry = entry or HostEntry()
+        settings: dict[str, Any] = {}
+        for field in Connection.model_fields:
+            value = getattr(entry, field)
+            settings[field] = value if value is not None else getattr(defaults, field)
+        connection = settings.pop("connection") or ("local" if name == "localhost" else "ssh")
+        address = entry.address or name
+        if settings["connect_timeout"] is None:
+            settings.pop("connect_timeout")
+        hosts[name] = Host(name=name, address=address, connection=connection, **settings,
+                           vars={**model.vars})
+    groups = _flatten_groups(model, hosts, pos, file)
+    for gname, gentry in model.groups.items():  # group vars, then host vars on top
+        if isinstance(gentry, GroupEntry):
+            for h in groups[gname]:
+                hosts[h].vars.update(gentry.vars)
+    for name, entry in model.hosts.items():
+        if entry is not None:
+            hosts[str(name)].vars.update(entry.vars)
+    for gname, members in groups.items():
+        for h in members:
+            hosts[h].groups.append(gname)
+    return Inventory(file, hosts, groups, pos)
+
+
+def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions, file: str) -> dict[str, list[str]]:
+    raw = {str(g): (e.hosts if isinstance(e, GroupEntry) else e) for g, e in model.groups.items()}
+    for g in raw:
+        if not NAME_RE.match(g) or g in RESERVED:
+            raise pos.error(("groups", g), f"invalid group name {g!r}", key=True,
+                            fix="pick another name (all and localhost are reserved)")
+        if g in hosts:
+            raise pos.error(("groups", g), f"group {g!r} has the same name as a host", key=True,
+                            fix="rename the group")
+    out: dict[str, list[str]] = {}
+
+    def expand(group: str, stack: tuple[str, ...]) -> list[str]:
+        if group in out:
+            return out[group]
+        if group in stack:
+            raise pos.error(("groups", group), f"group {group!r} includes itself through {' -> '.join(stack)}",
+                            fix="remove the cycle")
+        members: list[str] = []
+        entry = model.groups[group]
+        base = ("groups", group, "hosts") if isinstance(entry, GroupEntry) else ("groups", group)
+        for i, member in enumerate(raw[group]):
+            member = str(member)
+            if member in hosts:
+                found = [member]
+            elif member in raw:
+                found = expand(member, stack + (group,))
+            else:
+                close = _close(member, list(hosts) + list(raw))
+                raise pos.error(base + (i,), f"group {group!r} names unknown host {member!r}",
+                                fix=f"did you mean {close!r}?" if close else "add it under hosts:")
+            members.extend(h for h in found if h not in members)
+        out[group] = members
+        return members
+
+    for g in raw:
+        expand(g, ())
+    return out

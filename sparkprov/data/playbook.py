@@ -1,0 +1,181 @@
+"""Playbooks: a list of plays; a play targets hosts and lists tasks; a task names one module.
+
+    - name: Prepare Sparks
+      hosts: sparks
+      become: true
+      tasks:
+        - name: docker group
+          group: {name: docker}
+          tags: [docker]
+          notify: [restart something]
+      handlers:
+        - name: restart something
+          command: {argv: [...]}
+
+Everything is validated on load, module arguments included, before any host is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sparkprov import modules
+from sparkprov.data.yamlpos import Positions, load_yaml, parse_model, validation_error
+from sparkprov.engine.expr import ExprError, Undefined, check_condition, has_template, render
+from sparkprov.errors import InputError
+
+TASK_KEYWORDS = {"name", "tags", "when", "notify", "check_mode", "no_log", "become", "ignore_errors"}
+
+
+class _TaskKeywords(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    when: str | bool | None = None
+    notify: list[str] = Field(default_factory=list)
+    check_mode: bool | None = None
+    no_log: bool = False
+    become: bool | None = None
+    ignore_errors: bool = False
+
+    @field_validator("tags", "notify", mode="before")
+    @classmethod
+    def _listify(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+class _PlayFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    hosts: str | list[str]
+    become: bool = False
+    vars: dict[str, Any] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    tasks: list[Any] = Field(default_factory=list)
+    handlers: list[Any] = Field(default_factory=list)
+
+
+@dataclass
+class Task:
+    name: str
+    module: str
+    args: dict[str, Any]
+    tags: list[str]
+    when: str | bool | None
+    notify: list[str]
+    check_mode: bool | None
+    no_log: bool
+    become: bool | None
+    ignore_errors: bool
+    where: tuple[str, int | None, int | None]  # file, line, column of the task
+
+    def error(self, message: str, fix: str | None = None) -> InputError:
+        file, line, col = self.where
+        return InputError(message, file=file, line=line, column=col, fix=fix)
+
+
+@dataclass
+class Play:
+    name: str
+    hosts: str | list[str]
+    become: bool
+    vars: dict[str, Any]
+    tasks: list[Task]
+    handlers: list[Task]
+    where: tuple[str, int | None, int | None]
+
+
+@dataclass
+class Playbook:
+    path: str
+    plays: list[Play] = field(default_factory=list)
+
+
+def _parse_task(raw: Any, pos: Positions, path: tuple, play_tags: list[str]) -> Task:
+    line, col = pos.at(path)
+    where = (pos.file, line, col)
+    if not isinstance(raw, dict):
+        raise pos.error(path, "a task must be a mapping with a module name and its arguments",
+                        fix="write e.g. `- name: ...` then `file: {path: ..., mode: \"0644\"}`")
+    module_keys = [k for k in raw if k not in TASK_KEYWORDS]
+    registry = modules.registry()
+    if not module_keys:
+        raise pos.error(path, "task names no module", fix=f"add one of: {', '.join(sorted(registry))}")
+    if len(module_keys) > 1:
+        unknown = [k for k in module_keys if k not in registry]
+        key = unknown[0] if unknown else module_keys[1]
+        fix = _suggest(key, registry, TASK_KEYWORDS)
+        raise pos.error(path + (key,), f"task has more than one module or an unknown keyword: {', '.join(map(str, module_keys))}",
+                        key=True, fix=fix)
+    mod_name = str(module_keys[0])
+    if mod_name not in registry:
+        raise pos.error(path + (mod_name,), f"unknown module {mod_name!r}", key=True,
+                        fix=_suggest(mod_name, registry, TASK_KEYWORDS))
+    kw = parse_model(_TaskKeywords, {k: v for k, v in raw.items() if k in TASK_KEYWORDS}, pos, prefix=path)
+    args = raw[mod_name]
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise pos.error(path + (mod_name,), f"arguments of {mod_name} must be a mapping",
+                        fix=f"write `{mod_name}: {{key: value}}`")
+    if isinstance(kw.when, str):
+        try:
+            check_condition(kw.when)
+        except ExprError as exc:
+            raise pos.error(path + ("when",), str(exc), fix="use and/or/not, ==, !=, <, >, in, and variable names") from None
+    module_cls = registry[mod_name]
+    # Arguments without templates are validated now; templated ones once per host (validate_for_host).
+    if not has_template(args):
+        parse_model(module_cls.Args, args, pos, prefix=path + (mod_name,))
+    return Task(name=kw.name or f"{mod_name}", module=mod_name, args=args, tags=sorted(set(kw.tags) | set(play_tags)),
+                when=kw.when, notify=kw.notify, check_mode=kw.check_mode, no_log=kw.no_log, become=kw.become,
+                ignore_errors=kw.ignore_errors, where=where)
+
+
+def _suggest(word: str, registry: dict, keywords: set[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(registry) + sorted(keywords), n=1)
+    return f"did you mean {close[0]!r}?" if close else f"modules: {', '.join(sorted(registry))}"
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    data, pos = load_yaml(path)
+    file = str(path)
+    if not isinstance(data, list) or not data:
+        raise pos.error((), "a playbook must be a non-empty list of plays", fix="start each play with `- hosts: ...`")
+    book = Playbook(file)
+    for i, raw_play in enumerate(data):
+        if not isinstance(raw_play, dict):
+            raise pos.error((i,), "a play must be a mapping with hosts: and tasks:")
+        play = parse_model(_PlayFile, raw_play, pos, prefix=(i,))
+        tasks = [_parse_task(t, pos, (i, "tasks", j), play.tags) for j, t in enumerate(play.tasks)]
+        handlers = [_parse_task(t, pos, (i, "handlers", j), play.tags) for j, t in enumerate(play.handlers)]
+        names = {h.name for h in handlers}
+        for j, t in enumerate(tasks):
+            for n in t.notify:
+                if n not in names:
+                    raise pos.error((i, "tasks", j, "notify"), f"notify names no handler {n!r}",
+                                    fix=f"define it under handlers: of this play (have: {', '.join(sorted(names)) or 'none'})")
+        line, col = pos.at((i,))
+        book.plays.append(Play(play.name or f"play {i + 1}", play.hosts, play.become, play.vars, tasks, handlers,
+                               (file, line, col)))
+    return book
+
+
+def render_args(task: Task, variables: dict[str, Any]) -> Any:
+    """The task's arguments for one host, validated. Raises InputError at the task's position."""
+    try:
+        args = render(task.args, variables)
+    except Undefined as exc:
+        raise task.error(f"task {task.name!r}: {exc}", fix="define it in the inventory vars or the play's vars") from None
+    module_cls = modules.registry()[task.module]
+    try:
+        return module_cls.Args.model_validate(args)
+    except ValidationError as exc:
+        err = validation_error(exc, Positions(task.where[0], {(): task.where[1:]}))
+        raise task.error(f"task {task.name!r}: {err.message}", fix=err.fix) from None

@@ -1,0 +1,222 @@
+"""YAML loading that remembers where every value came from.
+
+Users get errors as `FILE:LINE:COL: message (fix: ...)`. PyYAML's composer gives every node a
+start mark; we build plain Python data from the node tree and keep a side table from the path
+of each value (a tuple of keys and indexes) to its position. A pydantic ValidationError's `loc`
+is such a path, so it maps straight back to a line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sparkprov.errors import InputError
+
+Path_ = tuple  # a path into the document: keys (str) and list indexes (int)
+
+
+@dataclass
+class Positions:
+    """Where each value of a loaded document sits in its file."""
+
+    file: str
+    marks: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # path -> (line, col), 1-based
+    key_marks: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # path of a key itself
+
+    def at(self, path: Iterable, *, key: bool = False) -> tuple[int | None, int | None]:
+        """Line and column of the value at `path`, or of its closest ancestor we know."""
+        p = tuple(path)
+        while True:
+            table = self.key_marks if key and p in self.key_marks else self.marks
+            if p in table:
+                return table[p]
+            if not p:
+                return None, None
+            p = p[:-1]
+            key = False
+
+    def error(self, path: Iterable, message: str, *, fix: str | None = None, key: bool = False) -> InputError:
+        line, col = self.at(path, key=key)
+        return InputError(message, file=self.file, line=line, column=col, fix=fix)
+
+    def sub(self, prefix: Iterable) -> "Positions":
+        """Positions of a sub-document, re-rooted at `prefix`."""
+        pre = tuple(prefix)
+        n = len(pre)
+        out = Positions(self.file)
+        out.marks = {k[n:]: v for k, v in self.marks.items() if k[:n] == pre}
+        out.key_marks = {k[n:]: v for k, v in self.key_marks.items() if k[:n] == pre}
+        return out
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+class _Builder:
+    def __init__(self, file: str):
+        self.pos = Positions(file)
+        self.constructor = yaml.SafeLoader("")  # only used to resolve scalar values
+
+    def build(self, node: yaml.Node, path: tuple) -> Any:
+        self.pos.marks[path] = _mark(node)
+        if isinstance(node, yaml.MappingNode):
+            out: dict = {}
+            self.constructor.flatten_mapping(node)
+            for key_node, value_node in node.value:
+                key = self.build(key_node, path + ("<key>",))
+                if not isinstance(key, (str, int, float, bool)) or key is None:
+                    raise self.pos.error(path + ("<key>",), "a mapping key must be a plain value")
+                if key in out:
+                    line, col = _mark(key_node)
+                    raise InputError(f"duplicate key {key!r}", file=self.pos.file, line=line,
+                                     column=col, fix="keep one of the two entries")
+                self.pos.key_marks[path + (key,)] = _mark(key_node)
+                out[key] = self.build(value_node, path + (key,))
+            self.pos.marks.pop(path + ("<key>",), None)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        return self.constructor.construct_object(node, deep=True)
+
+
+def load_yaml(path: str | Path, *, text: str | None = None) -> tuple[Any, Positions]:
+    """Load one YAML document; raise InputError with the position on any syntax problem."""
+    file = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError("file not found", file=file, fix="check the path") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read: {exc}", file=file) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(f"invalid YAML: {problem}", file=file,
+                         line=mark.line + 1 if mark else None,
+                         column=mark.column + 1 if mark else None,
+                         fix="check indentation and quoting near this position") from None
+    except yaml.YAMLError as exc:  # pragma: no cover - composer errors are all marked
+        raise InputError(f"invalid YAML: {exc}", file=file) from None
+    if node is None:
+        return None, Positions(file)
+    builder = _Builder(file)
+    try:
+        data = builder.build(node, ())
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        raise InputError(f"invalid YAML value: {exc.problem}", file=file,
+                         line=mark.line + 1 if mark else None,
+                         column=mark.column + 1 if mark else None) from None
+    return data, builder.pos
+
+
+def _describe(err: dict, model: type[BaseModel] | None) -> tuple[str, str | None]:
+    """A short message and a fix for one pydantic error entry."""
+    kind = err.get("type", "")
+    loc = err.get("loc", ())
+    field_name = loc[-1] if loc else ""
+    if kind == "extra_forbidden":
+        known = _known_fields(model, loc[:-1]) if model else []
+        close = difflib.get_close_matches(str(field_name), known, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else (
+            f"allowed keys: {', '.join(sorted(known))}" if known else "remove it")
+        return f"unknown key {field_name!r}", fix
+    if kind == "missing":
+        return f"missing required key {field_name!r}", f"add {field_name}: ..."
+    msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    where = f"{field_name}: " if isinstance(field_name, str) and field_name else ""
+    return where + msg, None
+
+
+def _known_fields(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """Field names allowed at `loc` inside `model`, following fields, dict values and list items."""
+    current: Any = model
+    for part in loc:
+        current = _step(current, part)
+        if current is None:
+            return []
+    current = _unwrap_model(current)
+    if current is None:
+        return []
+    return [info.alias or name for name, info in current.model_fields.items()]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _unwrap_model(t: Any) -> Any:
+    """The model class of an annotation that is a model or an Optional/Union holding one."""
+    if _is_model(t):
+        return t
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(t):
+            if _is_model(arg):
+                return arg
+    return None
+
+
+def _step(t: Any, part: Any) -> Any:
+    """The annotation one step down from `t` along `part` (a field name, dict key or index)."""
+    model = _unwrap_model(t)
+    if model is not None and isinstance(part, str) and part in model.model_fields:
+        return model.model_fields[part].annotation
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(t):
+            found = _step(arg, part)
+            if found is not None:
+                return found
+        return None
+    if origin is dict:
+        return typing.get_args(t)[1]
+    if origin in (list, tuple, set):
+        return typing.get_args(t)[0]
+    if model is not None and isinstance(part, str):  # pydantic names a union member by its class
+        return model if part == model.__name__ else None
+    return None
+
+
+def validation_error(exc: ValidationError, pos: Positions, *, model: type[BaseModel] | None = None,
+                     prefix: tuple = ()) -> InputError:
+    """The first error of a ValidationError as one positioned InputError."""
+    err = exc.errors()[0]
+    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
+    message, fix = _describe(err, model)
+    return pos.error(_data_path(pos, prefix, loc), message, fix=fix, key=err.get("type") == "extra_forbidden")
+
+
+def _data_path(pos: Positions, prefix: tuple, loc: tuple) -> tuple:
+    """pydantic names the member of a union it tried (`GroupEntry`, `list[str]`) inside `loc`;
+    those are not keys of the document, so drop them."""
+    path = tuple(prefix)
+    for part in loc:
+        candidate = path + (part,)
+        known = candidate in pos.marks or candidate in pos.key_marks
+        looks_like_type = isinstance(part, str) and (part[:1].isupper() or "[" in part)
+        if known or not looks_like_type:
+            path = candidate
+    return path
+
+
+def parse_model(model: type[BaseModel], data: Any, pos: Positions, *, prefix: tuple = (),
+                context: dict | None = None):
+    """Validate `data` (at `prefix` in the document) into `model`, errors pointing at the file."""
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as exc:
+        raise validation_error(exc, pos, model=model, prefix=prefix) from None

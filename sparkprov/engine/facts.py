@@ -1,0 +1,169 @@
+"""Facts: parameterised reads of a host's state, gathered many at a time in one remote call.
+
+A fact is a frozen dataclass (its parameters are its identity) with a `command` (POSIX sh,
+built with quoting) and a pure `parse`. The gather script runs as the login user; facts that
+need root run through `__sp_root`, which the script defines from what sudo allows.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+from dataclasses import astuple, dataclass
+from typing import Any, ClassVar, Iterable
+
+from sparkprov.transport.shell import quote
+
+
+class ShellCtx:
+    """What a fact's command may need to know about the host while being rendered."""
+
+    def __init__(self, home: str | None):
+        self.home = home
+
+    def path(self, p: str) -> str:
+        """A path as a shell word; `~` means the login user's home."""
+        if p == "~" or p.startswith("~/"):
+            rest = p[2:]
+            if self.home:
+                return quote(self.home.rstrip("/") + ("/" + rest if rest else ""))
+            return '"$__sp_home"' + (quote("/" + rest) if rest else "")
+        return quote(p)
+
+
+@dataclass(frozen=True)
+class Fact:
+    needs_root: ClassVar[bool] = False
+
+    @property
+    def key(self) -> tuple:
+        return (type(self).__name__,) + astuple(self)
+
+    def command(self, sh: ShellCtx) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def parse(self, out: str, err: str, rc: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        params = ", ".join(repr(v) for v in astuple(self))
+        return f"{type(self).__name__}({params})"
+
+
+class FactError(Exception):
+    """A fact whose output could not be understood; the task reading it fails."""
+
+
+# -- the host's identity: always gathered -------------------------------------------------
+
+@dataclass(frozen=True)
+class HostInfo(Fact):
+    """Who we are and what the machine is. Read first, on every host."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return (
+            "printf 'user=%s\\nuid=%s\\nhome=%s\\n' \"$(id -un)\" \"$(id -u)\" \"$__sp_home\"; "
+            "printf 'hostname=%s\\narch=%s\\nkernel=%s\\n' \"$(hostname)\" \"$(uname -m)\" \"$(uname -r)\"; "
+            "if [ -r /etc/os-release ]; then sed -n 's/^\\(ID\\|VERSION_ID\\|PRETTY_NAME\\)=/os_&/p' /etc/os-release; fi; "
+            "if [ -r /etc/dgx-release ]; then sed -n 's/^\\(DGX_NAME\\|DGX_PRETTY_NAME\\|DGX_OTA_VERSION\\)=/dgx_&/p' /etc/dgx-release; fi"
+        )
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, str]:
+        info: dict[str, str] = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                info[key.strip().lower()] = value.strip().strip('"')
+        if "user" not in info:
+            raise FactError(f"host info unreadable: {err.strip() or out.strip()}")
+        return info
+
+
+# -- the gather script ----------------------------------------------------------------------
+
+_PREAMBLE = r"""__sp_n=%(nonce)s
+__sp_home=$(getent passwd "$(id -un)" 2>/dev/null | cut -d: -f6)
+[ -n "$__sp_home" ] || __sp_home=$HOME
+exec 3>&1
+__sp_sec() {
+  printf '\n@@SP:%%s:%%s:B\n' "$__sp_n" "$1"
+  __sp_err=$( { "$2"; } 2>&1 1>&3 ); __sp_rc=$?
+  printf '\n@@SP:%%s:%%s:E:%%s\n' "$__sp_n" "$1" "$__sp_rc"
+  printf '%%s' "$__sp_err" | base64 | tr -d '\n'; printf '\n'
+}
+"""
+
+# How the script becomes root for the facts that need it; prints how it did on request.
+_ROOT = r"""if [ "$(id -u)" = 0 ]; then __sp_how=root; __sp_root() { "$@"; }
+elif ! command -v sudo >/dev/null 2>&1; then __sp_how=nosudo; __sp_root() { echo "sudo is not installed" >&2; return 97; }
+elif sudo -n true 2>/dev/null; then __sp_how=nopasswd; __sp_root() { sudo -n -H "$@"; }
+elif [ -n "${__sp_has_pw:-}" ]; then
+  if __sp_pw | sudo -k -S -p '' true 2>/dev/null; then __sp_how=password-ok; __sp_root() { __sp_pw | sudo -k -S -p '' -H "$@"; }
+  else __sp_how=password-bad; __sp_root() { echo "sudo password rejected" >&2; return 97; }; fi
+else __sp_how=password-needed; __sp_root() { echo "sudo needs a password" >&2; return 97; }
+fi
+"""
+
+_SECTION_RE = r"\n@@SP:{n}:(\d+):B\n(.*?)\n@@SP:{n}:\1:E:(\d+)\n([A-Za-z0-9+/=]*)\n"
+
+
+@dataclass
+class GatherScript:
+    script: str
+    nonce: str
+    facts: list[Fact]
+    probe_become: bool
+
+
+def build_gather(facts: Iterable[Fact], sh: ShellCtx, *, become: bool, password: str | None,
+                 probe_become: bool) -> GatherScript:
+    """One script that reads every fact. `become`: facts marked needs_root run as root."""
+    nonce = secrets.token_hex(8)
+    facts = list(facts)
+    parts = [_PREAMBLE % {"nonce": nonce}]
+    if become or probe_become:
+        if password is not None:
+            # printf is a shell builtin: the password never appears in any argv.
+            parts.append(f"__sp_has_pw=1\n__sp_pw() {{ printf '%s\\n' {quote(password)}; }}\n")
+        parts.append(_ROOT)
+    for i, fact in enumerate(facts):
+        body = fact.command(sh)
+        if fact.needs_root and become:
+            body = "__sp_root sh -c " + quote(body)
+        parts.append(f"__sp_f{i}() {{\n{body}\n}}\n__sp_sec {i} __sp_f{i}\n")
+    if probe_become:
+        parts.append("printf '\\n@@SP:%s:become:%s\\n' \"$__sp_n\" \"$__sp_how\"\n")
+    return GatherScript("".join(parts), nonce, facts, probe_become)
+
+
+@dataclass
+class GatherResult:
+    values: dict[tuple, Any]
+    errors: dict[tuple, str]
+    become: str | None
+
+
+def parse_gather(gs: GatherScript, stdout: str) -> GatherResult:
+    values: dict[tuple, Any] = {}
+    errors: dict[tuple, str] = {}
+    found: dict[int, tuple[str, int, str]] = {}
+    for m in re.finditer(_SECTION_RE.format(n=re.escape(gs.nonce)), stdout, re.S):
+        err = base64.b64decode(m.group(4)).decode(errors="replace") if m.group(4) else ""
+        found[int(m.group(1))] = (m.group(2), int(m.group(3)), err)
+    for i, fact in enumerate(gs.facts):
+        if i not in found:
+            errors[fact.key] = "no output (the gather script stopped early)"
+            continue
+        out, rc, err = found[i]
+        try:
+            values[fact.key] = fact.parse(out, err, rc)
+        except FactError as exc:
+            errors[fact.key] = str(exc)
+        except (ValueError, KeyError, IndexError) as exc:
+            errors[fact.key] = f"cannot parse {fact}: {exc}"
+    how = None
+    if gs.probe_become:
+        m = re.search(rf"\n@@SP:{re.escape(gs.nonce)}:become:([a-z-]+)\n", stdout)
+        how = m.group(1) if m else None
+    return GatherResult(values, errors, how)

@@ -1,0 +1,134 @@
+"""The module contract (Ansible's, with pyinfra's split between reading and planning).
+
+A module says which facts it reads, and plans from those facts alone: either nothing to do,
+or a list of changes, each with a human summary, an optional before/after diff, the script
+that makes it so, and the facts that script touches (read again afterwards to verify).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from sparkprov.engine.facts import Fact, FactError
+
+
+class ModuleArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class Diff:
+    """Before and after of one thing (a file, a setting, a membership)."""
+
+    label: str
+    before: str
+    after: str
+
+    def unified(self) -> str:
+        lines = difflib.unified_diff(self.before.splitlines(keepends=True), self.after.splitlines(keepends=True),
+                                     fromfile=f"before: {self.label}", tofile=f"after: {self.label}")
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"label": self.label, "before": self.before, "after": self.after}
+
+
+@dataclass
+class Change:
+    summary: str
+    script: str
+    diff: Diff | None = None
+    touches: list[Fact] = field(default_factory=list)
+    reconnect: bool = False  # group membership only counts in a new login session
+    verify: bool = True      # re-plan after applying must find nothing left to do
+
+
+@dataclass
+class Plan:
+    changes: list[Change] = field(default_factory=list)
+    msg: str = ""
+    failed: str | None = None
+    skipped: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    exports: dict[str, Any] = field(default_factory=dict)  # values other hosts and plays may read
+
+    @classmethod
+    def fail(cls, msg: str, **kw) -> "Plan":
+        return cls(failed=msg, **kw)
+
+    @classmethod
+    def skip(cls, reason: str, **kw) -> "Plan":
+        return cls(skipped=reason, **kw)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+class HostContext:
+    """What a module may know about the host it plans for, besides its facts."""
+
+    def __init__(self, name: str, vars: dict[str, Any], info: dict[str, str], *, check: bool,
+                 exports: dict[str, dict[str, Any]], play_hosts: list[str], become: bool):
+        self.name = name
+        self.vars = vars
+        self.info = info
+        self.check = check
+        self.exports = exports  # host name -> exported values (all hosts of the run)
+        self.play_hosts = play_hosts
+        self.become = become
+
+    @property
+    def user(self) -> str:
+        return self.info.get("user", "")
+
+    @property
+    def home(self) -> str:
+        return self.info.get("home", "")
+
+    def path(self, p: str) -> str:
+        """Expand `~` to the login user's home, as every module sees paths."""
+        if p == "~" or p.startswith("~/"):
+            return posixpath.normpath(self.home.rstrip("/") + p[1:]) if self.home else p
+        return p
+
+
+class FactView:
+    """Read-only access to gathered facts; a fact that failed to parse raises FactError."""
+
+    def __init__(self, values: dict[tuple, Any], errors: dict[tuple, str]):
+        self._values = values
+        self._errors = errors
+
+    def __getitem__(self, fact: Fact) -> Any:
+        if fact.key in self._errors:
+            raise FactError(f"{fact}: {self._errors[fact.key]}")
+        if fact.key not in self._values:
+            raise FactError(f"{fact} was not gathered (declare it in facts())")
+        return self._values[fact.key]
+
+
+class Module:
+    name: ClassVar[str]
+    Args: ClassVar[type[ModuleArgs]]
+    doc: ClassVar[str] = ""
+
+    def facts(self, args: Any, host: HostContext) -> list[Fact]:
+        return []
+
+    def plan(self, args: Any, facts: FactView, host: HostContext) -> Plan:  # pragma: no cover
+        raise NotImplementedError
+
+
+def mode_str(mode: int | None) -> str:
+    return "-" if mode is None else format(mode, "04o")
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -1,0 +1,46 @@
+"""Errors a user can act on. Each renders as one line: where, what, and the fix."""
+
+from __future__ import annotations
+
+
+class SparkprovError(Exception):
+    """Base for every error sparkprov reports to a user instead of a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def line(self) -> str:
+        return self.message + (f" (fix: {self.fix})" if self.fix else "")
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+class InputError(SparkprovError):
+    """Bad input in a user file: inventory, playbook, recipe. Exit code 1, nothing touched."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 column: int | None = None, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.file = file
+        self.lineno = line
+        self.column = column
+
+    def line(self) -> str:
+        where = ""
+        if self.file:
+            where = self.file
+            if self.lineno:
+                where += f":{self.lineno}"
+                if self.column:
+                    where += f":{self.column}"
+            where += ": "
+        return where + super().line()
+
+
+class HostKeyError(SparkprovError):
+    """A host key that is unknown or changed: the connection is refused."""

@@ -1,0 +1,69 @@
+"""The one primitive every layer above uses: run a POSIX sh script on a host.
+
+The script goes to `sh -s` on stdin. With become, `sudo` runs the shell, and the sudo password
+(when one is needed) is the first line of that same stdin: never argv, never a log line.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from enum import Enum
+
+from sparkprov.errors import SparkprovError
+
+
+@dataclass
+class ExecResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class Unreachable(SparkprovError):
+    """The host could not be reached (connect, auth, host key, or the link dropped)."""
+
+
+class BecomeMethod(Enum):
+    NONE = "none"          # already root
+    PASSWORDLESS = "nopasswd"
+    PASSWORD = "password"
+
+
+class Transport:
+    """Base class: counts remote executions and picks how to become root."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.remote_calls = 0
+        self.become_method: BecomeMethod | None = None
+        self.become_password: str | None = None
+        self._lock = threading.Lock()
+
+    # -- to implement -------------------------------------------------------
+    def _exec(self, command: str, stdin: bytes, timeout: float | None) -> ExecResult:
+        raise NotImplementedError
+
+    def connect(self) -> None:
+        """Open the connection (may raise Unreachable)."""
+
+    def close(self) -> None:
+        """Release the connection."""
+
+    # -- the primitive ------------------------------------------------------
+    def run_script(self, script: str, *, become: bool = False, timeout: float | None = None) -> ExecResult:
+        with self._lock:
+            self.remote_calls += 1
+        if not become or self.become_method in (None, BecomeMethod.NONE):
+            if become and self.become_method is None:
+                raise SparkprovError(f"{self.name}: become requested before sudo was probed")
+            return self._exec("sh -s", script.encode(), timeout)
+        if self.become_method is BecomeMethod.PASSWORDLESS:
+            return self._exec("sudo -n -H sh -s", script.encode(), timeout)
+        # -k: never reuse cached credentials, so sudo always reads exactly the first line.
+        payload = (self.become_password or "") + "\n" + script
+        return self._exec("sudo -k -S -p '' -H sh -s", payload.encode(), timeout)

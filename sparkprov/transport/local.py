@@ -1,0 +1,18 @@
+"""Local transport: the control machine is the host (most owners run sparkprov on their Spark)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from sparkprov.transport.base import ExecResult, Transport
+
+
+class LocalTransport(Transport):
+    def _exec(self, command: str, stdin: bytes, timeout: float | None) -> ExecResult:
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            return ExecResult(124, (exc.stdout or b"").decode(errors="replace"), "timed out")
+        return ExecResult(proc.returncode, proc.stdout.decode(errors="replace"),
+                          proc.stderr.decode(errors="replace"))

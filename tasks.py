@@ -1,0 +1,61 @@
+"""sparkprov: take DGX Spark machines from fresh to serving LLMs with vLLM.
+
+Run `invoke --list` for the tasks and `invoke --help TASK` for a task's options.
+Imports stay inside the tasks so that listing them is instant.
+"""
+
+from invoke import Collection, task
+
+from sparkprov.cli import lab as lab_tasks
+
+COMMON_HELP = {
+    "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
+    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
+    "playbook": "Playbook file to run",
+    "check": "Check mode: show what would change, change nothing",
+    "diff": "Show before/after for files and settings",
+    "json": "Print one JSON document instead of the recap",
+    "limit": "Further limit the selected hosts (pattern, e.g. 'spark2' or '!spark1')",
+    "tags": "Only run tasks with these tags (comma-separated)",
+    "skip_tags": "Skip tasks with these tags (comma-separated)",
+    "forks": "How many hosts to work on at once (default 32)",
+    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
+}
+
+
+def _run(playbook, **kw):
+    from sparkprov.cli.common import finish, run_playbook
+
+    finish(run_playbook(playbook=playbook, **kw))
+
+
+@task(help=COMMON_HELP)
+def provision(c, hosts=None, inventory=None, playbook=None, check=False, diff=False, json=False, limit=None,
+              tags=None, skip_tags=None, forks=None, accept_new_host_keys=False):
+    """Converge Sparks to ready-to-serve: docker, GPU checks, fabric, SSH mesh, model store."""
+    from sparkprov.cli.common import playbook_path
+
+    _run(playbook_path(playbook, "provision.yaml"), inventory=inventory, hosts=hosts, limit=limit, check=check,
+         diff=diff, as_json=json, tags=tags, skip_tags=skip_tags, forks=forks,
+         accept_new_host_keys=accept_new_host_keys)
+
+
+@task(help={**COMMON_HELP, "playbook": "Playbook file to run (required)"})
+def play(c, playbook, hosts=None, inventory=None, check=False, diff=False, json=False, limit=None, tags=None,
+         skip_tags=None, forks=None, accept_new_host_keys=False):
+    """Run any playbook against the inventory."""
+    _run(playbook, inventory=inventory, hosts=hosts, limit=limit, check=check, diff=diff, as_json=json, tags=tags,
+         skip_tags=skip_tags, forks=forks, accept_new_host_keys=accept_new_host_keys)
+
+
+@task(help={k: COMMON_HELP[k] for k in ("hosts", "inventory", "json", "limit", "forks", "accept_new_host_keys")})
+def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, accept_new_host_keys=False):
+    """Show each host's facts: identity, GPU, driver, CUDA, memory, fabric, docker."""
+    from sparkprov.cli.facts import show_facts
+
+    show_facts(hosts=hosts, inventory=inventory, as_json=json, limit=limit, forks=forks,
+               accept_new_host_keys=accept_new_host_keys)
+
+
+ns = Collection(provision, play, facts)
+ns.add_collection(lab_tasks.ns, "lab")
