@@ -217,7 +217,7 @@ def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions
             elif member in raw:
                 found = expand(member, stack + (group,))
             else:
-                close = _close(member, list(hosts) + list(raw))
+                close = _close(member, list(hosts)) or _close(member, list(raw))
                 raise pos.error(base + (i,), f"group {group!r} names unknown host {member!r}",
                                 fix=f"did you mean {close!r}?" if close else "add it under hosts:")
             members.extend(h for h in found if h not in members)

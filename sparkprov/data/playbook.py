@@ -104,7 +104,7 @@ def _parse_task(raw: Any, pos: Positions, path: tuple, play_tags: list[str]) -> 
     module_keys = [k for k in raw if k not in TASK_KEYWORDS]
     registry = modules.registry()
     if not module_keys:
-        raise pos.error(path, "task names no module", fix=f"add one of: {', '.join(sorted(registry))}")
+        raise pos.error(path, "task names no module", fix="add one, e.g. `file: {path: /etc/x, content: ...}`")
     if len(module_keys) > 1:
         unknown = [k for k in module_keys if k not in registry]
         key = unknown[0] if unknown else module_keys[1]

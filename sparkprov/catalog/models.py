@@ -1,0 +1,494 @@
+"""The catalog's data model: images and model recipes, every value with the note it came from.
+
+A recipe file (the package's recipes/*.yaml or a user's file) holds:
+
+    images:  [{ref, entrypoint, vllm, gb10, moving, min_driver, digest, source, notes}]
+    recipes: [{alias, extends?, source, model, image, args, env, ...}]
+
+`source` on a recipe is the default source of its values; a single value can carry its own
+(`{flag: --x, value: 1, source: "002 unit file"}`, `env: {K: {value: v, source: ...}}`, or
+`sources: {"traits.kv_fp8": "001 §7.3.1: ..."}` for any other field).
+A source is "NOTE SECTION: quote" where NOTE is a seed note id (000..004), `sparkprov` (a value
+sparkprov chose, with the reason) or `user` (filled in for user files).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+RULE_RE = re.compile(r"^G\d{1,2}$")
+_SOURCE_RE = re.compile(r"^\s*(?P<note>[A-Za-z0-9_.:/-]+)(?:\s+(?P<where>[^:]*?))?\s*(?::\s*(?P<quote>.*))?$", re.S)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Source(Strict):
+    """Where a value came from: a seed note id and a section or short quote."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    note: str
+    where: str = ""
+    quote: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            m = _SOURCE_RE.match(v)
+            if not m:
+                raise ValueError("a source is 'NOTE SECTION: quote', e.g. '001 §7.1.1: --moe-backend marlin'")
+            return {"note": m["note"], "where": (m["where"] or "").strip(), "quote": (m["quote"] or "").strip()}
+        return v
+
+    def cite(self) -> str:
+        """Short form for one-line output: `001 §7.1.1`."""
+        return f"{self.note} {self.where}".strip()
+
+    def __str__(self) -> str:
+        return self.cite() + (f": {self.quote}" if self.quote else "")
+
+
+SCALAR = str | int | float | bool
+FlagValue = SCALAR | dict | list | None
+
+
+def render_value(v: FlagValue) -> str | None:
+    """A flag value as vLLM gets it on the command line (JSON compact, like the notes write it)."""
+    if v is None or v is True:
+        return None
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(",", ":"))
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1000:
+        return str(int(v))
+    return str(v)
+
+
+class Flag(Strict):
+    """One vLLM command-line flag. `value` None/true: a bare switch. `equals`: `--flag=value`."""
+
+    flag: str
+    value: FlagValue = None
+    equals: bool = False
+    source: Source | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compact(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if "=" in v and v.startswith("--"):
+                name, _, value = v.partition("=")
+                return {"flag": name, "value": value, "equals": True}
+            return {"flag": v}
+        if isinstance(v, dict) and len(v) == 1:
+            (k, val), = v.items()
+            if isinstance(k, str) and k.startswith("--"):
+                return {"flag": k, "value": val}
+        return v
+
+    @field_validator("flag")
+    @classmethod
+    def _flag(cls, v: str) -> str:
+        if not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", v):
+            raise ValueError(f"{v!r} is not a long option (like --max-model-len)")
+        return v
+
+    def argv(self) -> list[str]:
+        text = render_value(self.value)
+        if text is None:
+            return [self.flag]
+        return [f"{self.flag}={text}"] if self.equals else [self.flag, text]
+
+
+class EnvValue(Strict):
+    value: str
+    source: Source | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compact(cls, v: Any) -> Any:
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            return {"value": str(v)}
+        if isinstance(v, dict) and "value" in v and not isinstance(v["value"], str):
+            return {**v, "value": str(v["value"])}
+        return v
+
+
+class Mount(Strict):
+    """An extra bind mount. `host` may use {model_store} and {model_dir}; relative = under the store."""
+
+    host: str
+    container: str
+    read_only: bool = False
+    purpose: str = ""
+    source: Source | None = None
+
+    @field_validator("container")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("the container path must be absolute")
+        return v
+
+
+class StageFile(Strict):
+    """A file to put in the model store before launch (e.g. a reasoning-parser plugin)."""
+
+    repo: str
+    filename: str
+    revision: str = "main"
+    dest: str  # relative to the model store
+    purpose: str = ""
+    source: Source | None = None
+
+    @field_validator("dest")
+    @classmethod
+    def _rel(cls, v: str) -> str:
+        if v.startswith("/") or ".." in v.split("/"):
+            raise ValueError("dest is relative to the model store, without '..'")
+        return v
+
+
+class ExtraRepo(Strict):
+    """Another repo the launch reads from the store: a drafter, a tokenizer."""
+
+    repo: str
+    revision: str = "main"
+    purpose: Literal["drafter", "tokenizer", "assistant"]
+    size_gb: float | None = None
+    gated: bool = False
+    source: Source | None = None
+
+
+class ModelConfig(Strict):
+    """The config.json values sparkprov needs: KV sizing, and a plausible fake config in the lab.
+    `attention_layers` counts only layers with a per-token KV cache (see memory.py)."""
+
+    model_type: str
+    architectures: list[str]
+    num_hidden_layers: int
+    attention_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_size: int | None = None
+    max_position_embeddings: int | None = None
+    quant_method: str | None = None
+    torch_dtype: str = "bfloat16"
+
+    def hf_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"architectures": list(self.architectures), "model_type": self.model_type,
+                               "num_hidden_layers": self.num_hidden_layers, "torch_dtype": self.torch_dtype}
+        for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+                    "max_position_embeddings"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.quant_method:
+            out["quantization_config"] = {"quant_method": self.quant_method}
+        return out
+
+
+class KvMeasured(Strict):
+    """A startup log line from a note: the pool vLLM reported for this model."""
+
+    kv_cache_dtype: str
+    gpu_memory_utilization: float
+    pool_gib: float
+    pool_tokens: int
+    weights_gib: float | None = None
+    max_model_len: int | None = None
+    source: Source | None = None
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.pool_gib * 1024**3 / self.pool_tokens
+
+
+class ModelRef(Strict):
+    """What is served. `repo` is staged into the HF cache (HF_HOME = model store) unless `local_dir`
+    is set (hf download --local-dir STORE/local_dir); then `path` is where the recipe mounts it."""
+
+    repo: str
+    revision: str = "main"
+    local_dir: str | None = None
+    path: str | None = None  # container path passed to vLLM instead of the repo id
+    arg: Literal["positional", "flag"] = "positional"  # `MODEL` or `--model MODEL`
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelRef":
+        if self.path and not self.local_dir:
+            raise ValueError("model.path needs model.local_dir (what is mounted there)")
+        if self.local_dir and (self.local_dir.startswith("/") or ".." in self.local_dir.split("/")):
+            raise ValueError("model.local_dir is relative to the model store")
+        return self
+
+    @property
+    def served_ref(self) -> str:
+        return self.path or self.repo
+
+
+class Traits(Strict):
+    family: str
+    moe: bool = False
+    ssm_layers: list[Literal["gated_deltanet", "mamba2"]] = Field(default_factory=list)
+    quant: Literal["nvfp4-modelopt", "nvfp4-ct", "fp8", "fp8-runtime", "mxfp4", "gptq-int4", "bf16"]
+    mtp_heads: bool = False
+    multimodal: bool = False
+    thinking: Literal["on", "off", "none"] = "none"  # default thinking mode of the chat template
+    tool_parsers: list[str] = Field(default_factory=list)  # parsers matching the model's output format
+    kv_fp8: Literal["ok", "avoid", "broken", "unknown"] = "unknown"
+    card_disables_prefix_caching: bool = False
+    mamba_align_block_size: int | None = None
+    native_max_len: int | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.ssm_layers)
+
+    @property
+    def fp4(self) -> bool:
+        return self.quant in ("nvfp4-modelopt", "nvfp4-ct", "mxfp4")
+
+
+class DockerOpts(Strict):
+    shm_size: str | None = None
+    ulimits: list[str] = Field(default_factory=list)
+    ipc: Literal["host", "private", "shareable"] = "host"
+    restart: Literal["no", "always", "unless-stopped", "on-failure"] = "unless-stopped"
+
+
+class Startup(Strict):
+    """How long the serve step waits for /health, and whether it sends a warm-up request (G20)."""
+
+    health_timeout_s: int = 900
+    warmup: bool = True
+    source: Source | None = None
+
+
+class SmokeSpec(Strict):
+    """What the smoke test sends and expects (G8: degenerate output, G28: thinking)."""
+
+    prompt: str = "12*17"
+    expect: str | None = "204"
+    max_tokens: int = 500
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    reject_degenerate: bool = True
+
+    def check(self, text: str | None) -> list[str]:
+        """Problems with a reply; empty = good."""
+        problems: list[str] = []
+        body = (text or "").strip()
+        if self.reject_degenerate:
+            reason = degenerate(body)
+            if reason:
+                problems.append(f"G8: {reason} (an sm_121 FP4 kernel problem, not the prompt: use the Marlin path)")
+        if self.expect is not None and self.expect not in body:
+            problems.append(f"expected {self.expect!r} in the reply")
+        return problems
+
+
+def degenerate(text: str) -> str | None:
+    """Why a reply looks like the sm_121 FP4 failure of G8 ("!!!!!" or empty), or None."""
+    if not text:
+        return "empty reply"
+    compact = re.sub(r"\s+", "", text)
+    if len(compact) >= 4 and len(set(compact)) == 1:
+        return f"reply is one repeated character ({compact[0]!r} x{len(compact)})"
+    return None
+
+
+class LintIgnore(Strict):
+    rule: str
+    reason: str
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if not RULE_RE.match(v):
+            raise ValueError(f"{v!r} is not a rule id (G1..G36)")
+        return v
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, v: str) -> str:
+        if len(v.strip()) < 5:
+            raise ValueError("say why the warning does not apply (a reason of a few words)")
+        return v
+
+
+class Correction(Strict):
+    """A documented difference between the note's command and what sparkprov renders."""
+
+    what: str  # e.g. "drop env VLLM_USE_FLASHINFER_MOE", "image", "add --moe-backend marlin"
+    note_value: str | None = None
+    value: str | None = None
+    reason: str
+    source: Source | None = None
+
+
+class NoteCommand(Strict):
+    """The note's launch command verbatim (tests compare the rendering with it)."""
+
+    text: str
+    source: Source | None = None
+
+
+class Image(Strict):
+    """A container image and what sparkprov knows about it (G1-G5)."""
+
+    ref: str  # repo:tag
+    digest: str | None = None  # sha256:... where known
+    entrypoint: Literal["vllm-serve", "passthrough", "custom"]
+    vllm: str | None = None  # vLLM version it carries, where known ("0.19.0", "0.23")
+    gb10: bool | None = None  # True: known to run on sm_121; False: known not to; None: unknown
+    moving: bool = False  # the tag moves (nightly/latest): pin a digest (G4)
+    min_driver: str | None = None
+    source: Source
+    notes: str = ""
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str) -> str:
+        if "@" in v or ":" not in v.rsplit("/", 1)[-1]:
+            raise ValueError("ref is repo:tag (put a digest in `digest:`)")
+        return v
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.ref}@{self.digest}" if self.digest else self.ref
+
+
+class Recipe(Strict):
+    """A model recipe as written in a file (fields optional where `extends` can supply them)."""
+
+    alias: str
+    extends: str | None = None
+    title: str | None = None
+    source: Source | None = None
+    sources: dict[str, Source] = Field(default_factory=dict)
+    model: ModelRef | None = None
+    size_gb: float | None = None
+    gated: bool | None = None
+    traits: Traits | None = None
+    config: ModelConfig | None = None
+    kv_measured: KvMeasured | None = None
+    image: str | None = None
+    command: Literal["bare", "full"] | None = None  # how the image takes vllm serve (G2); default: the image's
+    pre_serve: list[list[str]] | None = None  # commands run in the container before vllm serve (argv lists)
+    env: dict[str, EnvValue] | None = None
+    remove_env: list[str] = Field(default_factory=list)
+    args: list[Flag] | None = None
+    add_args: list[Flag] = Field(default_factory=list)
+    remove_args: list[str] = Field(default_factory=list)
+    docker: DockerOpts | None = None
+    mounts: list[Mount] | None = None
+    stage: list[StageFile] | None = None
+    extra_repos: list[ExtraRepo] | None = None
+    tp_sizes: list[int] | None = None
+    startup: Startup | None = None
+    smoke: SmokeSpec | None = None
+    lint_ignore: list[LintIgnore] = Field(default_factory=list)
+    note_command: NoteCommand | None = None
+    corrections: list[Correction] | None = None
+    notes: list[str] | None = None
+
+    @field_validator("alias", "extends")
+    @classmethod
+    def _alias(cls, v: str | None) -> str | None:
+        if v is not None and not ALIAS_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid alias (lowercase letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("tp_sizes")
+    @classmethod
+    def _tp(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(n < 1 for n in v)):
+            raise ValueError("tp_sizes lists positive integers")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict | None) -> dict | None:
+        for k in v or {}:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"{k!r} is not an environment variable name")
+        return v
+
+    @field_validator("pre_serve")
+    @classmethod
+    def _pre(cls, v: list[list[str]] | None) -> list[list[str]] | None:
+        if v is not None and any(not cmd for cmd in v):
+            raise ValueError("each pre_serve entry is a non-empty argv list")
+        return v
+
+
+REQUIRED = ("source", "model", "size_gb", "gated", "traits", "image", "args", "tp_sizes")
+
+
+class ResolvedRecipe(Strict):
+    """A recipe with `extends` applied and every value present (what rendering and linting use)."""
+
+    alias: str
+    extends: str | None = None
+    title: str
+    origin: str  # file it was defined in
+    source: Source
+    sources: dict[str, Source]
+    model: ModelRef
+    size_gb: float | None
+    gated: bool
+    traits: Traits
+    config: ModelConfig | None
+    kv_measured: KvMeasured | None
+    image: str
+    command: Literal["bare", "full"] | None
+    pre_serve: list[list[str]]
+    env: dict[str, EnvValue]
+    args: list[Flag]
+    docker: DockerOpts
+    mounts: list[Mount]
+    stage: list[StageFile]
+    extra_repos: list[ExtraRepo]
+    tp_sizes: list[int]
+    startup: Startup
+    smoke: SmokeSpec
+    lint_ignore: list[LintIgnore]
+    note_command: NoteCommand | None
+    corrections: list[Correction]
+    notes: list[str]
+
+    def source_of(self, path: str) -> Source:
+        """The source of a field (dotted path: `size_gb`, `traits.kv_fp8`), or the recipe's."""
+        p = path
+        while p:
+            if p in self.sources:
+                return self.sources[p]
+            p = p.rpartition(".")[0]
+        return self.source
+
+    def flag(self, name: str) -> Flag | None:
+        for f in self.args:
+            if f.flag == name:
+                return f
+        return None
+
+    @property
+    def speculative(self) -> dict | None:
+        f = self.flag("--speculative-config")
+        if f is None:
+            return None
+        if isinstance(f.value, dict):
+            return f.value
+        try:
+            value = json.loads(str(f.value))
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None

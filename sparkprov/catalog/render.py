@@ -1,0 +1,390 @@
+"""Render a recipe into the exact `docker run` sparkprov would run on one host.
+
+Everything a host contributes is in HostServeContext; everything the model needs is in the
+recipe. The result, a Launch, keeps the source of every env entry and every vLLM flag, so
+`invoke recipe` can say where each one came from and the linter can cite it.
+
+House rules the rendering applies to every recipe (the notes' commands differ here; tests check
+that these are the only differences besides each recipe's documented `corrections`):
+
+* Host networking (`--network host`) and vLLM's own `--host/--port` from the host (the notes use
+  `-p 8000:8000`): TP>1 needs NCCL/Gloo/Ray on the fabric interfaces of the host (G32), and the
+  bind address is then what the API is exposed on (G31).
+* The model store (HF_HOME) is mounted at the same path inside the container (G22), the vLLM
+  compile cache at /root/.cache/vllm (001 §4), HF_HUB_OFFLINE=1 always (G24). HF_TOKEN is never
+  passed to the serving container: weights are staged beforehand (G26 is the staging step's
+  business), so the token stays out of `docker inspect`.
+* The API key (G31). vLLM takes it from `--api-key` or from the VLLM_API_KEY environment variable.
+  Either one written into the container's config shows in `docker inspect` (Args / Config.Env);
+  `--api-key` expanded inside the container still lands in the vLLM process's argv, which
+  /proc/PID/cmdline shows to every user on the host (`ps aux`). The least exposing way that works
+  with stock vLLM: mount the host's 0600 key file read-only at /run/secrets/sparkprov_api_key and
+  start vLLM through a fixed `sh -c` wrapper that reads the file into VLLM_API_KEY and `exec`s
+  vllm serve. The key then exists only in the file and in the environment of the vLLM process
+  (/proc/PID/environ is readable by its owner and root only), never in argv or the container
+  config. The wrapper text is a constant; the model and flags follow it as separate argv words
+  ("$@"), so no recipe value is ever parsed by a shell. The wrapper refuses to start vLLM if the
+  file is missing or empty (an empty key would mean no authentication).
+* NGC images keep their entrypoint (it sets up CUDA forward compatibility, G5): the wrapper is
+  passed as the command. vllm/vllm-openai images get `--entrypoint sh` (their entrypoint is
+  `vllm serve`, G2). Images with their own entrypoint (`custom`) always get the wrapper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sparkprov.catalog.load import Catalog
+from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
+from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
+from sparkprov.errors import InputError
+
+KEY_PATH = "/run/secrets/sparkprov_api_key"
+COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm"
+WRAPPER_NAME = "sparkprov-serve"  # $0 of the wrapper script
+
+SRC_STORE = Source(note="001", where="§3", quote="-e HF_HOME=/models -v ~/vllm:/models (G22: same path inside)")
+SRC_OFFLINE = Source(note="001", where="§3", quote="Force fully-local loading with -e HF_HUB_OFFLINE=1 (G24)")
+SRC_COMPILE = Source(note="001", where="§4", quote="-v ~/vllm-compile-cache:/root/.cache/vllm")
+SRC_BIND = Source(note="sparkprov", where="host vars serve_bind/serve_port", quote="G31")
+SRC_TP = Source(note="001", where="§13", quote="--tensor-parallel-size = number of GPUs (G35)")
+SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
+SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
+SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
+SRC_KEY = Source(note="001", where="§14.4", quote="make a PERSISTENT API key (G31); passed as a 0600 file")
+
+
+class HostServeContext(BaseModel):
+    """What a host contributes to a launch. Build it from inventory vars with `from_host_vars`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "localhost"
+    model_store: str = "/var/lib/sparkprov/models"
+    compile_cache: str = "/var/lib/sparkprov/vllm-compile-cache"
+    bind_host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_file: str | None = "/etc/sparkprov/api_key"
+    container_name: str | None = None  # default: sparkprov-ALIAS
+    fabric_ifaces: list[str] = Field(default_factory=list)  # e.g. enp1s0f1np1,enP2p1s0f1np1
+    ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
+    node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
+    cluster_size: int | None = Field(default=None, ge=1)  # nodes in the TP group
+    driver_version: str | None = None
+    hf_token_available: bool | None = None  # None: not known here
+    other_services_gib: float = 0.0
+    host_memory_gib: float = HOST_MEMORY_GIB
+    min_headroom_gib: float = MIN_HEADROOM_GIB
+
+    @field_validator("model_store", "compile_cache", "api_key_file")
+    @classmethod
+    def _abs(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute path")
+        return v.rstrip("/") or "/" if v else v
+
+    VARS = {  # inventory variable -> field
+        "model_store": "model_store", "compile_cache": "compile_cache", "serve_bind": "bind_host",
+        "serve_port": "port", "api_key_file": "api_key_file", "fabric_ifaces": "fabric_ifaces",
+        "ib_hcas": "ib_hcas", "fabric_ip": "node_ip", "driver_version": "driver_version",
+        "other_services_gib": "other_services_gib", "host_memory_gib": "host_memory_gib",
+        "min_headroom_gib": "min_headroom_gib",
+    }
+
+    @classmethod
+    def from_host_vars(cls, host: str, variables: Mapping[str, Any], **extra: Any) -> "HostServeContext":
+        """Build from a host's merged inventory vars (names in VARS; `hf_token_file` or
+        `hf_token_env` set means a token is available for staging gated repos)."""
+        data: dict[str, Any] = {"host": host}
+        for var, fld in cls.VARS.items():
+            if var in variables and variables[var] is not None:
+                value = variables[var]
+                if fld in ("fabric_ifaces", "ib_hcas") and isinstance(value, str):
+                    value = [v for v in value.replace(",", " ").split() if v]
+                data[fld] = value
+        if "api_key_file" in variables and variables["api_key_file"] in (None, "", False):
+            data["api_key_file"] = None
+        if "hf_token_file" in variables or "hf_token_env" in variables:
+            data["hf_token_available"] = bool(variables.get("hf_token_file") or variables.get("hf_token_env"))
+        data.update(extra)
+        return cls(**data)
+
+
+Origin = Literal["recipe", "host", "tp", "override", "sparkprov"]
+
+
+class Arg(BaseModel):
+    """One vLLM argument: the model (flag None) or a flag with its value."""
+
+    flag: str | None
+    value: str | None = None
+    equals: bool = False
+    source: Source
+    origin: Origin = "recipe"
+
+    def argv(self) -> list[str]:
+        if self.flag is None:
+            return [self.value or ""]
+        if self.value is None:
+            return [self.flag]
+        return [f"{self.flag}={self.value}"] if self.equals else [self.flag, self.value]
+
+
+class EnvVar(BaseModel):
+    name: str
+    value: str
+    source: Source
+    origin: Origin = "recipe"
+
+
+class LaunchMount(BaseModel):
+    host: str
+    container: str
+    read_only: bool = False
+    purpose: str = ""
+    source: Source
+
+    def spec(self) -> str:
+        return f"{self.host}:{self.container}" + (":ro" if self.read_only else "")
+
+
+class Launch(BaseModel):
+    """A rendered launch: `argv` is the whole `docker run` as a list (never a shell string)."""
+
+    alias: str
+    tp: int
+    image: str
+    image_info: Image | None
+    command: Literal["bare", "full"]
+    wrapped: bool
+    entrypoint: str | None
+    container_name: str
+    labels: dict[str, str]
+    env: list[EnvVar]
+    vllm_args: list[Arg]
+    mounts: list[LaunchMount]
+    argv: list[str]
+    recipe: ResolvedRecipe
+    ctx: HostServeContext
+    startup: Startup
+    smoke: SmokeSpec
+
+    # ----- lookups the linter and the serve step use -----
+    def arg(self, flag: str) -> Arg | None:
+        for a in self.vllm_args:
+            if a.flag == flag:
+                return a
+        return None
+
+    def has(self, flag: str) -> bool:
+        return self.arg(flag) is not None
+
+    def value(self, flag: str) -> str | None:
+        a = self.arg(flag)
+        return a.value if a else None
+
+    def number(self, flag: str) -> float | None:
+        v = self.value(flag)
+        try:
+            return float(v) if v is not None else None
+        except ValueError:
+            return None
+
+    def env_value(self, name: str) -> str | None:
+        for e in self.env:
+            if e.name == name:
+                return e.value
+        return None
+
+    @property
+    def model_arg(self) -> str:
+        m = self.arg("--model")
+        if m is not None:
+            return m.value or ""
+        return next((a.value or "" for a in self.vllm_args if a.flag is None), "")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.value("--served-model-name") or self.model_arg
+
+    @property
+    def speculative(self) -> dict | None:
+        v = self.value("--speculative-config")
+        if v is None:
+            return None
+        try:
+            out = json.loads(v)
+        except ValueError:
+            return None
+        return out if isinstance(out, dict) else None
+
+    @property
+    def vllm_argv(self) -> list[str]:
+        return [w for a in self.vllm_args for w in a.argv()]
+
+    def shell(self) -> str:
+        """The command for a person to read or paste (each word quoted)."""
+        return shlex.join(self.argv)
+
+    @property
+    def recipe_hash(self) -> str:
+        return self.labels["sparkprov.recipe_hash"]
+
+
+def _wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
+    lines = ["set -eu"]
+    lines += [shlex.join(cmd) for cmd in pre_serve]
+    if with_key:
+        lines += [
+            f"k=$(cat {KEY_PATH})",
+            '[ -n "$k" ] || { echo "sparkprov: the API key file is empty" >&2; exit 78; }',
+            "VLLM_API_KEY=$k",
+            "export VLLM_API_KEY",
+            "unset k",
+        ]
+    lines.append('exec "$@"')
+    return "; ".join(lines)
+
+
+def image_entrypoint(image: str, info: Image | None) -> str:
+    """vllm-serve | passthrough | custom: the image's entrypoint kind (G2)."""
+    if info is not None:
+        return info.entrypoint
+    repo = image.split("@", 1)[0].rsplit(":", 1)[0]
+    if repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai"):
+        return "vllm-serve"
+    if repo == "nvcr.io/nvidia/vllm":
+        return "passthrough"
+    return "custom"
+
+
+def _mount_host(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str:
+    model_dir = f"{ctx.model_store}/{recipe.model.local_dir}" if recipe.model.local_dir else ctx.model_store
+    out = path.replace("{model_store}", ctx.model_store).replace("{model_dir}", model_dir)
+    if not out.startswith("/"):
+        out = f"{ctx.model_store}/{out}"
+    return out
+
+
+def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
+                  overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None) -> Launch:
+    """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp` and
+    flag `overrides` ({"--max-model-len": 32768, "--enable-chunked-prefill": None (remove),
+    "--enforce-eager": True (bare switch)}). Pure: nothing is run."""
+    if tp < 1:
+        raise InputError(f"--tp must be at least 1, got {tp}", fix="use --tp 1 for one Spark")
+    if catalog is None:
+        from sparkprov.catalog.load import load_catalog
+
+        catalog = load_catalog()
+    info = catalog.image(recipe.image)
+    image = recipe.image if ("@" in recipe.image or info is None) else info.pinned
+    kind = image_entrypoint(recipe.image, info)
+    command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
+
+    # ---- vLLM arguments, in the note's order ----
+    model_src = recipe.source_of("model")
+    args: list[Arg] = []
+    if recipe.model.arg == "positional":
+        args.append(Arg(flag=None, value=recipe.model.served_ref, source=model_src))
+    else:
+        args.append(Arg(flag="--model", value=recipe.model.served_ref, source=model_src))
+    for f in recipe.args:
+        args.append(Arg(flag=f.flag, value=render_value(f.value), equals=f.equals, source=f.source or recipe.source))
+
+    def put(flag: str, value: str | None, source: Source, origin: Origin) -> None:
+        for i, a in enumerate(args):
+            if a.flag == flag:
+                args[i] = Arg(flag=flag, value=value, equals=a.equals, source=source, origin=origin)
+                return
+        args.append(Arg(flag=flag, value=value, source=source, origin=origin))
+
+    for flag, value in (overrides or {}).items():
+        if not isinstance(flag, str) or not flag.startswith("--"):
+            raise InputError(f"override {flag!r} is not a long option", fix="write it as --flag-name")
+        if value is None or value is False:
+            args = [a for a in args if a.flag != flag]
+        else:
+            put(flag, render_value(value), SRC_OVERRIDE, "override")
+    current_tp = next((a.value for a in args if a.flag == "--tensor-parallel-size"), None)
+    if tp != 1 or current_tp is not None:
+        if current_tp != str(tp):
+            put("--tensor-parallel-size", str(tp), SRC_TP, "tp")
+    if tp > 1 and not any(a.flag == "--distributed-executor-backend" for a in args):
+        put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
+    put("--host", ctx.bind_host, SRC_BIND, "host")
+    put("--port", str(ctx.port), SRC_BIND, "host")
+
+    # ---- environment ----
+    env: list[EnvVar] = [
+        EnvVar(name="HF_HOME", value=ctx.model_store, source=SRC_STORE, origin="sparkprov"),
+        EnvVar(name="HF_HUB_OFFLINE", value="1", source=SRC_OFFLINE, origin="sparkprov"),
+    ]
+    for name, ev in recipe.env.items():
+        if name in ("HF_HOME", "HF_HUB_OFFLINE", "VLLM_API_KEY", "HF_TOKEN"):
+            continue  # sparkprov owns these (the linter reports a recipe that sets them: G22/G24/G31)
+        env.append(EnvVar(name=name, value=ev.value, source=ev.source or recipe.source))
+    if tp > 1:
+        iface = ",".join(ctx.fabric_ifaces)
+        fabric = {}
+        if iface:
+            fabric.update(NCCL_SOCKET_IFNAME=iface, GLOO_SOCKET_IFNAME=iface, UCX_NET_DEVICES=iface)
+        if ctx.ib_hcas:
+            fabric["NCCL_IB_HCA"] = ",".join(ctx.ib_hcas)
+        if ctx.node_ip:
+            fabric["VLLM_HOST_IP"] = ctx.node_ip
+        env = [e for e in env if e.name not in fabric]
+        env += [EnvVar(name=k, value=v, source=SRC_FABRIC, origin="host") for k, v in fabric.items()]
+
+    # ---- mounts ----
+    mounts = [
+        LaunchMount(host=ctx.model_store, container=ctx.model_store, purpose="model store (HF_HOME)", source=SRC_STORE),
+        LaunchMount(host=ctx.compile_cache, container=COMPILE_CACHE_IN_CONTAINER, purpose="torch.compile cache",
+                    source=SRC_COMPILE),
+    ]
+    if ctx.api_key_file:
+        mounts.append(LaunchMount(host=ctx.api_key_file, container=KEY_PATH, read_only=True, purpose="API key",
+                                  source=SRC_KEY))
+    for m in recipe.mounts:
+        mounts.append(LaunchMount(host=_mount_host(m.host, ctx, recipe), container=m.container,
+                                  read_only=m.read_only, purpose=m.purpose, source=m.source or recipe.source))
+
+    # ---- docker run ----
+    name = ctx.container_name or f"sparkprov-{recipe.alias}"
+    d = recipe.docker
+    opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all",
+            f"--ipc={d.ipc}", "--network", "host"]
+    if d.shm_size:
+        opts += ["--shm-size", d.shm_size]
+    for u in d.ulimits:
+        opts += ["--ulimit", u]
+    body: list[str] = []
+    for e in env:
+        body += ["-e", f"{e.name}={e.value}"]
+    for m in mounts:
+        body += ["-v", m.spec()]
+    wrapped = bool(ctx.api_key_file) or bool(recipe.pre_serve) or kind == "custom"
+    entrypoint = None
+    vargv = [w for a in args for w in a.argv()]
+    if wrapped:
+        script = _wrapper_script(recipe.pre_serve, bool(ctx.api_key_file))
+        serve = [script, WRAPPER_NAME, "vllm", "serve", *vargv]
+        if kind == "passthrough" and command == "full":
+            tail = [image, "sh", "-c", *serve]
+        else:
+            entrypoint = "sh"
+            tail = ["--entrypoint", "sh", image, "-c", *serve]
+    else:
+        tail = [image, *vargv] if command == "bare" else [image, "vllm", "serve", *vargv]
+    digest = hashlib.sha256(json.dumps(opts + body + tail).encode()).hexdigest()[:16]
+    labels = {"sparkprov.managed": "1", "sparkprov.recipe": recipe.alias, "sparkprov.recipe_hash": digest}
+    label_argv = [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
+    argv = opts + label_argv + body + tail
+    return Launch(alias=recipe.alias, tp=tp, image=image, image_info=info, command=command, wrapped=wrapped,
+                  entrypoint=entrypoint, container_name=name, labels=labels, env=env, vllm_args=args,
+                  mounts=mounts, argv=argv, recipe=recipe, ctx=ctx, startup=recipe.startup, smoke=recipe.smoke)

@@ -1,0 +1,147 @@
+"""The engine end to end on the control machine itself (connection: local): converge,
+idempotence, check mode, handlers, tags, no_log, the JSON document and exit codes."""
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from sparkprov.data.inventory import load_inventory
+from sparkprov.data.playbook import load_playbook
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import Runner, RunOptions
+
+PLAYBOOK = Path(__file__).resolve().parents[1] / "fixtures" / "playbooks" / "files.yaml"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    base = tmp_path / "tree"
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"""
+hosts:
+  first: {{connection: local}}
+vars:
+  base: {base}
+  secret: "s3cr3t-token-value"
+""")
+    return inv, base
+
+
+def run(inv, playbook=PLAYBOOK, **opts):
+    report = Report(open(os.devnull, "w"), show_diff=True)
+    inventory = load_inventory(inv)
+    Runner(inventory, load_playbook(playbook), list(inventory.hosts), RunOptions(**opts), report).run()
+    return report
+
+
+def test_converge_then_idempotent(setup):
+    inv, base = setup
+    first = run(inv)
+    assert first.exit_code() == 0
+    tally = first.hosts["first"]
+    assert (tally.changed, tally.failed, tally.skipped) == (5, 0, 0)  # dir, config, secret, first, handler
+    assert (base / "app.conf").read_text() == "port = 8000\n"
+    assert stat.S_IMODE((base / "app.conf").stat().st_mode) == 0o640
+    assert stat.S_IMODE(base.stat().st_mode) == 0o750
+    assert (base / "reloaded").exists()  # handler ran once
+    second = run(inv)
+    assert second.hosts["first"].changed == 0
+    assert second.hosts["first"].ok == 4
+    assert second.hosts["first"].remote_calls == 1  # a no-op run: one remote execution
+
+
+def test_handler_counts_as_a_task_and_runs_only_when_notified(setup):
+    inv, base = setup
+    first = run(inv)
+    handler = [r for r in first.results if r.task == "reload"]
+    assert [r.status for r in handler] == ["changed"]
+    (base / "reloaded").unlink()
+    second = run(inv)  # nothing changed, so the handler is not notified, even though its file is gone
+    assert not [r for r in second.results if r.task == "reload"]
+    assert not (base / "reloaded").exists()
+
+
+def test_check_mode_changes_nothing_and_lists_changes(setup):
+    inv, base = setup
+    report = run(inv, check=True)
+    assert not base.exists()
+    changed = [r for r in report.results if r.status == "changed"]
+    assert [r.task for r in changed] == ["base dir", "config", "secret", "only on the first host", "reload"] or \
+        [r.task for r in changed][:4] == ["base dir", "config", "secret", "only on the first host"]
+    assert all(r.msg.startswith("would: ") or r.msg.startswith("output hidden") for r in changed)
+    assert report.hosts["first"].remote_calls == 1
+
+
+def test_drift_is_repaired_and_reported(setup):
+    inv, base = setup
+    run(inv)
+    os.chmod(base / "app.conf", 0o666)
+    (base / "token").write_text("tampered")
+    report = run(inv)
+    by_task = {r.task: r for r in report.results}
+    assert by_task["config"].status == "changed" and "mode 0666 -> 0640" in by_task["config"].msg
+    assert by_task["secret"].status == "changed"
+    assert (base / "token").read_text() == "s3cr3t-token-value"
+    assert stat.S_IMODE((base / "app.conf").stat().st_mode) == 0o640
+
+
+def test_no_log_hides_secret_from_report_and_json(setup):
+    inv, base = setup
+    report = run(inv)
+    doc = report.json()
+    assert "s3cr3t-token-value" not in doc
+    secret = [r for r in report.results if r.task == "secret"][0]
+    assert secret.diff == [] and "no_log" in secret.msg
+
+
+def test_tags_and_skip_tags(setup):
+    inv, base = setup
+    skip_secret = run(inv, skip_tags={"secret"})
+    assert "secret" not in {r.task for r in skip_secret.results}
+    assert not (base / "token").exists() and (base / "app.conf").exists()
+    os.chmod(base / "app.conf", 0o600)
+    only_config = run(inv, tags={"config"})
+    assert [(r.task, r.status) for r in only_config.results] == [("config", "changed"), ("reload", "ok")]
+    assert not (base / "token").exists()
+
+
+def test_json_document_shape(setup):
+    inv, _ = setup
+    doc = json.loads(run(inv).json())
+    assert set(doc) == {"ok", "hosts", "results"} and doc["ok"] is True
+    assert set(doc["hosts"]["first"]) == {"ok", "changed", "failed", "skipped", "unreachable", "remote_calls"}
+    for r in doc["results"]:
+        assert {"host", "play", "task", "module", "status", "msg", "diff"} <= set(r)
+        assert r["status"] in {"ok", "changed", "failed", "skipped", "unreachable"}
+
+
+def test_failed_task_stops_host_and_exit_code_2(setup, tmp_path):
+    inv, base = setup
+    book = tmp_path / "fail.yaml"
+    book.write_text(f"""
+- hosts: all
+  tasks:
+    - name: a file where a directory must be
+      file: {{path: {tmp_path}/blocker, content: x}}
+    - name: directory over the file
+      directory: {{path: {tmp_path}/blocker}}
+    - name: never reached
+      file: {{path: {tmp_path}/after, content: y}}
+""")
+    report = run(inv, playbook=book)
+    statuses = {r.task: r.status for r in report.results}
+    assert statuses["directory over the file"] == "failed"
+    assert "never reached" not in statuses
+    assert not (tmp_path / "after").exists()
+    assert report.exit_code() == 2
+
+
+def test_unreachable_exit_code_4(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  gone: {address: 127.0.0.1, port: 9, connect_timeout: 2}\nvars: {base: /nonexistent, secret: x}\n")
+    report = run(inv)
+    assert report.hosts["gone"].unreachable
+    assert report.exit_code() == 4
