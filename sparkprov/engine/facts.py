@@ -66,7 +66,7 @@ class HostInfo(Fact):
             "printf 'user=%s\\nuid=%s\\nhome=%s\\n' \"$(id -un)\" \"$(id -u)\" \"$__sp_home\"; "
             "printf 'hostname=%s\\narch=%s\\nkernel=%s\\n' \"$(hostname)\" \"$(uname -m)\" \"$(uname -r)\"; "
             "if [ -r /etc/os-release ]; then sed -n 's/^\\(ID\\|VERSION_ID\\|PRETTY_NAME\\)=/os_&/p' /etc/os-release; fi; "
-            "if [ -r /etc/dgx-release ]; then sed -n 's/^\\(DGX_NAME\\|DGX_PRETTY_NAME\\|DGX_OTA_VERSION\\)=/dgx_&/p' /etc/dgx-release; fi"
+            "if [ -r /etc/dgx-release ]; then sed -n 's/^\\(DGX_NAME\\|DGX_PRETTY_NAME\\|DGX_OTA_VERSION\\)=/&/p' /etc/dgx-release; fi"
         )
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, str]:

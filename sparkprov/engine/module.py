@@ -47,6 +47,10 @@ class Change:
     touches: list[Fact] = field(default_factory=list)
     reconnect: bool = False  # group membership only counts in a new login session
     verify: bool = True      # re-plan after applying must find nothing left to do
+    # What the touched facts will read once applied. Check mode records these so that later
+    # tasks plan against the state earlier tasks would have made (a group about to be created
+    # is there for the membership task that follows).
+    predicts: list[tuple[Fact, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -305,9 +305,15 @@ class Runner:
                              become=become or play.become, extra=facts)
             plan = module.plan(args, FactView(hr.values, hr.errors), ctx)
             self._fill(result, plan, task)
-            if plan.failed is None and plan.skipped is None and plan.changes and not ctx.check:
-                plan = self._apply(play, hr, task, module, args, ctx, plan, become)
-                self._fill(result, plan, task, applied=True)
+            if plan.failed is None and plan.skipped is None and plan.changes:
+                if ctx.check:
+                    for change in plan.changes:
+                        for fact, value in change.predicts:
+                            hr.values[fact.key] = value
+                            hr.errors.pop(fact.key, None)
+                else:
+                    plan = self._apply(play, hr, task, module, args, ctx, plan, become)
+                    self._fill(result, plan, task, applied=True)
             if plan.exports and plan.failed is None:
                 self.exports[name].update(plan.exports)
         except (ExprError, Undefined) as exc:

@@ -42,7 +42,10 @@ class DirectoryModule(Module):
             if args.owner or args.group:
                 lines.append(cmd("chown", (args.owner or "") + (":" + args.group if args.group else ""), "--", path))
             after = f"directory mode={args.mode or 'default'} owner={args.owner or '-'} group={args.group or '-'}\n"
-            return Plan([Change(f"create directory {path}", "\n".join(lines), Diff(path, "absent\n", after), [fact])])
+            predicted = {"exists": True, "type": "directory", "mode": int(args.mode, 8) if args.mode else 0o755,
+                         "owner": args.owner or "root", "group": args.group or "root", "size": 0, "sha256": None}
+            return Plan([Change(f"create directory {path}", "\n".join(lines), Diff(path, "absent\n", after), [fact],
+                                predicts=[(fact, predicted)])])
         scripts, notes = ownership_script(path, args, state)
         if not scripts:
             return Plan(msg=f"{path} as wanted")

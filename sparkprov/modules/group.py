@@ -45,7 +45,8 @@ class GroupModule(Module):
         if grp is None:
             argv = ["groupadd"] + (["--system"] if args.system else []) + (["--gid", str(args.gid)] if args.gid is not None else []) + [args.name]
             return Plan([Change(f"create group {args.name}", cmd(*argv),
-                                Diff(f"group {args.name}", "absent\n", f"gid {args.gid if args.gid is not None else 'auto'}\n"), [fact])])
+                                Diff(f"group {args.name}", "absent\n", f"gid {args.gid if args.gid is not None else 'auto'}\n"), [fact],
+                                predicts=[(fact, {"name": args.name, "gid": args.gid, "members": []})])])
         if args.gid is not None and grp["gid"] != args.gid:
             return Plan([Change(f"group {args.name}: gid {grp['gid']} -> {args.gid}", cmd("groupmod", "--gid", str(args.gid), args.name),
                                 Diff(f"group {args.name}", f"gid {grp['gid']}\n", f"gid {args.gid}\n"), [fact])])

@@ -15,7 +15,7 @@ _NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 
 class Args(ModuleArgs):
-    user: str = "{{ user }}"
+    user: str | None = None  # default: the login user
     groups: list[str]
     state: Literal["present", "absent"] = "present"
 
@@ -34,9 +34,10 @@ class UserGroupsModule(Module):
     doc = "The user is a member of each listed group (state: present) or of none (absent)."
 
     def facts(self, args: Args, host: HostContext):
-        return [UserInfo(args.user)] + [GroupInfo(g) for g in args.groups]
+        return [UserInfo(args.user or host.user)] + [GroupInfo(g) for g in args.groups]
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        args = args.model_copy(update={"user": args.user or host.user})
         if not _NAME.fullmatch(args.user):
             return Plan.fail(f"{args.user!r} is not a valid user name")
         user = facts[UserInfo(args.user)]
@@ -54,9 +55,11 @@ class UserGroupsModule(Module):
         if args.state == "present":
             for g in args.groups:
                 if g not in current:
+                    after = {**user, "groups": sorted(current | {g})}
                     changes.append(Change(f"add {args.user} to group {g}", cmd("usermod", "-a", "-G", g, args.user),
                                           Diff(f"groups of {args.user}", " ".join(sorted(current)) + "\n",
-                                               " ".join(sorted(current | {g})) + "\n"), touched, reconnect))
+                                               " ".join(sorted(current | {g})) + "\n"), touched, reconnect,
+                                          predicts=[(UserInfo(args.user), after)]))
         else:
             for g in args.groups:
                 if g in current and g not in missing:

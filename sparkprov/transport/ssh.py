@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import logging
 import hashlib
 import os
 import select
@@ -22,6 +23,12 @@ import paramiko
 
 from sparkprov.errors import HostKeyError
 from sparkprov.transport.base import ExecResult, Transport, Unreachable
+
+
+# paramiko's transport thread logs connection failures with tracebacks; we report them ourselves
+# as one line per host, so its log stays silent unless a caller configures logging.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -177,7 +184,8 @@ class SSHTransport(Transport):
             rc = chan.recv_exit_status()
             chan.close()
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise Unreachable(f"{self.name}: connection lost: {exc}", fix="check the host and rerun") from None
+            raise Unreachable(f"{self.name}: connection lost: {exc or type(exc).__name__}",
+                              fix="check the host and rerun") from None
         if rc == -1:
             raise Unreachable(f"{self.name}: connection lost (no exit status)", fix="check the host and rerun")
         return ExecResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
