@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: deps venv demo test test-unit test-lab lint-code clean lab-down
+.PHONY: deps venv demo test test-unit test-lab clean lab-down
 
 deps:  ## system packages the lab needs (Debian; run as root)
 	@bash .ci/apt-deps.sh
@@ -32,3 +32,6 @@ lab-down: venv
 
 clean:
 	rm -rf $(VENV) .lab-cache
+
+test-lab: deps venv
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/lab

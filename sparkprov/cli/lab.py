@@ -1,0 +1,70 @@
+"""`invoke lab.*`: the simulated Spark lab (run as root)."""
+from __future__ import annotations
+
+import json
+
+from invoke import Collection, task
+
+from sparkprov.lab import faults as _faults
+from sparkprov.lab import up as _up
+
+
+@task(help={"hosts": "number of simulated Sparks (2: point-to-point fabric cables; "
+                     "more: one switch bridge per rail)",
+            "images": "build (cached) and push the lab images to the lab registry "
+                      "(--no-images skips it)",
+            "ollama": "also start the Ollama stand-in (a model loaded, ~200 MB held) "
+                      "on every host"})
+def up(c, hosts=2, images=True, ollama=False):
+    """Bring the lab up (idempotent): namespaces, links, sshd, users, stand-ins, dockerd,
+    registry; writes /run/sparkprov-lab/inventory.yaml."""
+    _up.up(int(hosts), images=images, ollama=ollama)
+
+
+@task(help={"purge": "also delete the build caches in .lab-cache/"})
+def down(c, purge=False):
+    """Remove everything the lab made (processes, namespaces, links, mounts, state files)."""
+    _up.down(purge=purge)
+
+
+@task(help={"json_": "print the status as JSON"})
+def status(c, json_=False):
+    """Show the lab's hosts, addresses and what runs on each."""
+    st = _up.status()
+    if json_:
+        print(json.dumps(st, indent=2))
+        return
+    if not st["hosts"]:
+        print("lab: no hosts (run `invoke lab.up`)")
+        return
+    print(f"topology: {st['topology']}  registry: {st['registry_url'] or '-'}  "
+          f"hub: {st['hub_url'] or '-'}")
+    for name, h in st["hosts"].items():
+        if not h["running"]:
+            print(f"{name:8} {h['address']:12} DOWN (namespaces gone; run lab.up)")
+            continue
+        fab = " ".join(f"{i}:{v['state']}/{v['mtu']}" for i, v in h["fabric"].items())
+        print(f"{name:8} {h['address']:12} sshd={h['sshd_pid'] or 'stopped'} "
+              f"dockerd={h['dockerd_pid'] or 'stopped'}"
+              + (f" ollama={'up' if h.get('ollama') else 'stopped'}" if 'ollama' in h else "")
+              + f"\n         {fab}")
+
+
+@task(help={"action": "one of: " + ", ".join(sorted(_faults.ACTIONS)),
+            "host": "lab host (spark1, ...)",
+            "iface": "fabric interface (cut-link, restore-link, slow-link, unslow-link, "
+                     "reset-mtu); default enp1s0f1np1",
+            "rate": "slow-link: rate limit, tc syntax (default 100mbit)",
+            "delay": "slow-link: added delay, e.g. 20ms (needs the netem qdisc)",
+            "mtu": "reset-mtu: the MTU to set (default 1500)"})
+def fault(c, action, host, iface="enp1s0f1np1", rate="100mbit", delay="", mtu=1500):
+    """Inject or clear a fault on one host."""
+    print(_faults.apply(action, host, iface=iface, rate=rate, delay=delay or None,
+                        mtu=int(mtu)))
+
+
+ns = Collection("lab")
+ns.add_task(up)
+ns.add_task(down)
+ns.add_task(status)
+ns.add_task(fault)

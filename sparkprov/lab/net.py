@@ -1,0 +1,150 @@
+"""The lab's links: management bridge sparklab0 and the ConnectX-7-named fabric.
+
+Root-namespace link names made by the lab all start with "sl" (veth peers) or "sparklab"
+(bridges), so `lab.down` can find every one of them even without the state file.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from .state import (BRIDGE, BRIDGE_IP, DARK_IFACES, FABRIC_IFACES, MGMT_IFACE, PREFIX,
+                    RAIL_BRIDGES, RAIL_IFACES)
+
+
+def ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = ["ip", *(["-n", ns] if ns else []), *args]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+    return r
+
+
+def links(ns: str | None = None) -> dict[str, dict]:
+    r = ip("-j", "link", "show", ns=ns, check=False)
+    if r.returncode != 0 or not r.stdout.strip():
+        return {}
+    return {l["ifname"]: l for l in json.loads(r.stdout)}
+
+
+def netns_list() -> list[str]:
+    r = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True)
+    if not r.stdout.strip():
+        return []
+    return [n["name"] for n in json.loads(r.stdout)]
+
+
+def mac(index: int, port: int) -> str:
+    # ConnectX-7 OUI seen on Sparks (4c:bb:47); unique per host and port
+    return f"4c:bb:47:{index:02x}:91:{port:02x}"
+
+
+def peer_name(index: int, tag: str) -> str:
+    return f"sl{index}{tag}"  # root-namespace end of a host's veth (<= 15 chars)
+
+
+def ensure_bridge(name: str, addr: str | None = None, mtu: int = 1500) -> bool:
+    changed = False
+    if name not in links():
+        ip("link", "add", "name", name, "type", "bridge")
+        changed = True
+    ip("link", "set", name, "mtu", str(mtu), "up")
+    if addr:
+        cur = ip("-j", "addr", "show", "dev", name).stdout
+        if addr.split("/")[0] not in cur:
+            ip("addr", "add", addr, "dev", name)
+            changed = True
+    return changed
+
+
+def ensure_netns(name: str) -> bool:
+    if name in netns_list():
+        return False
+    ip("netns", "add", name)
+    return True
+
+
+def ensure_mgmt(name: str, index: int, address: str) -> bool:
+    """veth: root end on sparklab0, host end named like the Spark's onboard NIC."""
+    changed = ensure_bridge(BRIDGE, f"{BRIDGE_IP}/{PREFIX}")
+    peer = peer_name(index, "m")
+    if MGMT_IFACE not in links(name):
+        if peer in links():
+            ip("link", "del", peer)
+        ip("link", "add", "name", peer, "type", "veth", "peer", "name", MGMT_IFACE,
+           "netns", name)
+        changed = True
+    ip("link", "set", peer, "master", BRIDGE, "up")
+    ip("link", "set", "lo", "up", ns=name)
+    ip("link", "set", MGMT_IFACE, "address", f"4c:bb:47:{index:02x}:00:07", "up", ns=name)
+    if f'"{address}"' not in ip("-j", "addr", "show", "dev", MGMT_IFACE, ns=name).stdout:
+        ip("addr", "add", f"{address}/{PREFIX}", "dev", MGMT_IFACE, ns=name)
+        changed = True
+    return changed
+
+
+def ensure_fabric(hosts: list[tuple[str, int]]) -> bool:
+    """Create the four ConnectX-7 twins on every host. Only the f1np1 twins are cabled:
+    two hosts get point-to-point veths, more hosts a switch bridge per rail."""
+    changed = False
+    for name, index in hosts:
+        have = links(name)
+        for port, ifname in enumerate(DARK_IFACES):
+            if ifname not in have:
+                peer = peer_name(index, f"d{port}")
+                if peer in links():
+                    ip("link", "del", peer)
+                # the root end stays down: the twin is admin-up with no carrier
+                ip("link", "add", "name", peer, "type", "veth", "peer", "name", ifname,
+                   "netns", name)
+                ip("link", "set", ifname, "address", mac(index, FABRIC_IFACES.index(ifname)),
+                   ns=name)
+                ip("link", "set", ifname, "up", ns=name)
+                changed = True
+    if len(hosts) == 2:
+        (a, ia), (b, ib) = hosts
+        for rail, ifname in RAIL_IFACES.items():
+            ha, hb = links(a), links(b)
+            if ifname in ha and ifname in hb:
+                continue
+            for n in (a, b):
+                if ifname in links(n):
+                    ip("link", "del", ifname, ns=n)
+            ip("link", "add", "name", f"sltmp{rail}a", "netns", a, "type", "veth", "peer",
+               "name", f"sltmp{rail}b", "netns", b)
+            for n, i, tmp in ((a, ia, f"sltmp{rail}a"), (b, ib, f"sltmp{rail}b")):
+                ip("link", "set", tmp, "name", ifname, "address",
+                   mac(i, FABRIC_IFACES.index(ifname)), ns=n)
+                ip("link", "set", ifname, "mtu", "1500", "up", ns=n)
+            changed = True
+    elif len(hosts) > 2:
+        for rail, ifname in RAIL_IFACES.items():
+            br = RAIL_BRIDGES[rail]
+            changed |= ensure_bridge(br, mtu=9000)
+            for name, index in hosts:
+                peer = peer_name(index, f"r{rail}")
+                if ifname not in links(name):
+                    if peer in links():
+                        ip("link", "del", peer)
+                    ip("link", "add", "name", peer, "mtu", "9000", "type", "veth", "peer",
+                       "name", ifname, "netns", name)
+                    ip("link", "set", ifname, "mtu", "1500", "address",
+                       mac(index, FABRIC_IFACES.index(ifname)), "up", ns=name)
+                    changed = True
+                ip("link", "set", peer, "mtu", "9000", "master", br, "up")
+    return changed
+
+
+def lab_root_links() -> list[str]:
+    """Every root-namespace link the lab made (found by name)."""
+    return [n for n in links() if n == BRIDGE or n.startswith("sparklab-")
+            or (n.startswith("sl") and n[2:3].isdigit()) or n.startswith("sltmp")]
+
+
+def teardown(host_names: list[str]) -> None:
+    for n in netns_list():
+        if n in host_names:
+            ip("netns", "del", n, check=False)
+    # veths die with their namespace; bridges and stray root ends are removed by name
+    for n in lab_root_links():
+        ip("link", "del", n, check=False)

@@ -1,0 +1,134 @@
+"""Where the lab keeps its state, and the record of what it made.
+
+State (everything `lab.down` removes) lives in /run/sparkprov-lab; build caches live in
+.lab-cache/ at the top of the checkout and survive `lab.down` unless it is given --purge.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("SPARKPROV_LAB_STATE", "/run/sparkprov-lab"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CACHE_DIR = REPO_ROOT / ".lab-cache"
+
+BRIDGE = "sparklab0"
+BRIDGE_IP = "10.77.0.1"
+PREFIX = 24
+RAIL_BRIDGES = {1: "sparklab-r1", 2: "sparklab-r2"}
+# Fabric interface names of a DGX Spark's ConnectX-7 (two ports, two twins each).
+FABRIC_IFACES = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
+RAIL_IFACES = {1: "enp1s0f1np1", 2: "enP2p1s0f1np1"}  # the cabled twins
+DARK_IFACES = ("enp1s0f0np0", "enP2p1s0f0np0")        # present, no carrier
+MGMT_IFACE = "enP7s7"                                  # the Spark's onboard 10 GbE
+LOGIN_USER = "nvidia"
+REGISTRY_PORT = 5000
+HUB_PORT = 8080
+# PATH a process started inside a host gets (Debian root default; no control-machine shims).
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_name(index: int) -> str:
+    return f"spark{index}"
+
+
+def host_address(index: int) -> str:
+    return f"10.77.0.{10 + index}"
+
+
+def host_dir(name: str) -> Path:
+    return STATE_DIR / "hosts" / name
+
+
+def key_path() -> Path:
+    return STATE_DIR / "id_ed25519"
+
+
+def known_hosts_path() -> Path:
+    return STATE_DIR / "known_hosts"
+
+
+def password_path() -> Path:
+    return STATE_DIR / "become_password"
+
+
+def inventory_path() -> Path:
+    return STATE_DIR / "inventory.yaml"
+
+
+@dataclass
+class HostRecord:
+    name: str
+    index: int
+    address: str
+    anchor_pid: int = 0
+    # /proc/PID/stat start time of the anchor, so a recycled PID is never mistaken for it.
+    anchor_start: str = ""
+
+
+@dataclass
+class LabRecord:
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    topology: str = ""          # "p2p" (two hosts) or "switch" (more)
+    registry_url: str = ""
+    hub_url: str = ""
+
+    def save(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = STATE_DIR / "lab.json.tmp"
+        tmp.write_text(json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()},
+                                   "topology": self.topology,
+                                   "registry_url": self.registry_url,
+                                   "hub_url": self.hub_url}, indent=2))
+        tmp.replace(STATE_DIR / "lab.json")
+
+    @classmethod
+    def load(cls) -> "LabRecord":
+        p = STATE_DIR / "lab.json"
+        if not p.exists():
+            return cls()
+        d = json.loads(p.read_text())
+        return cls(hosts={k: HostRecord(**v) for k, v in d.get("hosts", {}).items()},
+                   topology=d.get("topology", ""), registry_url=d.get("registry_url", ""),
+                   hub_url=d.get("hub_url", ""))
+
+
+def proc_start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+_lock_depth = 0
+
+
+@contextmanager
+def lab_lock():
+    """Serialise lab.up / lab.down / faults between processes (flock on the state dir).
+
+    Re-entrant within one process."""
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+        return
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    os.chmod(STATE_DIR, 0o700)
+    fd = os.open(STATE_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock_depth = 1
+        yield
+    finally:
+        _lock_depth = 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
