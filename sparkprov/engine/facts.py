@@ -130,7 +130,9 @@ def build_gather(facts: Iterable[Fact], sh: ShellCtx, *, become: bool, password:
     for i, fact in enumerate(facts):
         body = fact.command(sh)
         if fact.needs_root and become:
-            body = "__sp_root sh -c " + quote(body)
+            # sudo resets the environment: hand the login user's home to the root shell as $1.
+            body = "__sp_root sh -c " + quote('__sp_home=$1\n' + body) + ' sh "$__sp_home"'
+
         parts.append(f"__sp_f{i}() {{\n{body}\n}}\n__sp_sec {i} __sp_f{i}\n")
     if probe_become:
         parts.append("printf '\\n@@SP:%s:become:%s\\n' \"$__sp_n\" \"$__sp_how\"\n")

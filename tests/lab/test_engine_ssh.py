@@ -55,6 +55,10 @@ groups:
     return path
 
 
+def failures(report: Report) -> list[str]:
+    return [f"{r.host} {r.task}: {r.msg}" for r in report.results if r.status in ("failed", "unreachable")]
+
+
 def run(inv: Path, book: Path, **opts) -> Report:
     report = Report(open(os.devnull, "w"))
     inventory = load_inventory(inv)
@@ -89,7 +93,7 @@ def test_converge_idempotent_check_over_ssh(lab, clean, book, tmp_path):
         assert lab.ssh(h, "test -e /srv/sp-e2e").returncode == 1
 
     first = run(inv, book)
-    assert first.exit_code() == 0, [r.msg for r in first.results if r.status == "failed"]
+    assert first.exit_code() == 0, failures(first)
     for h in lab.names:
         assert first.hosts[h].changed == 5
         # independent verification with plain commands
@@ -126,7 +130,7 @@ def test_sudo_password_never_on_a_command_line(lab, clean, book, tmp_path):
     finally:
         stop.set()
         t.join()
-    assert report.exit_code() == 0
+    assert report.exit_code() == 0, failures(report)
     assert len(seen) >= 2 and any("sshd" in s for s in seen)
     assert not any(lab.password in s for s in seen)
 
