@@ -1,0 +1,411 @@
+"""The lab engine (sparkprov/lab/engine): a vLLM stand-in. Runs it as a subprocess on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparkprov.lab.engine.testing import QWEN3_CONFIG, make_repo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def hf_home(tmp_path):
+    make_repo(str(tmp_path), "Qwen/Qwen3-0.6B")
+    return tmp_path
+
+
+def env_for(hf_home, **extra):
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", LAB_ENGINE_LOAD_SECONDS="1",
+               PYTHONPATH=str(ROOT), LAB_ENGINE_TOKEN_SECONDS="0")
+    env.pop("VLLM_API_KEY", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(args, env, timeout=30, python=sys.executable):
+    return subprocess.run([python, "-m", "sparkprov.lab.engine", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Engine:
+    def __init__(self, hf_home, model="Qwen/Qwen3-0.6B", args=(), python=sys.executable, **env):
+        self.port = free_port()
+        self.proc = subprocess.Popen([python, "-m", "sparkprov.lab.engine", "serve", model, "--host",
+                                      "127.0.0.1", "--port", str(self.port), *args],
+                                     env=env_for(hf_home, **env), cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def request(self, path, body=None, key=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data)
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw = r.read().decode()
+                return r.status, raw
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def status(self, path="/health"):
+        try:
+            return self.request(path)[0]
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
+    def wait_ready(self, timeout=60):
+        seen = []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("engine exited:\n" + self.proc.stdout.read())
+            st = self.status()
+            seen.append(st)
+            if st == 200:
+                return seen
+            time.sleep(0.1)
+        raise AssertionError(f"not ready; health codes {set(seen)}")
+
+    def chat(self, content, key=None, **kw):
+        st, raw = self.request("/v1/chat/completions",
+                               {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": content}], **kw},
+                               key=key)
+        return st, json.loads(raw) if raw.startswith("{") else raw
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stdout.read()
+
+
+@pytest.fixture
+def engine_factory(hf_home):
+    started = []
+
+    def make(*args, model="Qwen/Qwen3-0.6B", **env):
+        e = Engine(hf_home, model, args, **env)
+        started.append(e)
+        return e
+    yield make
+    for e in started:
+        e.stop()
+
+
+# ---------------------------------------------------------------- CLI
+def test_unknown_flag_rejected(hf_home):
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--no-such-flag"], env_for(hf_home))
+    assert r.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["serve", "serve", "Qwen/Qwen3-0.6B"], ["serve", "Qwen/Qwen3-0.6B", "serve"]])
+def test_doubled_serve_rejected(hf_home, argv):
+    r = run_cli(argv, env_for(hf_home))
+    assert r.returncode == 2
+    assert "unrecognized arguments: serve" in r.stderr
+
+
+def test_bad_choice_rejected(hf_home):
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--kv-cache-dtype", "int3"], env_for(hf_home))
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+# ---------------------------------------------------------------- weights
+def test_missing_model_fails(hf_home):
+    r = run_cli(["serve", "Org/Absent", "--port", str(free_port())], env_for(hf_home))
+    assert r.returncode == 1
+    assert "LocalEntryNotFoundError" in r.stderr
+
+
+def _snapshot(hf_home):
+    return next((hf_home / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots").iterdir())
+
+
+def test_missing_config_fails(hf_home):
+    (_snapshot(hf_home) / "config.json").unlink()
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port())], env_for(hf_home))
+    assert r.returncode == 1 and "config.json" in r.stderr
+
+
+def test_missing_shard_fails(hf_home):
+    (_snapshot(hf_home) / "model-00002-of-00002.safetensors").unlink()
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port())], env_for(hf_home))
+    assert r.returncode == 1
+    assert "model-00002-of-00002.safetensors" in r.stderr and "missing" in r.stderr
+
+
+def test_truncated_shard_fails(hf_home):
+    shard = (_snapshot(hf_home) / "model-00001-of-00002.safetensors").resolve()
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-100])
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port())], env_for(hf_home))
+    assert r.returncode == 1 and "MetadataIncompleteBuffer" in r.stderr
+
+
+def test_local_path_serves(engine_factory, hf_home):
+    e = engine_factory(model=str(_snapshot(hf_home)))
+    e.wait_ready()
+    st, raw = e.request("/v1/models")
+    assert st == 200 and json.loads(raw)["data"][0]["id"] == str(_snapshot(hf_home))
+
+
+# ---------------------------------------------------------------- serving
+def test_health_then_chat(engine_factory):
+    e = engine_factory("--served-model-name", "Qwen/Qwen3-0.6B", "qwen", "--max-model-len", "2k",
+                       LAB_ENGINE_LOAD_SECONDS="2")
+    seen = e.wait_ready()
+    assert 503 in seen and seen[-1] == 200
+    st, raw = e.request("/v1/models")
+    models = json.loads(raw)["data"]
+    assert [m["id"] for m in models] == ["Qwen/Qwen3-0.6B", "qwen"]
+    assert models[0]["max_model_len"] == 2000
+    st, body = e.chat("What is 17 + 25?", chat_template_kwargs={"enable_thinking": False})
+    assert st == 200
+    msg = body["choices"][0]["message"]
+    assert "42" in msg["content"] and body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["prompt_tokens"] == 5
+    assert body["usage"]["completion_tokens"] == len(msg["content"].split())
+    st, body = e.chat("Compute 6*7")
+    assert "42" in body["choices"][0]["message"]["content"]
+    # completions API + streaming
+    st, raw = e.request("/v1/completions", {"model": "qwen", "prompt": "12 * 12 =", "max_tokens": 5})
+    assert st == 200 and json.loads(raw)["choices"][0]["text"].strip() == "144"
+    st, raw = e.request("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2+3?"}],
+                                                 "stream": True, "stream_options": {"include_usage": True}})
+    events = [l[6:] for l in raw.splitlines() if l.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert "5" in text and chunks[-1]["usage"]["prompt_tokens"] == 3
+    # unknown model
+    st, raw = e.request("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    assert st == 404 and "does not exist" in raw
+
+
+def test_thinking_small_max_tokens(engine_factory):
+    e = engine_factory("--reasoning-parser", "qwen3")
+    e.wait_ready()
+    st, body = e.chat("What is 17 + 25?", max_tokens=8)
+    ch = body["choices"][0]
+    assert ch["message"]["content"] is None and ch["finish_reason"] == "length"
+    assert ch["message"]["reasoning_content"]
+    st, body = e.chat("What is 17 + 25?", max_tokens=500)
+    ch = body["choices"][0]
+    assert ch["message"]["reasoning_content"] and "42" in ch["message"]["content"]
+
+
+def test_gemma_does_not_think_by_default(tmp_path, engine_factory):
+    cfg = dict(QWEN3_CONFIG, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"])
+    make_repo(str(tmp_path), "google/gemma-3-1b-it", cfg)
+    e = Engine(tmp_path, "google/gemma-3-1b-it", ("--reasoning-parser", "deepseek_r1"))
+    try:
+        e.wait_ready()
+        st, body = e.chat("What is 17 + 25?", max_tokens=8, model="google/gemma-3-1b-it")
+        assert body["choices"][0]["message"]["reasoning_content"] is None
+        assert "42" in body["choices"][0]["message"]["content"]
+    finally:
+        e.stop()
+
+
+def test_tool_choice_auto_needs_flags(engine_factory):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    e = engine_factory()
+    e.wait_ready()
+    st, body = e.chat("What is the weather in Paris?", tools=tools, tool_choice="auto")
+    assert st == 400
+    assert body["error"]["message"] == ('"auto" tool choice requires --enable-auto-tool-choice and '
+                                        "--tool-call-parser to be set")
+    e2 = engine_factory("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    e2.wait_ready()
+    st, body = e2.chat("What is the weather in Paris?", tools=tools)
+    ch = body["choices"][0]
+    assert st == 200 and ch["finish_reason"] == "tool_calls"
+    call = ch["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+
+
+def test_api_key(engine_factory):
+    e = engine_factory("--api-key", "sekrit")
+    e.wait_ready()  # /health is open
+    assert e.status("/v1/models") == 401
+    st, _ = e.chat("What is 1+1?")
+    assert st == 401
+    st, body = e.chat("What is 1+1?", key="sekrit")
+    assert st == 200 and "2" in body["choices"][0]["message"]["content"]
+    assert e.status("/metrics") == 200
+
+
+def test_api_key_from_env(engine_factory):
+    e = engine_factory(VLLM_API_KEY="envkey")
+    e.wait_ready()
+    assert e.status("/v1/models") == 401
+    assert e.request("/v1/models", key="envkey")[0] == 200
+
+
+def test_metrics(engine_factory):
+    e = engine_factory("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
+                       '"prompt_lookup_max": 4}')
+    e.wait_ready()
+    e.chat("What is 3 + 4?")
+    st, text = e.request("/metrics")
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:request_success_total", "vllm:spec_decode_num_drafts_total",
+                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"):
+        assert name + "{" in text, name
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 5.0' in text
+
+
+def test_fp4_moe_without_marlin_is_degenerate(tmp_path):
+    cfg = dict(QWEN3_CONFIG, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=8,
+               quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    make_repo(str(tmp_path), "nvidia/Qwen3-30B-A3B-FP4", cfg)
+    e = Engine(tmp_path, "nvidia/Qwen3-30B-A3B-FP4", ("--chat-template", "{{ messages }}"))
+    try:
+        e.wait_ready()
+        st, body = e.chat("What is 17 + 25?", max_tokens=4, model="nvidia/Qwen3-30B-A3B-FP4")
+        content = body["choices"][0]["message"]["content"]
+        assert content.startswith("!!!!!!!!") and "42" not in content
+    finally:
+        e.stop()
+    e = Engine(tmp_path, "nvidia/Qwen3-30B-A3B-FP4", ("--moe-backend", "marlin"))
+    try:
+        e.wait_ready()
+        st, body = e.chat("What is 17 + 25?", model="nvidia/Qwen3-30B-A3B-FP4",
+                          chat_template_kwargs={"enable_thinking": False})
+        assert "42" in body["choices"][0]["message"]["content"]
+    finally:
+        e.stop()
+
+
+def test_max_model_len_too_long_fails(hf_home):
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "--max-model-len", "100000"],
+                env_for(hf_home))
+    assert r.returncode == 1 and "max_model_len" in r.stderr
+
+
+# ---------------------------------------------------------------- Ray tensor parallel
+RAY_PY = os.environ.get("LAB_ENGINE_RAY_PYTHON", "/tmp/labengine-venv/bin/python")
+
+
+def _ray_python():
+    for py in (sys.executable, RAY_PY):
+        if py and os.path.exists(py) and subprocess.run([py, "-c", "import ray"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+RAY = _ray_python()
+ray_only = pytest.mark.skipif(RAY is None, reason="ray is not importable")
+
+
+@pytest.fixture
+def ray_cluster(tmp_path, hf_home):
+    clusters = []
+
+    def start(gpus):
+        ray_bin = str(Path(RAY).parent / "ray")
+        port = free_port()
+        # Ray registers the node under its non-loopback IP whatever --node-ip-address says, so
+        # VLLM_HOST_IP stays unset (the engine then finds the same IP as Ray); the collective
+        # itself runs on lo through GLOO_SOCKET_IFNAME.
+        env = env_for(hf_home, GLOO_SOCKET_IFNAME="lo", RAY_ADDRESS=f"127.0.0.1:{port}")
+        env.pop("VLLM_HOST_IP", None)
+        tmp = f"/tmp/rl{port}"
+        r = subprocess.run([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                            "--num-gpus", str(gpus), "--num-cpus", "2", "--include-dashboard=false",
+                            "--temp-dir", tmp, "--disable-usage-stats"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        clusters.append((ray_bin, env, tmp))
+        return env
+    yield start
+    for ray_bin, env, tmp in clusters:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@ray_only
+def test_ray_tp2(ray_cluster, hf_home):
+    env = ray_cluster(2)
+    e = Engine(hf_home, "Qwen/Qwen3-0.6B", ("--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"),
+               python=RAY, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")})
+    try:
+        e.wait_ready(timeout=120)
+        st, body = e.chat("What is 17 + 25?", chat_template_kwargs={"enable_thinking": False})
+        assert "42" in body["choices"][0]["message"]["content"]
+    finally:
+        out = e.stop()
+    assert "Gloo ring all-reduce verified across 2 ranks" in out
+    assert "measured ring bandwidth" in out
+
+
+@ray_only
+def test_ray_tp2_cannot_be_placed(ray_cluster, hf_home):
+    env = ray_cluster(1)
+    t0 = time.time()
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "-tp", "2"],
+                dict(env, LAB_ENGINE_PG_TIMEOUT="5"), timeout=120, python=RAY)
+    assert r.returncode == 1
+    assert "exceeds the total number of available GPUs" in r.stderr
+    assert time.time() - t0 < 60
+
+
+@ray_only
+def test_ray_pg_timeout_when_gpus_are_taken(ray_cluster, hf_home):
+    env = ray_cluster(2)
+    # Another job holds one GPU: the placement group can never be satisfied.
+    holder = subprocess.Popen([RAY, "-c", "import ray,time; ray.init(address='auto');"
+                               "from ray.util.placement_group import placement_group as pg;"
+                               "p=pg([{'GPU':1}]); ray.get(p.ready()); print('held', flush=True); time.sleep(300)"],
+                              env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.time()
+        r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "-tp", "2"],
+                    dict(env, LAB_ENGINE_PG_TIMEOUT="4"), timeout=120, python=RAY)
+        assert r.returncode == 1
+        assert "Cannot provide a placement group" in r.stderr
+        assert time.time() - t0 < 60
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_gloo_interface_missing(hf_home):
+    from sparkprov.lab.engine import collective
+    with pytest.raises(collective.GlooError, match="Unable to find address for: nosuch0"):
+        collective.interface_ipv4("nosuch0")
+
+
+def test_mp_backend_tp2(engine_factory):
+    e = engine_factory("-tp", "2", "--distributed-executor-backend", "mp", LAB_ENGINE_LOCAL_GPUS="2",
+                       GLOO_SOCKET_IFNAME="lo")
+    e.wait_ready()
+    out = e.stop()
+    assert "Gloo ring all-reduce verified across 2 ranks" in out
