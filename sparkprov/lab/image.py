@@ -1,0 +1,734 @@
+"""The lab serving image, built without a running dockerd and pushed straight to the lab registry.
+
+Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout):
+
+* **base** (keyed by :data:`BASE_RECIPE`): ``debootstrap --variant=minbase`` of Debian bookworm
+  plus a venv at ``/opt/venv`` (created by the rootfs's own ``/usr/bin/python3``, in a chroot)
+  holding ``ray`` (core) and ``huggingface_hub``. Minutes cold; free once cached.
+* **engine** (keyed by a hash of the files of ``sparkprov/lab/engine/``): the lab vLLM stand-in
+  at ``/opt/labvllm/sparkprov/lab/engine`` (importable from the venv through a ``.pth`` file),
+  ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparkprov.lab.engine "$@"``) and
+  ``/usr/local/bin/ray`` -> ``/opt/venv/bin/ray``. Milliseconds; deterministic.
+* **smoke**: a static busybox (taken from the base rootfs) and its applet links, for
+  ``docker run --gpus all`` smoke tests (:data:`SMOKE_IMAGE`).
+
+The image is pushed (Docker Registry HTTP API v2: blob uploads, image config JSON, schema2
+manifest) under every name the catalog uses. Names of Docker Hub go to the path a
+``registry-mirrors`` client asks for (``vllm/vllm-openai``; official images get ``library/``);
+names of other registries (``nvcr.io/nvidia/vllm``) are stored under their path
+(``nvidia/vllm``) and served by the registry's alias listener (see
+:mod:`sparkprov.lab.registry`).
+
+``vllm/vllm-openai:*`` images have the entrypoint ``["vllm", "serve"]`` as the real ones do;
+every other serving image (NGC's ``nvcr.io/nvidia/vllm:*``) has none: the container command is
+the whole ``vllm serve MODEL ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CACHE_DIR = REPO_ROOT / ".lab-cache" / "images"
+ENGINE_DIR = Path(__file__).resolve().parent / "engine"
+
+VENV = "/opt/venv"
+ENGINE_ROOT = "/opt/labvllm"
+SMOKE_IMAGE = "sparkprov/smoke:latest"
+FALLBACK_IMAGES = [
+    "vllm/vllm-openai:cu130-nightly",
+    "vllm/vllm-openai:gemma4-cu130",
+    "nvcr.io/nvidia/vllm:25.12.post1-py3",
+]
+
+# Changing anything here (or BUILD_VERSION, for a change of the build steps) makes a new base.
+BASE_RECIPE = {
+    "build_version": 1,
+    "suite": "bookworm",
+    "variant": "minbase",
+    "include": ["python3", "python3-venv", "ca-certificates", "iproute2", "procps",
+                "busybox-static"],
+    "pip": ["ray==2.60.0", "huggingface_hub==2.4.0"],
+}
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+PATH_ENV = f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+MT_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MT_CONFIG = "application/vnd.docker.container.image.v1+json"
+MT_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[lab.image] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+@dataclass(frozen=True)
+class Layer:
+    path: Path          # the .tar.gz blob
+    digest: str         # sha256 of the gzip blob
+    diff_id: str        # sha256 of the uncompressed tar
+    size: int           # bytes of the blob
+    created_by: str     # for the image history
+
+    def as_meta(self) -> dict:
+        return {"digest": self.digest, "diff_id": self.diff_id, "size": self.size,
+                "created_by": self.created_by}
+
+
+def _goarch() -> str:
+    m = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(m, m)
+
+
+def _hash_obj(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _cache_lock(cache_dir: Path):
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _gzip_stream(src, dest: Path) -> tuple[str, str, int]:
+    """Gzip a byte stream to ``dest``; return (diff_id, digest, size)."""
+    raw = hashlib.sha256()
+    comp = hashlib.sha256()
+
+    class _Tee(io.RawIOBase):
+        def __init__(self, fh):
+            self.fh, self.n = fh, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            comp.update(b)
+            self.fh.write(b)
+            self.n += len(b)
+            return len(b)
+
+    with open(dest, "wb") as out:
+        tee = _Tee(out)
+        with gzip.GzipFile(fileobj=tee, mode="wb", compresslevel=6, mtime=0, filename="") as gz:
+            while chunk := src.read(1 << 20):
+                raw.update(chunk)
+                gz.write(chunk)
+        size = tee.n
+    return "sha256:" + raw.hexdigest(), "sha256:" + comp.hexdigest(), size
+
+
+def _mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()).rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            mnt = line.split()[4].encode().decode("unicode_escape")
+            if (mnt + "/").startswith(prefix):
+                found.append(mnt)
+    return found
+
+
+def _safe_rmtree(path: Path) -> None:
+    mounts = _mounts_under(path)
+    if mounts:  # never delete through a mount (a bind of /dev would empty the host's /dev)
+        raise ImageError(f"refusing to delete {path}: mounts inside it: {mounts}")
+    shutil.rmtree(path, ignore_errors=False)
+
+
+def _host_mirror() -> str:
+    """The Debian mirror the host itself uses (reachable for building), else deb.debian.org."""
+    srcs = [Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")]
+    for src in srcs:
+        if not src.exists():
+            continue
+        for line in src.read_text().splitlines():
+            words = line.split()
+            if src.suffix == ".sources" and line.startswith("URIs:") and len(words) > 1:
+                if "security" not in words[1]:
+                    return words[1]
+            if words[:1] == ["deb"] and len(words) > 2:
+                uri = next(w for w in words[1:] if not w.startswith("["))
+                if "security" not in uri:
+                    return uri
+    return DEFAULT_MIRROR
+
+
+BUILD_CA = "/tmp/sparkprov-build-ca.crt"  # in the rootfs while building; /tmp is emptied after
+
+
+def _chroot(rootfs: Path, *argv: str) -> None:
+    """Run argv in a chroot of rootfs with /proc mounted in a private mount namespace, so the
+    mount disappears with the process whatever happens (nothing to unmount, nothing leaked).
+    pip inside trusts what the host trusts (its CA bundle, copied in for the build only)."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOME": "/root", "LANG": "C.UTF-8", "PIP_NO_CACHE_DIR": "1",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"}
+    if (rootfs / BUILD_CA.lstrip("/")).exists():
+        env["PIP_CERT"] = env["SSL_CERT_FILE"] = BUILD_CA
+    for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    script = 'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                    str(rootfs), *argv], check=True, env=env)
+
+
+def _build_base(dest: Path, recipe: dict) -> None:
+    """Build the base layer into the (new, empty) directory ``dest``."""
+    if os.geteuid() != 0:
+        raise ImageError("building the lab base image needs root (debootstrap, chroot)")
+    for tool in ("debootstrap", "unshare", "chroot", "tar"):
+        if shutil.which(tool) is None:
+            raise ImageError(f"{tool} not found (make deps)")
+    rootfs = dest / "rootfs"
+    t0 = time.monotonic()
+    _log(f"debootstrap {recipe['suite']} (cold base build; cached afterwards)")
+    subprocess.run(["debootstrap", f"--variant={recipe['variant']}",
+                    "--include=" + ",".join(recipe["include"]), recipe["suite"], str(rootfs),
+                    _host_mirror()], check=True, stdout=subprocess.DEVNULL)
+    t1 = time.monotonic()
+    shutil.copyfile("/etc/resolv.conf", rootfs / "etc/resolv.conf")
+    if Path(HOST_CA_BUNDLE).exists():
+        shutil.copyfile(HOST_CA_BUNDLE, rootfs / BUILD_CA.lstrip("/"))
+    _log("venv + pip install " + " ".join(recipe["pip"]))
+    _chroot(rootfs, "/usr/bin/python3", "-m", "venv", VENV)
+    _chroot(rootfs, f"{VENV}/bin/pip", "install", "-q", *recipe["pip"])
+    _chroot(rootfs, f"{VENV}/bin/python", "-c",
+            "import ray, huggingface_hub, sys; print('ray', ray.__version__, 'hf',"
+            " huggingface_hub.__version__, sys.executable)")
+    _chroot(rootfs, f"{VENV}/bin/ray", "--version")
+    pyver = subprocess.run(
+        ["chroot", str(rootfs), "/usr/bin/python3", "-c",
+         "import sys; print('%d.%d' % sys.version_info[:2])"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    t2 = time.monotonic()
+    # What a container gets from the runtime anyway, and caches the image must not carry.
+    (rootfs / "etc/resolv.conf").write_text("")
+    (rootfs / "etc/hostname").write_text("")
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "root/.cache", "tmp",
+                 "var/tmp", "var/log"):
+        p = rootfs / junk
+        if p.is_dir():
+            for child in p.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    if child.name != "partial":
+                        _safe_rmtree(child)
+                else:
+                    child.unlink()
+    shutil.copy2(rootfs / "bin/busybox", dest / "busybox")
+    _log("tar + gzip base layer")
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "--sort=name", "-C", str(rootfs),
+         "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-cf", "-", "."],
+        stdout=subprocess.PIPE)
+    diff_id, digest, size = _gzip_stream(tar.stdout, dest / "layer.tar.gz")
+    if tar.wait() != 0:
+        raise ImageError("tar of the base rootfs failed")
+    t3 = time.monotonic()
+    uncompressed = int(subprocess.run(["du", "-sb", str(rootfs)], check=True,
+                                      capture_output=True, text=True).stdout.split()[0])
+    _safe_rmtree(rootfs)
+    meta = {
+        "recipe": recipe,
+        "layer": {"digest": digest, "diff_id": diff_id, "size": size,
+                  "created_by": f"sparkprov lab: debootstrap --variant={recipe['variant']} "
+                                f"{recipe['suite']} + venv {VENV} ({' '.join(recipe['pip'])})"},
+        "python": pyver,
+        "rootfs_bytes": uncompressed,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timings_s": {"debootstrap": round(t1 - t0, 1), "venv_pip": round(t2 - t1, 1),
+                      "tar_gzip": round(t3 - t2, 1), "total": round(t3 - t0, 1)},
+    }
+    (dest / "meta.json").write_text(json.dumps(meta, indent=2))
+    _log(f"base layer built in {t3 - t0:.0f}s: {size / 1e6:.0f} MB gzip, "
+         f"{uncompressed / 1e6:.0f} MB unpacked")
+
+
+@dataclass(frozen=True)
+class Base:
+    dir: Path
+    layer: Layer
+    python: str
+    created: str
+    meta: dict
+
+    @property
+    def busybox(self) -> Path:
+        return self.dir / "busybox"
+
+
+def ensure_base(cache_dir: Path = CACHE_DIR, recipe: dict = BASE_RECIPE) -> Base:
+    """The base layer, built once per recipe (atomically published) and reused afterwards."""
+    key = _hash_obj(dict(recipe, arch=_goarch()))[:16]
+    final = cache_dir / f"base-{key}"
+    with _cache_lock(cache_dir):
+        if not (final / "meta.json").exists():
+            for stale in cache_dir.glob(".tmp-base-*"):  # an interrupted build (we hold the lock)
+                _safe_rmtree(stale)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-base-", dir=cache_dir))
+            try:
+                _build_base(tmp, recipe)
+                os.chmod(tmp, 0o755)
+                os.rename(tmp, final)
+            except BaseException:
+                if tmp.exists():
+                    _safe_rmtree(tmp)
+                raise
+            for old in cache_dir.glob("base-*"):  # bases of older recipes: ~200 MB each
+                if old != final and old.is_dir():
+                    _safe_rmtree(old)
+    meta = json.loads((final / "meta.json").read_text())
+    lm = meta["layer"]
+    layer = Layer(final / "layer.tar.gz", lm["digest"], lm["diff_id"], lm["size"],
+                  lm["created_by"])
+    return Base(final, layer, meta["python"], meta["created"], meta)
+
+
+class _TarBuilder:
+    """A small deterministic tar (root-owned, fixed mtime), gzipped deterministically."""
+
+    def __init__(self):
+        self.buf = io.BytesIO()
+        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.PAX_FORMAT)
+        self.dirs: set[str] = set()
+
+    def _info(self, name: str, type_, mode: int) -> tarfile.TarInfo:
+        ti = tarfile.TarInfo(name.lstrip("/"))
+        ti.type, ti.mode, ti.uid, ti.gid, ti.mtime = type_, mode, 0, 0, 0
+        ti.uname = ti.gname = "root"
+        return ti
+
+    def dir(self, path: str, mode: int = 0o755) -> None:
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            p = "/".join(parts[:i])
+            if p not in self.dirs:
+                self.dirs.add(p)
+                self.tar.addfile(self._info(p, tarfile.DIRTYPE, mode if i == len(parts) else 0o755))
+
+    def file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self.dir(os.path.dirname(path))
+        ti = self._info(path, tarfile.REGTYPE, mode)
+        ti.size = len(data)
+        self.tar.addfile(ti, io.BytesIO(data))
+
+    def symlink(self, path: str, target: str) -> None:
+        self.dir(os.path.dirname(path))
+        ti = self._info(path, tarfile.SYMTYPE, 0o777)
+        ti.linkname = target
+        self.tar.addfile(ti)
+
+    def write(self, dest: Path, created_by: str) -> Layer:
+        self.tar.close()
+        self.buf.seek(0)
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        diff_id, digest, size = _gzip_stream(self.buf, tmp)
+        os.replace(tmp, dest)
+        return Layer(dest, digest, diff_id, size, created_by)
+
+
+def engine_files(engine_dir: Path = ENGINE_DIR) -> dict[str, bytes]:
+    """The engine package's files (relative path -> bytes), without caches."""
+    if not (engine_dir / "__init__.py").exists() and not (engine_dir / "__main__.py").exists():
+        raise ImageError(f"the lab engine package is missing: {engine_dir} "
+                         "(sparkprov/lab/engine/ with __main__.py)")
+    files = {}
+    for p in sorted(engine_dir.rglob("*")):
+        rel = p.relative_to(engine_dir)
+        if p.is_dir() or "__pycache__" in rel.parts or p.suffix in (".pyc", ".pyo"):
+            continue
+        files[rel.as_posix()] = p.read_bytes()
+    return files
+
+
+VLLM_WRAPPER = f'#!/bin/sh\nexec {VENV}/bin/python -m sparkprov.lab.engine "$@"\n'
+
+
+def ensure_engine_layer(base: Base, engine_dir: Path = ENGINE_DIR,
+                        cache_dir: Path = CACHE_DIR) -> Layer:
+    files = engine_files(engine_dir)
+    key = _hash_obj({"files": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
+                     "wrapper": VLLM_WRAPPER, "custom": CUSTOM_SCRIPT, "python": base.python,
+                     "v": 1})[:16]
+    dest = cache_dir / f"engine-{key}.tar.gz"
+    created_by = f"sparkprov lab: engine {key} at {ENGINE_ROOT}, /usr/local/bin/vllm, ray"
+    metaf = dest.with_suffix(".json")
+    if dest.exists() and metaf.exists():
+        m = json.loads(metaf.read_text())
+        return Layer(dest, m["digest"], m["diff_id"], m["size"], m["created_by"])
+    tb = _TarBuilder()
+    pkg = f"{ENGINE_ROOT}/sparkprov"
+    tb.file(f"{pkg}/__init__.py", b"")
+    tb.file(f"{pkg}/lab/__init__.py", b"")
+    for rel, data in files.items():
+        tb.file(f"{pkg}/lab/engine/{rel}", data)
+    tb.file(f"{VENV}/lib/python{base.python}/site-packages/sparkprov-labvllm.pth",
+            f"{ENGINE_ROOT}\n".encode())
+    tb.file("/usr/local/bin/vllm", VLLM_WRAPPER.encode(), 0o755)
+    tb.symlink("/usr/local/bin/ray", f"{VENV}/bin/ray")
+    tb.file(CUSTOM_ENTRYPOINT, CUSTOM_SCRIPT.encode(), 0o755)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    layer = tb.write(dest, created_by)
+    tmp = metaf.with_name(metaf.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(layer.as_meta()))
+    os.replace(tmp, metaf)
+    return layer
+
+
+BUSYBOX_APPLETS = ["sh", "ash", "cat", "echo", "env", "id", "ls", "sleep", "true", "false",
+                   "uname", "hostname", "ps", "wc", "grep", "test", "["]
+
+
+def smoke_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
+    """busybox (static) + applet links + the directories a container expects; deterministic."""
+    data = base.busybox.read_bytes()
+    key = hashlib.sha256(data + json.dumps(BUSYBOX_APPLETS).encode()).hexdigest()[:16]
+    dest = cache_dir / f"smoke-{key}.tar.gz"
+    tb = _TarBuilder()
+    for d in ("dev", "proc", "sys", "etc", "root", "usr/bin"):
+        tb.dir(d)
+    tb.dir("tmp", 0o1777)
+    tb.file("/bin/busybox", data, 0o755)
+    for applet in BUSYBOX_APPLETS:
+        tb.symlink(f"/bin/{applet}", "busybox")
+    tb.file("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
+    tb.file("/etc/group", b"root:x:0:\n")
+    return tb.write(dest, "sparkprov lab: busybox-static smoke image")
+
+
+# --------------------------------------------------------------------------- names and configs
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str      # as written (catalog)
+    host: str      # "docker.io" or the registry host ("nvcr.io")
+    path: str      # repository path as stored in the lab registry ("vllm/vllm-openai")
+    tag: str
+    pinned: str | None = None  # a digest the name pins (the lab image cannot have it)
+
+
+def parse_ref(name: str) -> Ref:
+    """Docker's reference normalisation (host detection, ``library/``), tags only."""
+    full = name
+    name, _, pinned = name.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if pinned and ":" not in last:
+        raise ImageError(f"{full}: a digest-only reference; the lab can serve tags only")
+    if ":" in last:
+        repo, tag = name[: len(name) - len(last)] + last.split(":", 1)[0], last.split(":", 1)[1]
+    else:
+        repo, tag = name, "latest"
+    first, _, rest = repo.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        host, path = first, rest
+    else:
+        host, path = "docker.io", repo
+    if host in ("index.docker.io", "registry-1.docker.io"):
+        host = "docker.io"
+    if host == "docker.io" and "/" not in path:
+        path = "library/" + path
+    return Ref(full, host, path, tag, pinned or None)
+
+
+def registry_hostnames(images: list[str]) -> list[str]:
+    """Registries other than Docker Hub that these names use: a lab host maps each to the
+    lab registry in its /etc/hosts and lists it in insecure-registries."""
+    return sorted({parse_ref(n).host for n in images} - {"docker.io"})
+
+
+def _load_catalog():
+    """The catalog, or None while sparkprov.catalog is not importable."""
+    try:
+        from sparkprov.catalog import load_catalog
+    except ImportError:
+        try:
+            from sparkprov.catalog.load import load_catalog
+        except ImportError as exc:
+            _log(f"sparkprov.catalog not importable ({exc}); using built-in image facts")
+            return None
+    return load_catalog()
+
+
+# The catalog's `entrypoint` of an image -> the lab image's ENTRYPOINT.
+CUSTOM_ENTRYPOINT = "/usr/local/bin/lab-custom-entrypoint"
+ENTRYPOINTS = {"vllm-serve": ["vllm", "serve"], "passthrough": None,
+               "custom": [CUSTOM_ENTRYPOINT]}
+CUSTOM_SCRIPT = (
+    "#!/bin/sh\n"
+    "# Lab image of a catalog image whose own entrypoint is not vLLM's (entrypoint: custom).\n"
+    "# sparkprov must start vllm itself (--entrypoint); relying on this entrypoint fails.\n"
+    'echo "lab image: this image has its own (non-vLLM) entrypoint; start vllm with'
+    ' --entrypoint" >&2\n'
+    "exit 64\n"
+)
+
+
+def image_kind(ref: Ref, catalog=None) -> str:
+    """"smoke", or the catalog's entrypoint kind: "vllm-serve", "passthrough", "custom".
+    Without a catalog entry: vllm-openai repositories are "vllm-serve", others "passthrough"."""
+    if ref.path == parse_ref(SMOKE_IMAGE).path:
+        return "smoke"
+    img = catalog.image(ref.name) if catalog is not None else None
+    if img is not None:
+        return img.entrypoint
+    if ref.path.rsplit("/", 1)[-1] == "vllm-openai":
+        return "vllm-serve"
+    return "passthrough"
+
+
+def default_images(catalog=None) -> list[str]:
+    """Every image the catalog uses (FALLBACK_IMAGES without a catalog), plus the smoke image."""
+    catalog = catalog if catalog is not None else _load_catalog()
+    names = list(FALLBACK_IMAGES) if catalog is None else list(catalog.images())
+    return sorted(set(names) | {SMOKE_IMAGE})
+
+
+def _config_blob(kind: str, layers: list[Layer], created: str, labels: dict) -> bytes:
+    if kind == "smoke":
+        cfg = {"Env": ["PATH=/bin:/usr/bin"], "Cmd": ["sh"], "WorkingDir": "/"}
+    else:
+        cfg = {"Env": [PATH_ENV, f"VIRTUAL_ENV={VENV}", "LANG=C.UTF-8"], "WorkingDir": "/"}
+        if ENTRYPOINTS[kind] is not None:
+            cfg["Entrypoint"] = ENTRYPOINTS[kind]
+    cfg["Labels"] = labels
+    doc = {
+        "architecture": _goarch(),
+        "os": "linux",
+        "created": created,
+        "config": cfg,
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        "history": [{"created": created, "created_by": layer.created_by} for layer in layers],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _manifest_blob(config: bytes, layers: list[Layer]) -> bytes:
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": MT_MANIFEST,
+        "config": {"mediaType": MT_CONFIG, "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": MT_LAYER, "size": layer.size, "digest": layer.digest}
+                   for layer in layers],
+    }
+    return json.dumps(doc, indent=3).encode()
+
+
+@dataclass
+class Built:
+    ref: Ref
+    kind: str
+    layers: list[Layer]
+    config: bytes
+    manifest: bytes
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.manifest).hexdigest()
+
+
+def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_DIR,
+                 cache_dir: Path = CACHE_DIR) -> list[Built]:
+    """Build (from cache when possible) every image; nothing is pushed."""
+    catalog = _load_catalog()
+    names = default_images(catalog) if images is None else list(images)
+    refs = [parse_ref(n) for n in names]
+    for r in refs:
+        if r.pinned:
+            _log(f"{r.name}: pushed as {r.path}:{r.tag}; a pull by the pinned digest will not "
+                 "find the lab image (its digest differs)")
+    base = ensure_base(cache_dir)
+    kinds = {r.name: image_kind(r, catalog) for r in refs}
+    engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
+        k != "smoke" for k in kinds.values()) else None
+    smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
+    out, seen = [], {}
+    for ref in refs:
+        kind = kinds[ref.name]
+        layers = [smoke] if kind == "smoke" else [base.layer, engine]
+        labels = {"org.sparkprov.lab": "1", "org.sparkprov.lab.image": ref.name.split("@", 1)[0],
+                  "org.sparkprov.lab.entrypoint": kind}
+        config = _config_blob(kind, layers, base.created, labels)
+        b = Built(ref, kind, layers, config, _manifest_blob(config, layers))
+        key = (ref.path, ref.tag)
+        if key in seen and seen[key] != (ref.host, b.digest):
+            raise ImageError(f"{ref.name} and an image of {seen[key][0]} share the lab registry "
+                             f"path {ref.path}:{ref.tag}")
+        seen[key] = (ref.host, b.digest)
+        out.append(b)
+    return out
+
+
+# --------------------------------------------------------------------------- registry API v2
+
+
+class _Registry:
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.blobs_in: dict[str, str] = {}   # digest -> a repo already holding it
+
+    def _req(self, method: str, url: str, data=None, headers=None, ok=(200,)):
+        req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+        try:
+            resp = _NO_PROXY.open(req, timeout=600)
+        except urllib.error.HTTPError as e:
+            if e.code in ok:
+                return e
+            body = e.read()[:500].decode(errors="replace")
+            raise ImageError(f"{method} {url}: HTTP {e.code}: {body}") from None
+        with resp:
+            resp.read()
+        if resp.status not in ok:
+            raise ImageError(f"{method} {url}: HTTP {resp.status}")
+        return resp
+
+    def has_blob(self, repo: str, digest: str) -> bool:
+        r = self._req("HEAD", f"{self.url}/v2/{repo}/blobs/{digest}", ok=(200, 404))
+        return r.status == 200
+
+    def push_blob(self, repo: str, digest: str, size: int, src: Path | bytes) -> str:
+        """Returns "present", "mounted" or "uploaded"."""
+        if self.has_blob(repo, digest):
+            self.blobs_in.setdefault(digest, repo)
+            return "present"
+        start = f"{self.url}/v2/{repo}/blobs/uploads/"
+        if digest in self.blobs_in:
+            q = urllib.parse.urlencode({"mount": digest, "from": self.blobs_in[digest]})
+            r = self._req("POST", f"{start}?{q}", data=b"", ok=(201, 202))
+            if r.status == 201:
+                return "mounted"
+        else:
+            r = self._req("POST", start, data=b"", ok=(202,))
+        loc = urllib.parse.urljoin(self.url + "/", r.headers["Location"])
+        loc += ("&" if "?" in loc else "?") + urllib.parse.urlencode({"digest": digest})
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        if isinstance(src, bytes):
+            self._req("PUT", loc, data=src, headers=headers, ok=(201,))
+        else:
+            with open(src, "rb") as fh:
+                self._req("PUT", loc, data=fh, headers=headers, ok=(201,))
+        self.blobs_in.setdefault(digest, repo)
+        return "uploaded"
+
+    def manifest_digest(self, repo: str, tag: str) -> str | None:
+        r = self._req("HEAD", f"{self.url}/v2/{repo}/manifests/{tag}",
+                      headers={"Accept": MT_MANIFEST}, ok=(200, 404))
+        return r.headers.get("Docker-Content-Digest") if r.status == 200 else None
+
+    def put_manifest(self, repo: str, tag: str, manifest: bytes) -> None:
+        self._req("PUT", f"{self.url}/v2/{repo}/manifests/{tag}", data=manifest,
+                  headers={"Content-Type": MT_MANIFEST}, ok=(201,))
+
+    def get_manifest(self, repo: str, ref: str) -> bytes:
+        req = urllib.request.Request(f"{self.url}/v2/{repo}/manifests/{ref}",
+                                     headers={"Accept": MT_MANIFEST})
+        with _NO_PROXY.open(req, timeout=60) as resp:
+            return resp.read()
+
+    def get_blob(self, repo: str, digest: str) -> bytes:
+        with _NO_PROXY.open(f"{self.url}/v2/{repo}/blobs/{digest}", timeout=60) as resp:
+            return resp.read()
+
+
+def push(registry_url: str, built: list[Built]) -> dict[str, str]:
+    reg = _Registry(registry_url)
+    out = {}
+    for b in built:
+        repo, tag = b.ref.path, b.ref.tag
+        if reg.manifest_digest(repo, tag) == b.digest:
+            out[b.ref.name] = b.digest
+            for layer in b.layers:
+                reg.blobs_in.setdefault(layer.digest, repo)
+            continue
+        for layer in b.layers:
+            how = reg.push_blob(repo, layer.digest, layer.size, layer.path)
+            if how == "uploaded":
+                _log(f"uploaded {layer.digest[:19]} ({layer.size / 1e6:.1f} MB) to {repo}")
+        cdigest = "sha256:" + hashlib.sha256(b.config).hexdigest()
+        reg.push_blob(repo, cdigest, len(b.config), b.config)
+        reg.put_manifest(repo, tag, b.manifest)
+        got = reg.manifest_digest(repo, tag)
+        if got != b.digest:
+            raise ImageError(f"{b.ref.name}: registry has {got} after pushing {b.digest}")
+        _log(f"pushed {b.ref.name} as {repo}:{tag} {b.digest}")
+        out[b.ref.name] = b.digest
+    return out
+
+
+def ensure_images(registry_url: str, images: list[str] | None = None, *,
+                  engine_dir: Path = ENGINE_DIR) -> dict[str, str]:
+    """Build (cached) and push the lab images; return {image name: manifest digest}.
+
+    ``images``: names as the catalog writes them; default: every catalog image plus
+    :data:`SMOKE_IMAGE`. Idempotent: an image whose manifest digest the registry already has
+    under that tag costs one HEAD request.
+    """
+    return push(registry_url, build_images(images, engine_dir=engine_dir))
+
+
+def image_config(registry_url: str, name: str) -> dict:
+    """The image config (as pushed) of ``name`` in the lab registry (for tests and debugging)."""
+    ref = parse_ref(name)
+    reg = _Registry(registry_url)
+    manifest = json.loads(reg.get_manifest(ref.path, ref.tag))
+    return json.loads(reg.get_blob(ref.path, manifest["config"]["digest"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sparkprov.lab.image",
+                                 description="Build the lab images (cached) and push them.")
+    ap.add_argument("--registry", help="registry URL, e.g. http://10.77.0.1:5000; "
+                    "without it, only build")
+    ap.add_argument("--engine-dir", type=Path, default=ENGINE_DIR)
+    ap.add_argument("images", nargs="*", help="image names (default: the catalog's + smoke)")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    built = build_images(a.images or None, engine_dir=a.engine_dir)
+    t1 = time.monotonic()
+    result = {"build_s": round(t1 - t0, 2), "images": {b.ref.name: b.digest for b in built}}
+    if a.registry:
+        result["images"] = push(a.registry, built)
+        result["push_s"] = round(time.monotonic() - t1, 2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
