@@ -6,6 +6,7 @@ Imports stay inside the tasks so that listing them is instant.
 
 from invoke import Collection, task
 
+from sparkprov.cli import catalog as catalog_tasks
 from sparkprov.cli import lab as lab_tasks
 
 COMMON_HELP = {
@@ -57,5 +58,5 @@ def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, acc
                accept_new_host_keys=accept_new_host_keys)
 
 
-ns = Collection(provision, play, facts)
+ns = Collection(provision, play, facts, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
 ns.add_collection(lab_tasks.ns, "lab")

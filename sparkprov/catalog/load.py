@@ -17,8 +17,8 @@ from typing import Any, Iterable
 
 from pydantic import Field
 
-from sparkprov.catalog.models import (REQUIRED, DockerOpts, Flag, Image, Recipe, ResolvedRecipe, SmokeSpec,
-                                      Source, Startup, Strict)
+from sparkprov.catalog.models import (NESTED, REQUIRED, DockerOpts, Image, Recipe, ResolvedRecipe, SmokeSpec, Source,
+                                      Startup, Strict)
 from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
 
@@ -141,25 +141,21 @@ def _fill_sources(recipe: Recipe, default: Source) -> Recipe:
             update[name] = fill(value)
     if recipe.env is not None:
         update["env"] = {k: v if v.source else v.model_copy(update={"source": src}) for k, v in recipe.env.items()}
-    if recipe.startup is not None and recipe.startup.source is None:
-        update["startup"] = recipe.startup.model_copy(update={"source": src})
+    if recipe.startup is not None and recipe.startup.get("source") is None:
+        update["startup"] = {**recipe.startup, "source": src}
     if recipe.source is None:
         update["source"] = src
     return recipe.model_copy(update=update)
 
 
 def _merge_model(parent: Any, child: Any) -> Any:
-    """Child's explicitly set keys over the parent's (nested models merge key by key)."""
-    if parent is None or child is None:
-        return child if child is not None else parent
-    update = {}
-    for name in child.model_fields_set:
-        value = getattr(child, name)
-        pv = getattr(parent, name, None)
-        if isinstance(value, Strict) and isinstance(pv, Strict) and not isinstance(value, Source):
-            value = _merge_model(pv, value)
-        update[name] = value
-    return parent.model_copy(update=update)
+    """Child's keys over the parent's, mappings merged key by key (lists and values replace)."""
+    if not isinstance(parent, dict) or not isinstance(child, dict):
+        return child
+    out = dict(parent)
+    for key, value in child.items():
+        out[key] = _merge_model(parent.get(key), value) if isinstance(value, dict) else value
+    return out
 
 
 INHERITED_SOURCED = ("model", "size_gb", "gated", "traits", "config", "kv_measured", "image", "command",
@@ -174,7 +170,7 @@ def _apply(parent: dict[str, Any], child: Recipe, entry: _Entry) -> dict[str, An
             continue
         value = getattr(child, name)
         if name in MERGED_MODELS:
-            out[name] = _merge_model(out.get(name), value)
+            out[name] = None if value is None else _merge_model(out.get(name), value)
         elif name in ("env", "sources") and value is not None:
             out[name] = {**(out.get(name) or {}), **value}
         else:
@@ -207,8 +203,8 @@ def _apply(parent: dict[str, Any], child: Recipe, entry: _Entry) -> dict[str, An
     return out
 
 
-def _resolve(alias: str, entries: dict[str, _Entry], files_by_alias: dict[str, str],
-             stack: tuple[str, ...] = (), entry: _Entry | None = None) -> dict[str, Any]:
+def _resolve(alias: str, entries: dict[str, _Entry], stack: tuple[str, ...] = (),
+             entry: _Entry | None = None) -> dict[str, Any]:
     entry = entry or entries[alias]
     r = entry.recipe
     if r.extends:
@@ -216,7 +212,7 @@ def _resolve(alias: str, entries: dict[str, _Entry], files_by_alias: dict[str, s
             if entry.previous is None:
                 raise entry.error("extends itself, but no earlier definition of it exists", key="extends",
                                   fix="extend another alias, or define it fully")
-            base = _resolve(alias, entries, files_by_alias, stack, entry.previous)
+            base = _resolve(alias, entries, stack, entry.previous)
         else:
             if r.extends in stack or r.extends == alias:
                 raise entry.error(f"extends {r.extends!r}, which extends it back ({' -> '.join(stack + (alias,))})",
@@ -225,7 +221,7 @@ def _resolve(alias: str, entries: dict[str, _Entry], files_by_alias: dict[str, s
                 close = difflib.get_close_matches(r.extends, list(entries), n=1)
                 raise entry.error(f"extends unknown alias {r.extends!r}", key="extends",
                                   fix=f"did you mean {close[0]!r}?" if close else "run `invoke models` for the list")
-            base = _resolve(r.extends, entries, files_by_alias, stack + (alias,))
+            base = _resolve(r.extends, entries, stack + (alias,))
         base = dict(base)
         inherited = dict(base.get("sources") or {})
         for name in INHERITED_SOURCED:  # what the child does not set keeps the parent's source
@@ -243,7 +239,10 @@ def _resolve(alias: str, entries: dict[str, _Entry], files_by_alias: dict[str, s
     return data
 
 
-def _finish(data: dict[str, Any], entry: _Entry, images: dict[str, Image]) -> ResolvedRecipe:
+def _finish(data: dict[str, Any], entry: _Entry) -> ResolvedRecipe:
+    for name, model in NESTED.items():  # validated now that `extends` has filled them in
+        if data.get(name) is not None:
+            data[name] = parse_model(model, data[name], entry.pos, prefix=entry.path + (name,))
     missing = [k for k in REQUIRED if data.get(k) is None]
     if missing:
         raise entry.error(f"has no {', '.join(missing)}",
@@ -272,7 +271,7 @@ def _finish(data: dict[str, Any], entry: _Entry, images: dict[str, Image]) -> Re
         "notes": data.get("notes") or [],
         "sources": data.get("sources") or {},
     }
-    fields = {k: data[k] for k in ("alias", "extends", "origin", "source", "model", "size_gb", "gated", "traits",
+    fields = {k: data.get(k) for k in ("alias", "extends", "origin", "source", "model", "size_gb", "gated", "traits",
                                    "image", "args")}
     fields["tp_sizes"] = sorted(set(tp_sizes))
     for f in data["args"]:
@@ -307,6 +306,6 @@ def load_catalog(extra_paths: Iterable[str | Path] = (), *, include_package: boo
             entries[recipe.alias] = _Entry(recipe, file, pos, where, previous=entries.get(recipe.alias))
     recipes: dict[str, ResolvedRecipe] = {}
     for alias, entry in entries.items():
-        data = _resolve(alias, entries, {})
-        recipes[alias] = _finish(data, entry, images)
+        data = _resolve(alias, entries)
+        recipes[alias] = _finish(data, entry)
     return Catalog(recipes=dict(sorted(recipes.items())), image_table=images, files=files)

@@ -157,6 +157,15 @@ def plan_model(name: str, *, gpu_memory_utilization: float, weights_gib: float |
 
 
 @dataclass(frozen=True)
+class Problem:
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.message} (fix: {self.fix})"
+
+
+@dataclass(frozen=True)
 class HostPlan:
     host: str
     host_gib: float
@@ -165,7 +174,7 @@ class HostPlan:
     min_headroom_gib: float
     utilization_sum: float
     headroom_gib: float
-    problems: tuple[str, ...] = field(default_factory=tuple)
+    problems: tuple[Problem, ...] = field(default_factory=tuple)
 
     @property
     def ok(self) -> bool:
@@ -185,33 +194,36 @@ def plan_host(models: list[ModelPlan], *, host: str = "host", other_services_gib
     total_util = sum(m.gpu_memory_utilization for m in models)
     reserved = sum(m.budget_gib for m in models) + other_services_gib
     headroom = host_gib - reserved
-    problems: list[str] = []
+    problems: list[Problem] = []
     for m in models:
         if m.weights_gib is not None and m.kv_pool_gib is not None and m.kv_pool_gib <= 0:
             need = (m.weights_gib + m.overhead_gib + 1.0) / host_gib
-            problems.append(
+            problems.append(Problem(
                 f"{m.name}: weights {m.weights_gib:.1f} GiB + overhead {m.overhead_gib:.1f} GiB do not fit its "
-                f"budget of {m.budget_gib:.1f} GiB (util {m.gpu_memory_utilization:.2f}); raise "
-                f"--gpu-memory-utilization to at least {math.ceil(need * 100) / 100:.2f} or use a smaller checkpoint")
+                f"budget of {m.budget_gib:.1f} GiB (util {m.gpu_memory_utilization:.2f}): no room for a KV cache",
+                f"raise --gpu-memory-utilization to at least {math.ceil(need * 100) / 100:.2f}, use a smaller "
+                "checkpoint, or split it over more Sparks (TP)"))
     if headroom < min_headroom_gib:
         deficit = min_headroom_gib - headroom
-        biggest = max(models, key=lambda m: m.gpu_memory_utilization) if models else None
         fix = ""
-        if biggest is not None:
-            target = math.floor((biggest.gpu_memory_utilization - deficit / host_gib) * 100) / 100
-            if target > 0:
-                fix = (f"lower --gpu-memory-utilization of {biggest.name} from "
-                       f"{biggest.gpu_memory_utilization:.2f} to {target:.2f}")
-            else:
-                fix = f"move {biggest.name} to another host"
+        # lower the instance that can give the memory back and still hold its weights plus some KV
+        for m in sorted(models, key=lambda m: -m.gpu_memory_utilization):
+            target = math.floor((m.gpu_memory_utilization - deficit / host_gib) * 100) / 100
+            floor_gib = (m.weights_gib or 0.0) + m.overhead_gib + 1.0
+            if target > 0 and target * host_gib >= floor_gib:
+                fix = f"lower --gpu-memory-utilization of {m.name} from {m.gpu_memory_utilization:.2f} to {target:.2f}"
+                break
+        if models and not fix:
+            fix = f"move {min(models, key=lambda m: m.gpu_memory_utilization).name} to another host"
+        if fix:
             if len(models) > 1:
                 fix += " or place fewer models on this host"
         if other_services_gib:
             fix += f" (other services take {other_services_gib:.1f} GiB)"
-        problems.append(
+        problems.append(Problem(
             f"utilizations on {host} sum to {total_util:.2f} ({reserved:.1f} of {host_gib:.1f} GiB with other "
             f"services), leaving {headroom:.1f} GiB; at least {min_headroom_gib:.1f} GiB must stay free for the OS "
-            f"and page cache: {fix}")
+            "and page cache", fix))
     return HostPlan(host=host, host_gib=host_gib, models=tuple(models), other_services_gib=other_services_gib,
                     min_headroom_gib=min_headroom_gib, utilization_sum=total_util, headroom_gib=headroom,
                     problems=tuple(problems))

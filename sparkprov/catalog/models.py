@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 RULE_RE = re.compile(r"^G\d{1,2}$")
-_SOURCE_RE = re.compile(r"^\s*(?P<note>[A-Za-z0-9_.:/-]+)(?:\s+(?P<where>[^:]*?))?\s*(?::\s*(?P<quote>.*))?$", re.S)
+_SOURCE_RE = re.compile(r"^\s*(?P<note>[A-Za-z0-9_./-]+)(?:\s+(?P<where>[^:]*?))?\s*(?::\s*(?P<quote>.*))?$", re.S)
 
 
 class Strict(BaseModel):
@@ -164,6 +164,7 @@ class ExtraRepo(Strict):
     purpose: Literal["drafter", "tokenizer", "assistant"]
     size_gb: float | None = None
     gated: bool = False
+    requires_image_features: list[Literal["dflash-quantized", "interleaved-swa"]] = Field(default_factory=list)
     source: Source | None = None
 
 
@@ -351,8 +352,27 @@ class Image(Strict):
     gb10: bool | None = None  # True: known to run on sm_121; False: known not to; None: unknown
     moving: bool = False  # the tag moves (nightly/latest): pin a digest (G4)
     min_driver: str | None = None
+    features: list[Literal["dflash-quantized", "interleaved-swa"]] = Field(default_factory=list)
     source: Source
     notes: str = ""
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(>=|<)?\d+(\.\d+){0,2}", v):
+            raise ValueError("vllm is a version (0.19.0), a floor (>=0.21) or a ceiling (<0.15.1)")
+        return v
+
+    def vllm_at_least(self, version: str) -> bool | None:
+        """Whether the image's vLLM is >= `version`; None when the catalog cannot tell."""
+        if self.vllm is None:
+            return None
+        want = _ver(version)
+        if self.vllm.startswith(">="):
+            return True if _ver(self.vllm[2:]) >= want else None
+        if self.vllm.startswith("<"):
+            return False if _ver(self.vllm[1:]) <= want else None
+        return _ver(self.vllm) >= want
 
     @field_validator("ref")
     @classmethod
@@ -366,6 +386,11 @@ class Image(Strict):
         return f"{self.ref}@{self.digest}" if self.digest else self.ref
 
 
+def _ver(text: str) -> tuple[int, ...]:
+    parts = [int(p) for p in text.split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
 class Recipe(Strict):
     """A model recipe as written in a file (fields optional where `extends` can supply them)."""
 
@@ -374,12 +399,12 @@ class Recipe(Strict):
     title: str | None = None
     source: Source | None = None
     sources: dict[str, Source] = Field(default_factory=dict)
-    model: ModelRef | None = None
+    model: dict[str, Any] | None = None  # ModelRef; validated after `extends` is applied
     size_gb: float | None = None
     gated: bool | None = None
-    traits: Traits | None = None
-    config: ModelConfig | None = None
-    kv_measured: KvMeasured | None = None
+    traits: dict[str, Any] | None = None  # Traits
+    config: dict[str, Any] | None = None  # ModelConfig
+    kv_measured: dict[str, Any] | None = None  # KvMeasured
     image: str | None = None
     command: Literal["bare", "full"] | None = None  # how the image takes vllm serve (G2); default: the image's
     pre_serve: list[list[str]] | None = None  # commands run in the container before vllm serve (argv lists)
@@ -388,13 +413,13 @@ class Recipe(Strict):
     args: list[Flag] | None = None
     add_args: list[Flag] = Field(default_factory=list)
     remove_args: list[str] = Field(default_factory=list)
-    docker: DockerOpts | None = None
+    docker: dict[str, Any] | None = None  # DockerOpts
     mounts: list[Mount] | None = None
     stage: list[StageFile] | None = None
     extra_repos: list[ExtraRepo] | None = None
     tp_sizes: list[int] | None = None
-    startup: Startup | None = None
-    smoke: SmokeSpec | None = None
+    startup: dict[str, Any] | None = None  # Startup
+    smoke: dict[str, Any] | None = None  # SmokeSpec
     lint_ignore: list[LintIgnore] = Field(default_factory=list)
     note_command: NoteCommand | None = None
     corrections: list[Correction] | None = None
@@ -405,6 +430,8 @@ class Recipe(Strict):
     def _alias(cls, v: str | None) -> str | None:
         if v is not None and not ALIAS_RE.match(v):
             raise ValueError(f"{v!r} is not a valid alias (lowercase letters, digits, '.', '_', '-')")
+        if v == "all":
+            raise ValueError("'all' is reserved (invoke lint all)")
         return v
 
     @field_validator("tp_sizes")
@@ -430,7 +457,9 @@ class Recipe(Strict):
         return v
 
 
-REQUIRED = ("source", "model", "size_gb", "gated", "traits", "image", "args", "tp_sizes")
+NESTED = {"model": ModelRef, "traits": Traits, "config": ModelConfig, "kv_measured": KvMeasured,
+          "docker": DockerOpts, "startup": Startup, "smoke": SmokeSpec}
+REQUIRED = ("source", "model", "gated", "traits", "image", "args", "tp_sizes")
 
 
 class ResolvedRecipe(Strict):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -65,6 +65,7 @@ class HostServeContext(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "localhost"
+    host_known: bool = False  # False: no host given; rules that need the host's facts stay silent
     model_store: str = "/var/lib/sparkprov/models"
     compile_cache: str = "/var/lib/sparkprov/vllm-compile-cache"
     bind_host: str = "0.0.0.0"
@@ -88,7 +89,7 @@ class HostServeContext(BaseModel):
             raise ValueError(f"{v!r} must be an absolute path")
         return v.rstrip("/") or "/" if v else v
 
-    VARS = {  # inventory variable -> field
+    VARS: ClassVar[dict[str, str]] = {  # inventory variable -> field
         "model_store": "model_store", "compile_cache": "compile_cache", "serve_bind": "bind_host",
         "serve_port": "port", "api_key_file": "api_key_file", "fabric_ifaces": "fabric_ifaces",
         "ib_hcas": "ib_hcas", "fabric_ip": "node_ip", "driver_version": "driver_version",
@@ -97,15 +98,21 @@ class HostServeContext(BaseModel):
     }
 
     @classmethod
-    def from_host_vars(cls, host: str, variables: Mapping[str, Any], **extra: Any) -> "HostServeContext":
+    def from_host_vars(cls, host: str, variables: Mapping[str, Any], *, home: str | None = None,
+                       **extra: Any) -> "HostServeContext":
         """Build from a host's merged inventory vars (names in VARS; `hf_token_file` or
-        `hf_token_env` set means a token is available for staging gated repos)."""
-        data: dict[str, Any] = {"host": host}
+        `hf_token_env` set means a token is available for staging gated repos). Paths written
+        as ~/x are under `home`, the login user's home on that host."""
+        data: dict[str, Any] = {"host": host, "host_known": True}
         for var, fld in cls.VARS.items():
             if var in variables and variables[var] is not None:
                 value = variables[var]
                 if fld in ("fabric_ifaces", "ib_hcas") and isinstance(value, str):
                     value = [v for v in value.replace(",", " ").split() if v]
+                if isinstance(value, str) and (value == "~" or value.startswith("~/")):
+                    if not home:
+                        raise ValueError(f"{var}: {value!r} needs the login user's home on {host}")
+                    value = home.rstrip("/") + value[1:]
                 data[fld] = value
         if "api_key_file" in variables and variables["api_key_file"] in (None, "", False):
             data["api_key_file"] = None
@@ -295,7 +302,10 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     else:
         args.append(Arg(flag="--model", value=recipe.model.served_ref, source=model_src))
     for f in recipe.args:
-        args.append(Arg(flag=f.flag, value=render_value(f.value), equals=f.equals, source=f.source or recipe.source))
+        value = render_value(f.value)
+        if value is not None:
+            value = value.replace("{model_store}", ctx.model_store)
+        args.append(Arg(flag=f.flag, value=value, equals=f.equals, source=f.source or recipe.source))
 
     def put(flag: str, value: str | None, source: Source, origin: Origin) -> None:
         for i, a in enumerate(args):

@@ -1,0 +1,636 @@
+"""Preflight linter: rules over a rendered launch, one per launch-time gotcha (G-numbers of
+spark-gotchas.md). Errors block a launch; warnings print with the reason and the note they come
+from. A recipe silences a warning with `lint_ignore: [{rule: G10, reason: ...}]`; errors cannot
+be silenced.
+
+Each rule is a small function registered with its G-number, default severity, title and sources.
+It yields findings; a rule may lower its own severity to a warning where two notes disagree
+(the recipe keeps its note's value and the warning cites both).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator
+
+from sparkprov.catalog.load import Catalog
+from sparkprov.catalog.memory import (HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token, kv_dtype_bytes,
+                                      plan_host, plan_model)
+from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
+from sparkprov.catalog.models import ResolvedRecipe
+
+ERROR = "ERROR"
+WARNING = "WARNING"
+VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    alias: str
+    message: str
+    fix: str
+    sources: tuple[str, ...]
+    silenced: str | None = None  # the recipe's lint_ignore reason, for a silenced warning
+
+    def line(self) -> str:
+        src = "; ".join(self.sources)
+        out = f"{self.severity} {self.rule} {self.alias}: {self.message} (fix: {self.fix}) [{src}]"
+        if self.silenced:
+            out += f" (silenced: {self.silenced})"
+        return out
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    title: str
+    sources: tuple[str, ...]
+    check: Callable[["Launch", "LintContext"], Iterable["Hit"]]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule yields: message and fix, optionally another severity or other sources."""
+
+    message: str
+    fix: str
+    severity: str | None = None
+    sources: tuple[str, ...] | None = None
+
+
+@dataclass
+class LintContext:
+    catalog: Catalog
+    colocated: tuple[Launch, ...] = ()  # other launches placed on the same host (G13)
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, severity: str, title: str, *sources: str):
+    def register(fn):
+        if rule_id in RULES:
+            raise ValueError(f"rule {rule_id} registered twice")
+        RULES[rule_id] = Rule(rule_id, severity, title, tuple(sources), fn)
+        return fn
+    return register
+
+
+# ---------------------------------------------------------------- helpers
+
+def _repo_tag(image: str) -> tuple[str, str]:
+    ref = image.split("@", 1)[0]
+    repo, _, tag = ref.rpartition(":")
+    if "/" in tag or not repo:
+        return ref, "latest"
+    return repo, tag
+
+
+def _is_upstream(repo: str) -> bool:
+    return repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai")
+
+
+def _cite(src) -> str:
+    return src.cite() if hasattr(src, "cite") else str(src)
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(float(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
+def plan_launch(launch: Launch) -> ModelPlan:
+    """The memory plan of one launch on its node (weights and KV split by TP)."""
+    r, tp = launch.recipe, launch.tp
+    util = launch.number("--gpu-memory-utilization") or VLLM_DEFAULT_UTILIZATION
+    kv_dtype = launch.value("--kv-cache-dtype") or "auto"
+    m = r.kv_measured
+    weights = None
+    if m is not None and m.weights_gib is not None and tp == 1:
+        weights = m.weights_gib
+    elif r.size_gb is not None:
+        weights = gb_to_gib(r.size_gb) / tp
+    bpt: float | None = None
+    try:
+        same_dtype = m is not None and kv_dtype_bytes(m.kv_cache_dtype) == kv_dtype_bytes(kv_dtype)
+        if m is not None and same_dtype and tp == 1:
+            bpt = m.bytes_per_token
+        elif r.config and r.config.attention_layers and r.config.num_key_value_heads and r.config.head_dim:
+            bpt = kv_bytes_per_token(r.config.attention_layers, r.config.num_key_value_heads, r.config.head_dim,
+                                     kv_dtype, tp)
+    except PlanError:
+        bpt = None
+    return plan_model(r.alias, gpu_memory_utilization=min(util, 1.0), weights_gib=weights, bytes_per_token=bpt,
+                      max_model_len=_int(launch.value("--max-model-len")),
+                      max_num_seqs=_int(launch.value("--max-num-seqs")),
+                      host_gib=launch.ctx.host_memory_gib)
+
+
+def plan_launches(launches: list[Launch]) -> HostPlan:
+    ctx = launches[0].ctx
+    return plan_host([plan_launch(l) for l in launches], host=ctx.host, other_services_gib=ctx.other_services_gib,
+                     host_gib=ctx.host_memory_gib, min_headroom_gib=ctx.min_headroom_gib)
+
+
+# ---------------------------------------------------------------- images and entrypoints
+
+@rule("G1", ERROR, "image must support GB10 (sm_121)", "001 §2", "000 Gotcha 1")
+def g1_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    repo, tag = _repo_tag(launch.recipe.image)
+    if _is_upstream(repo) and tag.startswith("gemma4") and "cu130" not in tag:
+        return  # G3's case
+    info = launch.image_info
+    stable = _is_upstream(repo) and (tag == "latest" or re.fullmatch(r"v?\d+\.\d+(\.\d+)?", tag) is not None)
+    fix = "use vllm/vllm-openai:cu130-nightly (or :nightly) or nvcr.io/nvidia/vllm:26.04-py3"
+    if info is not None and info.gb10 is False:
+        yield Hit(f"{launch.recipe.image} does not run on GB10 (sm_121): failures look like model or flag problems",
+                  fix, sources=(_cite(info.source), "001 §2"))
+    elif stable and info is not None and info.gb10:
+        yield Hit(f"{launch.recipe.image} is an upstream stable tag, which does not support GB10, but the catalog "
+                  "records it as validated for this model", "keep it only for the model it was validated for",
+                  severity=WARNING, sources=("001 §2", _cite(info.source)))
+    elif stable:
+        yield Hit(f"{launch.recipe.image} is the upstream stable image, which does not support GB10 (sm_121)", fix)
+    elif info is None:
+        if repo == "nvcr.io/nvidia/vllm":
+            m = re.match(r"(\d\d)\.(\d\d)", tag)
+            if m and (int(m[1]), int(m[2])) < (25, 12):
+                yield Hit(f"{launch.recipe.image} predates NGC's Spark support", "use nvcr.io/nvidia/vllm:26.04-py3")
+        elif not (_is_upstream(repo) and ("nightly" in tag or "cu130" in tag)):
+            yield Hit(f"sparkprov does not know whether {launch.recipe.image} runs on sm_121",
+                      "add the image to an `images:` list with gb10: true and its source, or use a known image",
+                      severity=WARNING)
+
+
+@rule("G2", ERROR, "entrypoint style must match the image", "001 §6 Important")
+def g2_entrypoint(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r = launch.recipe
+    kind = image_entrypoint(r.image, launch.image_info)
+    if r.command == "full" and kind == "vllm-serve":
+        yield Hit(f"{r.image} already has `vllm serve` as entrypoint; `command: full` runs `vllm serve vllm serve "
+                  "MODEL` and fails with 'unrecognized arguments: serve'", "remove `command: full` (pass model + flags only)")
+    elif r.command == "bare" and kind == "passthrough":
+        yield Hit(f"{r.image} (NGC) takes the full `vllm serve MODEL ...`; `command: bare` makes its entrypoint run "
+                  "the model name as a program", "remove `command: bare`")
+    if r.model.served_ref in ("serve", "vllm", "vllm serve"):
+        yield Hit(f"the model is {r.model.served_ref!r}: `vllm serve` written into the arguments",
+                  "set model.repo to the Hugging Face repo")
+
+
+@rule("G3", ERROR, "Gemma 4 needs the gemma4-cu130 image", "001 §7.2 Important", "001 §6")
+def g3_gemma_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    repo, tag = _repo_tag(launch.recipe.image)
+    if _is_upstream(repo) and tag.startswith("gemma4") and "cu130" not in tag:
+        yield Hit(f"{launch.recipe.image} is v0.18.2-dev and crashes on sm121 with '[FP4 gemm Runner] Failed to run "
+                  "cutlass FP4 gemm'", "use vllm/vllm-openai:gemma4-cu130")
+
+
+@rule("G5", WARNING, "image needs a newer driver or CUDA forward compatibility", "001 §7.3.1")
+def g5_driver(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    info, have = launch.image_info, launch.ctx.driver_version
+    if info is None or not info.min_driver or not have:
+        return
+    try:
+        older = tuple(int(x) for x in have.split(".")) < tuple(int(x) for x in info.min_driver.split("."))
+    except ValueError:
+        return
+    if older:
+        yield Hit(f"{info.ref} is built for driver >= {info.min_driver}; {launch.ctx.host} has {have}, so it runs "
+                  "through CUDA forward compatibility; 'compatibility mode is UNAVAILABLE' plus a restart loop means "
+                  "it cannot", f"update the driver to >= {info.min_driver} or use vllm/vllm-openai:cu130-nightly",
+                  sources=(_cite(info.source),))
+
+
+# ---------------------------------------------------------------- quantization and kernels
+
+@rule("G6", ERROR, "--quantization must match the checkpoint format", "001 §6 Important", "002")
+def g6_quantization(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    quant = launch.recipe.traits.quant
+    q = launch.value("--quantization")
+    if quant == "nvfp4-modelopt":
+        if q is None:
+            yield Hit("ModelOpt NVFP4 checkpoint without --quantization modelopt (NVIDIA's own Nemotron recipes "
+                      "omit it and rely on auto-detection)", "add --quantization modelopt", severity=WARNING,
+                      sources=("001 §6 Important", "001 §7.3.1", "001 §7.3.2"))
+        elif q != "modelopt":
+            yield Hit(f"ModelOpt NVFP4 checkpoint with --quantization {q}", "use --quantization modelopt")
+    elif quant == "nvfp4-ct":
+        if q == "compressed-tensors":
+            yield Hit("--quantization compressed-tensors on a compressed-tensors checkpoint: 001 says vLLM "
+                      "auto-detects and not to pass it; 002 passes it and it worked",
+                      "drop --quantization (auto-detected)", severity=WARNING, sources=("001 §6 Important", "002"))
+        elif q is not None:
+            yield Hit(f"compressed-tensors checkpoint with --quantization {q}: weights mis-load",
+                      "drop --quantization (compressed-tensors is auto-detected)")
+    elif quant == "mxfp4" and q not in (None, "mxfp4"):
+        yield Hit(f"MXFP4 checkpoint with --quantization {q}", "use --quantization mxfp4 or drop it")
+    elif quant in ("fp8", "gptq-int4") and q in ("modelopt", "compressed-tensors", "mxfp4"):
+        yield Hit(f"{quant} checkpoint with --quantization {q}", "drop --quantization (auto-detected)")
+    elif quant == "fp8-runtime" and q != "fp8":
+        yield Hit("runtime FP8 of a BF16 checkpoint needs --quantization fp8; without it the weights stay BF16",
+                  "add --quantization fp8", severity=WARNING, sources=("002",))
+
+
+LEGACY_MOE_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_FLASHINFER_MOE_BACKEND")
+
+
+@rule("G7", ERROR, "FP4 MoE on sm_121 must use the Marlin path", "001 §6 Caution", "004")
+def g7_fp4_moe(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r, info = launch.recipe, launch.image_info
+    at23 = info.vllm_at_least("0.23") if info else None
+    env = {e.name: e.value for e in launch.env}
+    if "VLLM_USE_FLASHINFER_MOE" in env:
+        yield Hit("VLLM_USE_FLASHINFER_MOE is not a vLLM variable: vLLM logs 'Unknown vLLM environment variable' "
+                  "and ignores it", "remove it (use --moe-backend)", severity=WARNING)
+    legacy = [k for k in LEGACY_MOE_ENV if k in env]
+    if legacy and at23:
+        yield Hit(f"{', '.join(legacy)} are ignored on vLLM 0.23+ ({r.image}) and log 'Unknown vLLM environment "
+                  "variable'", "remove them and use --moe-backend marlin", severity=WARNING)
+    if r.traits.moe and r.traits.quant in ("nvfp4-modelopt", "nvfp4-ct"):
+        backend = launch.value("--moe-backend")
+        if backend == "marlin":
+            return
+        if backend is not None:
+            yield Hit(f"FP4 MoE with --moe-backend {backend}: sm_121 has no native FP4 MoE kernel (one author found "
+                      "flashinfer_cutlass faster on Qwen3.5-122B: A/B it)", "use --moe-backend marlin",
+                      severity=WARNING, sources=("001 §6 Caution", "001 §7.1.4"))
+        elif at23 is False:
+            how = f"uses {', '.join(legacy)}" if legacy else "relies on the automatic backend"
+            yield Hit(f"FP4 MoE without --moe-backend marlin: {r.source.cite()} {how} on an older image "
+                      f"({r.image}), while 001 says sm_121 FP4 MoE must use Marlin",
+                      "if output is garbled ('!!!!!'), add --moe-backend marlin", severity=WARNING,
+                      sources=("001 §6 Caution", r.source.cite()))
+        else:
+            yield Hit("FP4 MoE on sm_121 needs --moe-backend marlin: no native FP4 MoE kernel, CUTLASS FP4 emits "
+                      "garbage or fails", "add --moe-backend marlin", sources=("001 §6 Caution", "001 §7.2.2"))
+    if r.traits.quant == "mxfp4":
+        if env.get("VLLM_MXFP4_BACKEND", "").lower() == "marlin":
+            return
+        custom = launch.value("--mxfp4-backend")
+        if custom is not None:
+            yield Hit(f"MXFP4 through --mxfp4-backend {custom}: 004's community image carries SM121 kernels for it; "
+                      "001 says MXFP4 needs VLLM_MXFP4_BACKEND=marlin on stock images",
+                      "keep it only on an image with SM121 MXFP4 kernels", severity=WARNING, sources=("001 §6", "004"))
+        else:
+            yield Hit("MXFP4 on sm_121 needs the Marlin path", "set env VLLM_MXFP4_BACKEND=marlin",
+                      sources=("001 §6 Note",))
+
+
+@rule("G8", WARNING, "smoke test must catch degenerate FP4 output", "001 §6 Note")
+def g8_smoke(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    s = launch.smoke
+    if launch.recipe.traits.fp4 and (not s.reject_degenerate or s.expect is None):
+        yield Hit("FP4 model whose smoke test only checks for HTTP 200: '!!!!!' or empty output (an sm_121 kernel "
+                  "problem) would pass", "set smoke.reject_degenerate: true and an expected answer (smoke.expect)")
+
+
+@rule("G9", ERROR, "no forced FlashInfer attention on hybrid models", "001 §7.1.1")
+def g9_attention(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    t = launch.recipe.traits
+    backend = (launch.value("--attention-backend") or "").lower()
+    if backend != "flashinfer" or not t.hybrid:
+        return
+    if "mamba2" in t.ssm_layers:
+        yield Hit("--attention-backend flashinfer crashes at init_device on hybrids that mix full attention, "
+                  "Gated-DeltaNet and Mamba layers", "remove --attention-backend (vLLM picks one per layer)")
+    else:
+        yield Hit("--attention-backend flashinfer on a Gated-DeltaNet hybrid: 001 §7.1.3 runs it (fits ~170K) but "
+                  "§7.1.1 saw it crash Qwen3.6 at init_device", "if init_device fails, remove --attention-backend",
+                  severity=WARNING, sources=("001 §7.1.1", "001 §7.1.3"))
+
+
+# ---------------------------------------------------------------- hybrid (SSM/Mamba) models
+
+@rule("G10", WARNING, "no chunked prefill on SSM hybrids", "000 Gotcha 5", "001 §7.1.1")
+def g10_chunked_prefill(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    if launch.has("--enable-chunked-prefill") and launch.recipe.traits.hybrid:
+        yield Hit("--enable-chunked-prefill on an SSM hybrid: 000 measured ~50 -> 5.7 tok/s (9x) on Qwen3.5-35B-A3B; "
+                  "001's Qwen3.6 recipe uses it", "remove --enable-chunked-prefill")
+
+
+@rule("G11", ERROR, "Mamba align mode needs max-num-batched-tokens >= block size", "000 Gotcha 6", "002")
+def g11_align(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    t = launch.recipe.traits
+    if not (t.hybrid and launch.has("--enable-prefix-caching")):
+        return
+    mnbt = _int(launch.value("--max-num-batched-tokens"))
+    need = t.mamba_align_block_size
+    if mnbt is None:
+        size = f"block_size ({need})" if need else "the Mamba block size (2096-2128 seen)"
+        yield Hit(f"prefix caching on a hybrid puts the Mamba cache in align mode; the default "
+                  f"max_num_batched_tokens 2048 is below {size} and startup crashes",
+                  "add --max-num-batched-tokens 8192 (4096 at least)")
+    elif need and mnbt < need:
+        yield Hit(f"--max-num-batched-tokens {mnbt} is below the Mamba align block size {need}",
+                  f"raise --max-num-batched-tokens to {max(4096, need)} or more")
+    elif not need and mnbt < 4096:
+        yield Hit(f"--max-num-batched-tokens {mnbt} may be below the Mamba align block size (2096-2128 seen)",
+                  "use 4096 or 8192", severity=WARNING)
+
+
+@rule("G12", WARNING, "coding agents need prefix caching", "001 §7.1.3")
+def g12_prefix_caching(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    t = launch.recipe.traits
+    agent = launch.has("--tool-call-parser")
+    if t.card_disables_prefix_caching and agent and not launch.has("--enable-prefix-caching"):
+        yield Hit("the model card disables prefix caching for this architecture; agents re-send a growing prompt "
+                  "(0% cache hits = full re-prefill every turn)", "add --enable-prefix-caching")
+    if agent and launch.has("--no-enable-prefix-caching"):
+        yield Hit("prefix caching switched off on a tool-calling launch", "remove --no-enable-prefix-caching")
+
+
+# ---------------------------------------------------------------- memory
+
+@rule("G13", ERROR, "utilizations on one host must leave headroom", "001 §2", "002")
+def g13_memory(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    util = launch.number("--gpu-memory-utilization")
+    if util is not None and not 0 < util <= 1:
+        yield Hit(f"--gpu-memory-utilization {util} is not a fraction of the shared pool", "use a value in (0, 1]")
+        return
+    plan = plan_launches([launch, *lc.colocated])
+    for problem in plan.problems:
+        yield Hit(problem.message, problem.fix)
+
+
+@rule("G17", WARNING, "size the KV pool for the requests you serve", "001 §8")
+def g17_kv_pool(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r = launch.recipe
+    mml = _int(launch.value("--max-model-len"))
+    native = r.traits.native_max_len
+    if mml and native and mml > native and launch.env_value("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1":
+        yield Hit(f"--max-model-len {mml} is beyond the model's native {native}", "lower it, or set "
+                  "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 with a YaRN --hf-overrides block", severity=ERROR)
+    plan = plan_launch(launch)
+    if plan.pool_tokens is None or not mml:
+        return
+    if plan.pool_tokens < mml:
+        yield Hit(f"the KV pool holds {plan.pool_tokens:,} tokens, less than one --max-model-len {mml:,} request",
+                  "raise --gpu-memory-utilization or lower --max-model-len", severity=ERROR)
+    elif plan.max_num_seqs and plan.pool_tokens < plan.max_num_seqs * mml:
+        yield Hit(f"the KV pool holds {plan.pool_tokens:,} tokens = {plan.concurrency:.2f} full-length requests, "
+                  f"fewer than --max-num-seqs {plan.max_num_seqs} x {mml:,}",
+                  f"lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization",
+                  sources=("001 §8", r.source_of("kv_measured").cite() if r.kv_measured else r.source.cite()))
+
+
+# ---------------------------------------------------------------- lifecycle, storage
+
+@rule("G20", WARNING, "wait long enough for a cold start", "000 Startup timeline", "001 §9")
+def g20_startup(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    s, size = launch.startup, launch.recipe.size_gb or 0
+    if s.health_timeout_s < 300:
+        yield Hit(f"health timeout {s.health_timeout_s}s: a cold start takes minutes (weights, torch.compile, "
+                  "FlashInfer autotune)", "set startup.health_timeout_s to 900")
+    elif size > 60 and s.health_timeout_s < 900:
+        yield Hit(f"health timeout {s.health_timeout_s}s for ~{size:g} GB of weights (10-15 min for a 120B)",
+                  "set startup.health_timeout_s to 1200")
+    if not s.warmup:
+        yield Hit("no warm-up request: the first real request pays the JIT (~25-60 s)", "set startup.warmup: true")
+
+
+@rule("G22", ERROR, "the model store is sparkprov's", "001 §3")
+def g22_store(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    if "HF_HOME" in launch.recipe.env:
+        yield Hit("the recipe sets HF_HOME; sparkprov mounts the host's model store at the same path and sets HF_HOME",
+                  "remove HF_HOME from env")
+
+
+@rule("G24", WARNING, "serve offline once staged", "001 §3 Tip")
+def g24_offline(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r = launch.recipe
+    if "HF_HUB_OFFLINE" in r.env:
+        yield Hit("the recipe sets HF_HUB_OFFLINE; sparkprov always serves with HF_HUB_OFFLINE=1", "remove it from env")
+    for cmd in r.pre_serve:
+        if cmd[0] in ("pip", "pip3", "apt-get", "apt", "curl", "wget", "uv") or cmd[:3] == ["python3", "-m", "pip"]:
+            yield Hit(f"`{' '.join(cmd)}` runs at every container start and needs the network",
+                      "bake it into a derived image for an offline fleet", sources=("001 §3 Tip", r.source_of("pre_serve").cite()))
+
+
+@rule("G26", ERROR, "gated models need a token and an accepted license", "001 §5")
+def g26_gated(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r = launch.recipe
+    gated = ([r.model.repo] if r.gated else []) + [x.repo for x in r.extra_repos if x.gated]
+    if gated and launch.ctx.hf_token_available is False:
+        yield Hit(f"{', '.join(gated)} is gated and {launch.ctx.host} has no Hugging Face token (a 401 means a "
+                  "missing token or an unaccepted license)",
+                  "set hf_token_file for the host and accept the license on the model's page")
+
+
+# ---------------------------------------------------------------- serving flags
+
+@rule("G27", ERROR, "tool calling needs both flags and a matching parser", "001 §7.1.1", "001 §8")
+def g27_tools(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    auto, parser = launch.has("--enable-auto-tool-choice"), launch.value("--tool-call-parser")
+    if auto and parser is None:
+        yield Hit("--enable-auto-tool-choice without --tool-call-parser", "add the parser of the model family")
+    if parser is not None and not auto:
+        yield Hit("--tool-call-parser without --enable-auto-tool-choice: agents sending tool_choice 'auto' get HTTP 400",
+                  "add --enable-auto-tool-choice")
+    known = launch.recipe.traits.tool_parsers
+    if parser is not None and known and parser not in known:
+        yield Hit(f"--tool-call-parser {parser} does not match this model family's output ({', '.join(known)}); the "
+                  "parser tracks the model, not the client", f"use --tool-call-parser {known[0]}", severity=WARNING,
+                  sources=(launch.recipe.source_of("traits.tool_parsers").cite(), launch.recipe.source.cite()))
+
+
+@rule("G28", WARNING, "reasoning models: parser and smoke-test thinking", "000 Gotcha 2", "001 §7.1.1")
+def g28_reasoning(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r, s = launch.recipe, launch.smoke
+    if r.traits.thinking != "on":
+        return
+    if not launch.has("--reasoning-parser"):
+        yield Hit("thinking is on by default and there is no --reasoning-parser: the <think> block lands in content",
+                  "add the family's --reasoning-parser (qwen3 for Qwen3.x)")
+    if "enable_thinking" not in s.chat_template_kwargs and s.max_tokens < 1000:
+        yield Hit(f"smoke test with thinking on and max_tokens {s.max_tokens}: content null, finish_reason length",
+                  "set smoke.chat_template_kwargs: {enable_thinking: false}")
+
+
+@rule("G29", ERROR, "speculative decoding settings", "001 §14.7", "002")
+def g29_speculative(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    spec = launch.speculative
+    if spec is None:
+        return
+    r, info = launch.recipe, launch.image_info
+    method = spec.get("method")
+    n = spec.get("num_speculative_tokens")
+    kv = (launch.value("--kv-cache-dtype") or "").lower()
+    if method == "draft_model":
+        yield Hit("\"method\":\"draft_model\" runs the full model as drafter (002: mtp was +40%)",
+                  "use \"method\":\"mtp\"", severity=WARNING, sources=("002",))
+    elif method == "mtp":
+        if isinstance(n, int) and n > 3:
+            yield Hit(f"MTP with num_speculative_tokens {n}: 001 keeps MTP at 1-3 (each extra token is another pass); "
+                      "002 ran 4 with Gemma's matched drafter", "use 1-3", severity=WARNING,
+                      sources=("001 §14.7", "002"))
+        elif r.traits.family == "qwen3.6" and isinstance(n, int) and n != 2:
+            yield Hit(f"Qwen3.6 MTP with num_speculative_tokens {n}: 002 measured 2 as the sweet spot (3+ lowers "
+                      "acceptance); 001's recipe uses 3", "use 2", severity=WARNING, sources=("002", "001 §7.1.1"))
+        if "model" in spec and r.traits.family == "gemma4" and not kv.startswith("fp8"):
+            yield Hit("Gemma 4's paired MTP draft needs --kv-cache-dtype fp8 (NVFP4 KV breaks the draft)",
+                      "add --kv-cache-dtype fp8", sources=("001 §7.2.3",))
+    elif method == "dflash":
+        if info is not None and info.vllm_at_least("0.21") is False:
+            yield Hit(f"DFlash needs vLLM >= 0.21; {r.image} has {info.vllm}", "use vllm/vllm-openai:nightly or a "
+                      "DFlash image", sources=("001 §14.5 Note",))
+        if launch.env_value("VLLM_USE_DEEP_GEMM") != "0":
+            yield Hit("DFlash without VLLM_USE_DEEP_GEMM=0: DeepGEMM is incompatible with the draft path (silent failure)",
+                      "set env VLLM_USE_DEEP_GEMM=0")
+        backend = launch.value("--attention-backend")
+        if backend != "triton_attn":
+            yield Hit(f"DFlash target with attention backend {backend or 'auto'}: flash_attn/FlashInfer crash on GB10",
+                      "add --attention-backend triton_attn")
+        if kv.startswith("fp8"):
+            yield Hit("DFlash with --kv-cache-dtype fp8: the KV cache must stay BF16", "remove --kv-cache-dtype")
+        if isinstance(n, int) and not 7 <= n <= 16:
+            yield Hit(f"DFlash with num_speculative_tokens {n}: it verifies a whole block per pass (7-15 is normal)",
+                      "use 7-15 (the drafter's block size)", severity=WARNING)
+        if "attention_backend" in spec:
+            yield Hit("attention_backend inside the speculative config: leave the drafter's backend at default",
+                      "remove it from --speculative-config", severity=WARNING, sources=("001 §14.4 Tip",))
+        features = set(info.features) if info else set()
+        quantized = r.traits.fp4 or r.traits.quant in ("fp8", "gptq-int4")
+        if quantized and "dflash-quantized" not in features:
+            yield Hit(f"DFlash on a quantized target under stock vLLM ({r.image}): acceptance collapses after the "
+                      "first few tokens", "use a DFlash-capable sm121 build (ghcr.io/aeon-7/...) or a BF16 target",
+                      severity=WARNING, sources=("001 §7.1.1 Tip",))
+        for x in r.extra_repos:
+            missing = [f for f in x.requires_image_features if f not in features]
+            if missing:
+                yield Hit(f"drafter {x.repo} needs an image with {', '.join(missing)} support", "use an image that "
+                          "has it (e.g. ghcr.io/aeon-7/aeon-vllm-ultimate) and list it in features",
+                          severity=WARNING, sources=(_cite(x.source) if x.source else r.source.cite(),))
+
+
+@rule("G30", WARNING, "FP8 KV cache is model-specific", "001 §8", "001 §14.7")
+def g30_kv_fp8(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    if not (launch.value("--kv-cache-dtype") or "").lower().startswith("fp8"):
+        return
+    r = launch.recipe
+    if r.traits.kv_fp8 == "broken":
+        yield Hit("FP8 KV cache on a model whose FP8-KV output is scrambled on non-Hopper GPUs (Spark included)",
+                  "remove --kv-cache-dtype fp8", severity=ERROR, sources=(r.source_of("traits.kv_fp8").cite(),))
+    elif r.traits.kv_fp8 == "avoid":
+        yield Hit(f"FP8 KV cache on {r.traits.family}: {r.source.cite()} uses it, {r.source_of('traits.kv_fp8').cite()} "
+                  "says this family does not (repetition loops)", "remove --kv-cache-dtype fp8 if output loops",
+                  sources=(r.source.cite(), r.source_of("traits.kv_fp8").cite()))
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@rule("G31", ERROR, "no open port without an API key; keys never in argv or env", "001 §14.4", "001 §11")
+def g31_api_key(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    ctx = launch.ctx
+    if not _loopback(ctx.bind_host) and not ctx.api_key_file:
+        yield Hit(f"binds {ctx.bind_host}:{ctx.port} with no API key: anyone on the LAN can use the model",
+                  "set api_key_file for the host (a persistent 0600 key) or serve_bind: 127.0.0.1")
+    if "VLLM_API_KEY" in launch.recipe.env:
+        yield Hit("the recipe puts VLLM_API_KEY in env, where `docker inspect` shows it",
+                  "remove it: sparkprov passes the host's key file")
+
+
+# ---------------------------------------------------------------- multi-node
+
+@rule("G32", ERROR, "NCCL over the QSFP link", "001 §13")
+def g32_fabric(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    if launch.tp <= 1 or not launch.ctx.host_known:
+        return
+    if not launch.ctx.fabric_ifaces:
+        yield Hit(f"TP={launch.tp} with no fabric interface for {launch.ctx.host}: NCCL falls back to Ethernet "
+                  "(10-20x slower)", "set fabric_ifaces (e.g. enp1s0f1np1) in the host's vars")
+    if not launch.ctx.node_ip:
+        yield Hit(f"TP={launch.tp} with no fabric address for {launch.ctx.host} (VLLM_HOST_IP)",
+                  "set fabric_ip in the host's vars", severity=WARNING)
+
+
+@rule("G34", WARNING, "same weights and image on every node", "001 §13")
+def g34_same_everywhere(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    info = launch.image_info
+    if launch.tp > 1 and "@" not in launch.image and (info is None or info.moving):
+        yield Hit(f"{launch.recipe.image} is a moving tag: two nodes can pull different builds",
+                  "pin a digest (images: digest: sha256:...) for multi-node runs", sources=("001 §13", "001 §6"))
+
+
+@rule("G35", ERROR, "--tensor-parallel-size = number of Sparks, and a TP the model supports", "001 §13", "004")
+def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    r = launch.recipe
+    if launch.tp not in r.tp_sizes:
+        yield Hit(f"TP={launch.tp} is not a size this recipe supports ({', '.join(map(str, r.tp_sizes))})",
+                  f"use --tp {r.tp_sizes[0]}", sources=(r.source_of("tp_sizes").cite(),))
+    n = launch.ctx.cluster_size
+    if n is not None and n != launch.tp:
+        yield Hit(f"TP={launch.tp} but the cluster has {n} node(s): one GPU per Spark",
+                  f"use --tp {n} or change the cluster")
+
+
+# ---------------------------------------------------------------- running the rules
+
+def lint_launch(launch: Launch, *, catalog: Catalog, colocated: Iterable[Launch] = (),
+                only: Iterable[str] | None = None) -> list[Finding]:
+    """Every rule over one launch. Warnings named in the recipe's lint_ignore come back silenced."""
+    lc = LintContext(catalog=catalog, colocated=tuple(colocated))
+    wanted = set(only) if only is not None else None
+    ignores = {i.rule: i.reason for i in launch.recipe.lint_ignore}
+    out: list[Finding] = []
+    for rid, r in RULES.items():
+        if wanted is not None and rid not in wanted:
+            continue
+        for hit in r.check(launch, lc):
+            sev = hit.severity or r.severity
+            f = Finding(rule=rid, severity=sev, alias=launch.alias, message=hit.message, fix=hit.fix,
+                        sources=hit.sources or r.sources)
+            if rid in ignores and sev == WARNING:
+                f = replace(f, silenced=ignores[rid])
+            out.append(f)
+    return out
+
+
+def lint_recipe(recipe: ResolvedRecipe, *, catalog: Catalog, ctx: HostServeContext | None = None,
+                tp: int | None = None, overrides=None, colocated: Iterable[Launch] = ()) -> list[Finding]:
+    launch = render_launch(recipe, ctx or HostServeContext(), tp or min(recipe.tp_sizes), overrides, catalog=catalog)
+    return lint_launch(launch, catalog=catalog, colocated=colocated)
+
+
+def lint_cluster(launches: list[Launch]) -> list[Finding]:
+    """G34 across the nodes of one TP group: same image, same store path, same model and flags."""
+    out: list[Finding] = []
+    if len(launches) < 2:
+        return out
+    first = launches[0]
+
+    def key(l: Launch):
+        return [(a.flag, a.value) for a in l.vllm_args if a.origin != "host"]
+
+    for other in launches[1:]:
+        for what, a, b in (("image", first.image, other.image),
+                           ("model store", first.ctx.model_store, other.ctx.model_store),
+                           ("recipe", first.alias, other.alias),
+                           ("vLLM arguments", key(first), key(other))):
+            if a != b:
+                out.append(Finding(rule="G34", severity=ERROR, alias=first.alias,
+                                   message=f"{what} differs between {first.ctx.host} and {other.ctx.host}",
+                                   fix="render every node from the same recipe, image and store path",
+                                   sources=("001 §13",)))
+    return out
+
+
+def errors(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == ERROR]
+
+
+def visible(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if not f.silenced]

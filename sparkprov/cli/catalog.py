@@ -1,0 +1,165 @@
+"""Invoke tasks for the model catalog: `models`, `recipe`, `lint` (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from invoke import Exit, task
+
+from sparkprov.catalog.lint import errors, lint_launch, plan_launch
+from sparkprov.catalog.load import Catalog, load_catalog
+from sparkprov.catalog.render import HostServeContext, Launch, render_launch
+from sparkprov.errors import SparkprovError
+
+RECIPES_HELP = "a user recipe file (YAML: images:, recipes:) merged over the catalog; repeat for several"
+HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, api_key_file, fabric_ifaces, ...)"
+INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY or inventory.yaml)"
+TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest size the recipe supports)"
+
+
+def _fail(exc: SparkprovError) -> Exit:
+    return Exit(exc.line(), code=getattr(exc, "exit_code", 1))
+
+
+def _catalog(recipes) -> Catalog:
+    return load_catalog(list(recipes or []))
+
+
+def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
+    if not host:
+        return HostServeContext(cluster_size=None)
+    from sparkprov.data.inventory import load_inventory
+
+    path = inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml"
+    inv = load_inventory(path)
+    if host not in inv.hosts:
+        names = inv.resolve(host, what="--host")  # raises a one-line error with a suggestion
+        host = names[0]
+    entry = inv.hosts[host]
+    # Without connecting we take the usual home of the login user; cluster-up uses the real one.
+    user = entry.user or ("root" if entry.connection == "local" else "nvidia")
+    home = "/root" if user == "root" else f"/home/{user}"
+    return HostServeContext.from_host_vars(host, inv.host_vars(host), home=home)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False, width=max(100, int(os.environ.get("COLUMNS", "160"))))
+
+
+@task(help={"recipes": RECIPES_HELP, "plain": "tab-separated output instead of a table (for scripts)"},
+      iterable=["recipes"])
+def models(c, recipes=None, plain=False):
+    """List the model catalog: alias, repo, size, image, TP sizes and the source notes."""
+    try:
+        cat = _catalog(recipes)
+    except SparkprovError as exc:
+        raise _fail(exc)
+    rows = []
+    for r in cat.recipes.values():
+        notes = sorted({r.source.note} | {f.source.note for f in r.args if f.source} - {"sparkprov"} or {r.source.note})
+        rows.append((r.alias, r.model.repo, f"{r.size_gb:g} GB" if r.size_gb else "?", r.image,
+                     ",".join(map(str, r.tp_sizes)), " ".join(notes), r.title))
+    if plain:
+        for row in rows:
+            print("\t".join(row))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"sparkprov model catalog ({len(rows)} recipes)")
+    for col in ("alias", "repo", "size", "image", "TP", "notes", "title"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    _console().print(table)
+
+
+def _print_launch(launch: Launch) -> None:
+    from rich.table import Table
+
+    con = _console()
+    print(launch.shell())
+    print()
+    t = Table(title="vLLM arguments", show_lines=False)
+    for col in ("argument", "value", "from", "source"):
+        t.add_column(col, overflow="fold")
+    for a in launch.vllm_args:
+        t.add_row(a.flag or "(model)", a.value if a.value is not None else "", a.origin, str(a.source))
+    con.print(t)
+    t = Table(title="environment")
+    for col in ("name", "value", "from", "source"):
+        t.add_column(col, overflow="fold")
+    for e in launch.env:
+        t.add_row(e.name, e.value, e.origin, str(e.source))
+    con.print(t)
+    t = Table(title="mounts")
+    for col in ("host", "container", "mode", "purpose", "source"):
+        t.add_column(col, overflow="fold")
+    for m in launch.mounts:
+        t.add_row(m.host, m.container, "ro" if m.read_only else "rw", m.purpose, str(m.source))
+    con.print(t)
+    plan = plan_launch(launch)
+    print(f"memory: {plan.summary()}")
+    if launch.wrapped:
+        print("entrypoint: sparkprov's sh wrapper (API key read from a mounted 0600 file into vLLM's environment)")
+    for corr in launch.recipe.corrections:
+        print(f"correction: {corr.what}: {corr.reason}")
+
+
+@task(help={"alias": "the model alias (see `invoke models`)", "tp": TP_HELP, "host": HOST_HELP,
+            "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
+            "argv": "print the docker argv as JSON (one list) instead of the annotated view"},
+      iterable=["recipes"])
+def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False):
+    """Print the exact container command sparkprov would run, with every flag and where it came from."""
+    try:
+        cat = _catalog(recipes)
+        r = cat.get(alias)
+        size = int(tp) or min(r.tp_sizes)
+        launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat)
+    except SparkprovError as exc:
+        raise _fail(exc)
+    if argv:
+        import json
+
+        print(json.dumps(launch.argv))
+        return
+    _print_launch(launch)
+
+
+@task(help={"alias": "the model alias to lint, or `all` for every recipe (user files included)", "tp": TP_HELP,
+            "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
+            "colocate": "other aliases placed on the same host, comma-separated (G13 sums their memory)",
+            "show_silenced": "also print warnings a recipe silenced with lint_ignore"},
+      iterable=["recipes"], positional=["alias"])
+def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
+    """Preflight checks over the rendered launch: one line per finding; errors exit non-zero."""
+    try:
+        cat = _catalog(recipes)
+        aliases = list(cat.recipes) if alias == "all" else [alias]
+        findings = []
+        for a in aliases:
+            r = cat.get(a)
+            size = int(tp) if tp and alias != "all" else min(r.tp_sizes)
+            ctx = _ctx(host, inventory, size)
+            launch = render_launch(r, ctx, size, catalog=cat)
+            others = []
+            for o in [x.strip() for x in (colocate or "").split(",") if x.strip()]:
+                ro = cat.get(o)
+                others.append(render_launch(ro, ctx, min(ro.tp_sizes), catalog=cat))
+            findings += lint_launch(launch, catalog=cat, colocated=others)
+    except SparkprovError as exc:
+        raise _fail(exc)
+    shown = [f for f in findings if show_silenced or not f.silenced]
+    for f in shown:
+        print(f.line())
+    n_err, n_warn = len(errors(findings)), len([f for f in findings if f.severity == "WARNING" and not f.silenced])
+    silenced = len([f for f in findings if f.silenced])
+    summary = f"{len(aliases)} recipe(s): {n_err} error(s), {n_warn} warning(s)"
+    if silenced:
+        summary += f", {silenced} silenced"
+    print(summary, file=sys.stderr)
+    if n_err:
+        raise Exit(code=1)
