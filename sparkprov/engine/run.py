@@ -152,8 +152,8 @@ class Runner:
 
     def _variables(self, play: Play, host: Host, info: dict[str, str]) -> dict[str, Any]:
         return {**host.vars, **play.vars, **self.options.extra_vars, **info,
-                "inventory_hostname": host.name, "play_hosts": [], "exports": self.exports,
-                "groups": self.inventory.groups}
+                "inventory_hostname": host.name, "inventory_hosts": list(self.inventory.hosts),
+                "exports": self.exports, "groups": self.inventory.groups}
 
     def _selected_tasks(self, play: Play) -> list[Task]:
         out = []
@@ -175,7 +175,7 @@ class Runner:
                 hr.transport.connect()
             tasks = self._selected_tasks(play)
             become = play.become or any(t.become for t in tasks)
-            self._gather(play, hr, tasks, become=become)
+            self._gather(play, hr, tasks, become=become, play_hosts=play_hosts)
             for task in tasks:
                 if not self._run_task(play, hr, task, play_hosts):
                     return
@@ -197,14 +197,15 @@ class Runner:
         user = getattr(getattr(hr.transport, "conn", None), "user", None) or hr.host.user or getpass.getuser()
         return {"user": user, "hostname": hr.host.name}
 
-    def _task_facts(self, play: Play, hr: HostRun, task: Task, info: dict[str, str]) -> list[Fact] | None:
+    def _task_facts(self, play: Play, hr: HostRun, task: Task, info: dict[str, str],
+                    play_hosts: list[str]) -> list[Fact] | None:
         """The facts a task will read, or None when its arguments need facts not known yet."""
         try:
             args = render_args(task, self._variables(play, hr.host, info))
         except InputError:
             return None
         module = modules.registry()[task.module]()
-        return module.facts(args, self._ctx(play, hr, task, [], info))
+        return module.facts(args, self._ctx(play, hr, task, play_hosts, info))
 
     def _ctx(self, play: Play, hr: HostRun, task: Task, play_hosts: list[str], info: dict[str, str] | None = None) -> HostContext:
         return HostContext(hr.host.name, self._variables(play, hr.host, info or hr.info), info or hr.info,
@@ -218,7 +219,8 @@ class Runner:
     def _become(play: Play, task: Task) -> bool:
         return task.become if task.become is not None else play.become
 
-    def _gather(self, play: Play, hr: HostRun, tasks: list[Task], *, become: bool, extra: list[Fact] = ()) -> None:
+    def _gather(self, play: Play, hr: HostRun, tasks: list[Task], *, become: bool, extra: list[Fact] = (),
+                play_hosts: list[str] = ()) -> None:
         """One remote call: host info (first time), the become probe (first time it is needed),
         and every fact the remaining tasks will read that we do not hold."""
         info = self._pre_info(hr)
@@ -228,7 +230,7 @@ class Runner:
         for f in extra:
             wanted[f.key] = f
         for task in tasks + list(play.handlers):
-            for f in self._task_facts(play, hr, task, info) or []:
+            for f in self._task_facts(play, hr, task, info, list(play_hosts)) or []:
                 wanted[f.key] = f
         missing = [f for k, f in wanted.items() if k not in hr.values and k not in hr.errors]
         probe = become and hr.transport.become_method is None
@@ -254,7 +256,7 @@ class Runner:
                     if f.needs_root:
                         hr.values.pop(f.key, None)
                         hr.errors.pop(f.key, None)
-                self._gather(play, hr, tasks, become=become, extra=extra)
+                self._gather(play, hr, tasks, become=become, extra=extra, play_hosts=play_hosts)
 
     def _settle_become(self, hr: HostRun, how: str | None, password: str | None) -> None:
         t = hr.transport
@@ -300,9 +302,10 @@ class Runner:
             become = self._become(play, task)
             facts = module.facts(args, ctx)
             if any(f.key not in hr.values and f.key not in hr.errors for f in facts):
-                idx = play.tasks.index(task) if task in play.tasks else len(play.tasks)
-                self._gather(play, hr, self._selected_tasks(play)[idx:] if idx < len(play.tasks) else [task],
-                             become=become or play.become, extra=facts)
+                # Read what this task needs together with what the tasks after it need.
+                selected = self._selected_tasks(play)
+                ahead = selected[selected.index(task):] if task in selected else [task]
+                self._gather(play, hr, ahead, become=become or play.become, extra=facts, play_hosts=play_hosts)
             plan = module.plan(args, FactView(hr.values, hr.errors), ctx)
             self._fill(result, plan, task)
             if plan.failed is None and plan.skipped is None and plan.changes:
@@ -365,7 +368,7 @@ class Runner:
             hr.transport.connect()
         if not all(c.verify for c in plan.changes):
             return plan
-        self._gather(play, hr, [], become=become, extra=module.facts(args, ctx))
+        self._gather(play, hr, [], become=become, extra=module.facts(args, ctx), play_hosts=ctx.play_hosts)
         again = module.plan(args, FactView(hr.values, hr.errors), ctx)
         if again.failed:
             return Plan.fail(f"after applying: {again.failed}")

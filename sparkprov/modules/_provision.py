@@ -1,0 +1,52 @@
+"""Pieces the provision modules share: settings from args or inventory vars, atomic file
+writes with ownership, the cluster order of hosts, exports of the hosts of a play."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkprov.engine.module import HostContext
+from sparkprov.transport.shell import cmd, heredoc_bytes, quote
+
+
+def setting(value: Any, host: HostContext, var: str, default: Any = None) -> Any:
+    """An argument given in the task wins; else the inventory/play variable `var`; else default."""
+    if value is not None:
+        return value
+    v = host.vars.get(var)
+    return default if v is None else v
+
+
+def write_file_script(path: str, data: bytes, *, mode: str, owner: str | None = None,
+                      group: str | None = None) -> str:
+    """Write `data` to `path` atomically (temp file in the same directory, then rename), with
+    mode and ownership set before it appears. `owner:` with an empty group = the login group."""
+    tmp = f"{path}.sparkprov-tmp"
+    lines = ["umask 077", cmd("mkdir", "-p", "--", path.rsplit("/", 1)[0] or "/"),
+             heredoc_bytes(data, "cat > " + quote(tmp)).rstrip("\n"), cmd("chmod", mode, "--", tmp)]
+    if owner or group:
+        lines.append(cmd("chown", (owner or "") + ":" + (group or ""), "--", tmp))
+    lines.append(cmd("mv", "-f", "--", tmp, path))
+    return "\n".join(lines)
+
+
+def cluster_order(host: HostContext) -> list[str]:
+    """Every host sparkprov knows of, in a stable order: the members of the inventory's groups
+    in inventory order, then the hosts of this run. Used to number hosts on the fabric."""
+    seen: list[str] = []
+    for members in (host.vars.get("groups") or {}).values():
+        for m in members:
+            if m not in seen:
+                seen.append(m)
+    for m in list(host.exports) + [host.name]:
+        if m not in seen:
+            seen.append(m)
+    return seen
+
+
+def play_exports(host: HostContext, key: str) -> dict[str, Any]:
+    """host -> exports[key] for the hosts of this play that exported it. While the engine
+    gathers facts at the start of a play it does not pass the play's hosts yet: then every host
+    of the run that exported `key` counts (the same set unless a host failed on the way)."""
+    hosts = host.play_hosts or list(host.exports)
+    return {h: host.exports.get(h, {}).get(key) for h in hosts if host.exports.get(h, {}).get(key) is not None}

@@ -1,0 +1,231 @@
+"""fabric: the ConnectX-7 rails NCCL uses, addressed and at MTU 9000 (G32, G33).
+
+Rails: the twins ibdev2netdev reports Up (in PCI-domain order), or the `rails` argument /
+`fabric_rails` variable. Each rail gets an address on its own subnet (G33: the two twins of a
+port must not share one):
+- subnets: the `subnets` argument / `fabric_subnets` variable, else the default pool
+  192.168.100.0/24, 192.168.101.0/24, ... (NVIDIA's guide: .100 on enp1s0f1np1, .101 on
+  enP2p1s0f1np1), skipping pool subnets this host already routes elsewhere; a configured subnet
+  that clashes with an existing route fails;
+- this host's address: the `addresses` argument / `fabric_addresses` variable (one CIDR per rail),
+  else host number `host_id` / `fabric_host_id`, else 10 + the host's position in the
+  inventory's groups (spark1 -> .11, spark2 -> .12): the same on every run.
+Applied live with iproute2 (mtu, up, `ip addr add`, stale global IPv4 removed; link-local kept),
+and persisted as a netplan file (mode 0600, root) checked with `netplan generate` where netplan
+exists (the previous file is restored if it fails). Networking is never restarted, and a rail
+that carries the SSH session or the default route is refused.
+
+Exports `fabric` (the FabricInfo shape, as configured): {rails: [{iface, address, prefix, subnet,
+hca, mtu, up}], node_ip, nccl_socket_ifname, gloo_socket_ifname, ucx_net_devices, nccl_ib_hca,
+converged}. fabric_mesh verifies it across hosts in a later play.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.files import PathState
+from sparkprov.facts.hardware import Ibdev2netdev, NetState, iface_order, nccl_settings
+from sparkprov.modules._provision import cluster_order, setting, write_file_script
+from sparkprov.transport.shell import cmd, quote
+
+DEFAULT_POOL = tuple(f"192.168.{n}.0/24" for n in range(100, 110))
+NETPLAN_FILE = "/etc/netplan/40-sparkprov-fabric.yaml"
+
+
+class Args(ModuleArgs):
+    rails: list[str] | None = None      # default: `fabric_rails`, else the Up twins from ibdev2netdev
+    subnets: list[str] | None = None    # default: `fabric_subnets`, else the pool
+    addresses: list[str] | None = None  # default: `fabric_addresses` (this host's CIDR per rail)
+    host_id: int | None = Field(default=None, ge=1, le=254)  # default: `fabric_host_id`, else 10 + position
+    mtu: int = Field(default=9000, ge=1280, le=9216)
+    netplan_file: str = NETPLAN_FILE
+
+    @field_validator("netplan_file")
+    @classmethod
+    def _netplan(cls, v):
+        if not v.startswith("/etc/netplan/") or not v.endswith(".yaml") or "\n" in v:
+            raise ValueError("netplan_file must be /etc/netplan/NAME.yaml")
+        return v
+
+
+def _ifname_ok(name: str) -> bool:
+    return 0 < len(name) <= 15 and all(c.isalnum() or c in "._-@" for c in name)
+
+
+def choose_subnets(n: int, configured: list[str] | None, routes: list[dict], rail_ifaces: list[str]
+                   ) -> tuple[list[ipaddress.IPv4Network] | None, str | None]:
+    """One subnet per rail: the configured ones (checked for clashes), else the pool minus
+    subnets routed elsewhere. Returns (subnets, error)."""
+    elsewhere = []
+    for r in routes:
+        if r["dst"] in (None, "default") or r["dev"] in rail_ifaces:
+            continue
+        try:
+            elsewhere.append((ipaddress.ip_network(r["dst"], strict=False), r["dev"]))
+        except ValueError:
+            continue
+
+    def clash(net):
+        return next(((dst, dev) for dst, dev in elsewhere if dst.version == 4 and dst.overlaps(net)), None)
+
+    if configured:
+        nets = [ipaddress.ip_network(s, strict=False) for s in configured]
+        if len(nets) < n:
+            return None, f"{n} rails but only {len(nets)} fabric subnets configured"
+        nets = nets[:n]
+        for i, a in enumerate(nets):
+            for b in nets[i + 1:]:
+                if a.overlaps(b):
+                    return None, f"fabric subnets {a} and {b} overlap: each twin needs its own subnet (G33)"
+            c = clash(a)
+            if c:
+                return None, f"fabric subnet {a} clashes with the existing route {c[0]} via {c[1]}"
+        return nets, None
+    nets = []
+    for s in DEFAULT_POOL:
+        net = ipaddress.ip_network(s)
+        if not clash(net):
+            nets.append(net)
+        if len(nets) == n:
+            return nets, None
+    return None, "every subnet of the default pool clashes with existing routes: set fabric_subnets"
+
+
+def netplan_text(rails: list[dict[str, Any]], mtu: int) -> str:
+    lines = ["# Managed by sparkprov (fabric): ConnectX-7 rails for NCCL. Edits here are replaced.",
+             "network:", "  version: 2", "  ethernets:"]
+    for r in rails:
+        lines += [f"    {r['iface']}:", "      dhcp4: false", "      dhcp6: false", f"      mtu: {mtu}",
+                  f"      addresses: [{r['address']}/{r['prefix']}]"]
+    return "\n".join(lines) + "\n"
+
+
+def _rail_text(iface: str, link: dict | None) -> str:
+    if not link:
+        return f"{iface}: absent\n"
+    addrs = " ".join(f"{a['address']}/{a['prefix']}" for a in link["ipv4"]) or "no IPv4"
+    return f"{iface}: mtu {link['mtu']} {'up' if link['admin_up'] else 'down'} {addrs}\n"
+
+
+class FabricModule(Module):
+    name = "fabric"
+    Args = Args
+    doc = "Address the Up ConnectX-7 twins (one subnet each), MTU 9000, live with iproute2 and persisted with netplan."
+
+    def facts(self, args: Args, host: HostContext):
+        return [Ibdev2netdev(), NetState(), PathState(args.netplan_file, with_content=True)]
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        h = host.name
+        ib, net = facts[Ibdev2netdev()], facts[NetState()]
+        links = net["links"]
+        hca_of = {d["iface"]: d["hca"] for d in ib["devices"]}
+        configured = setting(args.rails, host, "fabric_rails")
+        if configured:
+            rails = [str(r) for r in configured]
+            for r in rails:
+                if not _ifname_ok(r):
+                    return Plan.fail(f"{h}: {r!r} is not an interface name")
+                if r not in links:
+                    return Plan.fail(f"{h}: fabric rail {r} does not exist (interfaces: {', '.join(sorted(links))})")
+                if not links[r]["carrier"] and links[r]["admin_up"]:
+                    return Plan.fail(f"{h}: fabric rail {r} has no carrier: check the QSFP cable")
+        else:
+            rails = [d["iface"] for d in sorted(ib["devices"], key=lambda d: iface_order(d["iface"]))
+                     if d["up"] and d["iface"] in links]
+        if not rails:
+            why = ("ibdev2netdev is not installed" if not ib["present"] else
+                   "ibdev2netdev shows no twin Up: " + ", ".join(f"{d['iface']} ({'Up' if d['up'] else 'Down'})"
+                                                                 for d in ib["devices"]))
+            if len(host.play_hosts) > 1:
+                return Plan.fail(f"{h}: no fabric rail: {why}. Fix: cable the QSFP ports (a ConnectX-7 twin must be "
+                                 "Up), or name the rails with fabric_rails in the inventory")
+            return Plan.skip(f"no fabric rail ({why}); a single host needs none")
+        mgmt = {r["dev"] for r in net["routes"] if r["dst"] == "default"}
+        for r in rails:
+            if net["ssh_server_addr"] and any(a["address"] == net["ssh_server_addr"] for a in links[r]["ipv4"]):
+                return Plan.fail(f"{h}: {r} carries this SSH session ({net['ssh_server_addr']}): it is the management "
+                                 "link, not a fabric rail; fix fabric_rails")
+            if r in mgmt:
+                return Plan.fail(f"{h}: {r} carries the default route: it is the management link, not a fabric rail")
+        subnets, err = choose_subnets(len(rails), setting(args.subnets, host, "fabric_subnets"), net["routes"], rails)
+        if err:
+            return Plan.fail(f"{h}: {err}")
+        addresses = setting(args.addresses, host, "fabric_addresses")
+        if addresses:
+            want = [ipaddress.ip_interface(a) for a in addresses]
+            if len(want) < len(rails):
+                return Plan.fail(f"{h}: {len(rails)} rails but fabric_addresses has {len(want)}")
+            want = want[:len(rails)]
+            for w, n in zip(want, subnets):
+                if w.network != n:
+                    return Plan.fail(f"{h}: fabric address {w} is not in the rail's subnet {n}")
+        else:
+            order = cluster_order(host)
+            num = setting(args.host_id, host, "fabric_host_id") or 10 + order.index(h) + 1
+            want = []
+            for n in subnets:
+                hosts_n = n.num_addresses - 2
+                if not 1 <= int(num) <= hosts_n:
+                    return Plan.fail(f"{h}: host number {num} does not fit in {n}: set fabric_host_id")
+                want.append(ipaddress.ip_interface(f"{n.network_address + int(num)}/{n.prefixlen}"))
+        desired = [{"iface": r, "address": str(w.ip), "prefix": w.network.prefixlen, "subnet": str(w.network),
+                    "hca": hca_of.get(r), "mtu": args.mtu, "up": True} for r, w in zip(rails, want)]
+        changes: list[Change] = []
+        touched = [NetState(), Ibdev2netdev()]
+        for d in desired:
+            link = links[d["iface"]]
+            ifc = d["iface"]
+            script, notes = [], []
+            if link["mtu"] != args.mtu:
+                script.append(cmd("ip", "link", "set", "dev", ifc, "mtu", args.mtu))
+                notes.append(f"mtu {link['mtu']} -> {args.mtu}")
+            if not link["admin_up"]:
+                script.append(cmd("ip", "link", "set", "dev", ifc, "up"))
+                notes.append("set up")
+            cidr = f"{d['address']}/{d['prefix']}"
+            have = {f"{a['address']}/{a['prefix']}" for a in link["ipv4"]}
+            for a in link["ipv4"]:
+                full = f"{a['address']}/{a['prefix']}"
+                if full != cidr and a["scope"] == "global" and not a["address"].startswith("169.254."):
+                    script.append(cmd("ip", "addr", "del", full, "dev", ifc))
+                    notes.append(f"remove {full}")
+            if cidr not in have:
+                script.append(cmd("ip", "addr", "add", cidr, "dev", ifc))
+                notes.append(f"add {cidr}")
+            if script:
+                after = f"{ifc}: mtu {args.mtu} up {cidr}\n"
+                changes.append(Change(f"{ifc}: " + ", ".join(notes), "\n".join(script),
+                                      Diff(f"rail {ifc}", _rail_text(ifc, link), after), touched))
+        warnings = []
+        pfact = PathState(args.netplan_file, with_content=True)
+        pst = facts[pfact]
+        text = netplan_text(desired, args.mtu)
+        before = (pst.get("content") or b"").decode(errors="replace") if pst["exists"] else ""
+        if not pst["exists"] or before != text or pst.get("mode") != 0o600 or pst.get("owner") != "root":
+            f = args.netplan_file
+            prev = f + ".sparkprov-prev"
+            script = ["umask 077", cmd("mkdir", "-p", "/etc/netplan"),
+                      f"if [ -f {quote(f)} ]; then cp -p -- {quote(f)} {quote(prev)}; else rm -f -- {quote(prev)}; fi",
+                      write_file_script(f, text.encode(), mode="0600", owner="root", group="root")]
+            if net["netplan"]:
+                script.append(f"if ! netplan generate >/tmp/sparkprov-netplan.log 2>&1; then "
+                              f"if [ -f {quote(prev)} ]; then mv -f -- {quote(prev)} {quote(f)}; else rm -f -- {quote(f)}; fi; "
+                              "echo \"netplan generate rejected the fabric file: $(tail -n 3 /tmp/sparkprov-netplan.log)\" >&2; exit 1; fi")
+            script.append(cmd("rm", "-f", "--", prev))
+            verb = "update" if pst["exists"] else "write"
+            changes.append(Change(f"{verb} {f} (mode 0600" + (", checked with netplan generate)" if net["netplan"] else ")"),
+                                  "\n".join(script), Diff(f, before, text), [pfact]))
+        if not net["netplan"]:
+            warnings.append(f"{h}: netplan is not installed: the rails are configured live and {args.netplan_file} "
+                            "is written, but nothing applies it at boot")
+        rails_out = [{k: d[k] for k in ("iface", "address", "prefix", "subnet", "hca", "mtu", "up")} for d in desired]
+        exports = {"fabric": {"rails": rails_out, **nccl_settings(rails_out), "converged": not changes}}
+        msg = "; ".join(f"{d['iface']} ({d['hca'] or 'no RoCE device'}) {d['address']}/{d['prefix']} mtu {args.mtu}"
+                        for d in desired)
+        return Plan(changes, msg=msg, warnings=warnings, exports=exports)

@@ -1,0 +1,106 @@
+"""fabric_mesh: every host reaches every peer on each rail, with jumbo frames and SSH.
+
+Runs in a play after fabric and ssh_mesh (plays are barriers) from what they exported:
+- all hosts put rail i on the same subnet (a host whose routes pushed it to another pool subnet
+  is named, with the fix);
+- from this host, `ping -M do -s 8972` (unfragmented 9000-byte frames) reaches every peer's
+  address on every rail, sourced from this host's address on that rail;
+- `ssh -o BatchMode=yes -o StrictHostKeyChecking=yes USER@ADDR true` succeeds for every peer
+  rail address (the ssh_mesh guarantee; `ssh: false` leaves it out).
+Exports the settings the cluster step binds NCCL to (G32) as `nccl`: {node_ip,
+NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES, NCCL_IB_HCA} and `fabric_verified`.
+In check mode, with fabric or ssh changes still pending anywhere, it is skipped.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.hardware import MeshProbe
+from sparkprov.modules._provision import play_exports
+
+
+class Args(ModuleArgs):
+    size: int = Field(default=8972, ge=0, le=65507)  # 9000 - 20 (IP) - 8 (ICMP)
+    ssh: bool = True
+
+
+def _probe(args: Args, host: HostContext) -> MeshProbe | None:
+    fabrics = play_exports(host, "fabric")
+    mine = fabrics.get(host.name)
+    if not mine or len(fabrics) < 2 or _pending(args, host):
+        return None
+    pings, targets = [], []
+    for peer, fab in fabrics.items():
+        if peer == host.name:
+            continue
+        for i, rail in enumerate(fab["rails"]):
+            if i < len(mine["rails"]):
+                pings.append((mine["rails"][i]["address"], rail["address"]))
+            targets.append(rail["address"])
+    return MeshProbe(tuple(pings), args.size, host.user, tuple(targets) if args.ssh else ())
+
+
+def _pending(args: Args, host: HostContext) -> list[str]:
+    if not host.check:
+        return []
+    keys = ["fabric"] + (["ssh_mesh"] if args.ssh else [])
+    return sorted({h for k in keys for h, v in play_exports(host, k).items() if not v.get("converged", True)})
+
+
+class FabricMeshModule(Module):
+    name = "fabric_mesh"
+    Args = Args
+    doc = "Verify the full mesh: jumbo pings (-M do -s 8972) and BatchMode SSH to every peer on every rail."
+
+    def facts(self, args: Args, host: HostContext):
+        probe = _probe(args, host)
+        return [probe] if probe else []
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        h = host.name
+        fabrics = play_exports(host, "fabric")
+        mine = fabrics.get(h)
+        if not mine:
+            return Plan.skip("no fabric configured on this host")
+        nccl = {"node_ip": mine["node_ip"], "NCCL_SOCKET_IFNAME": mine["nccl_socket_ifname"],
+                "GLOO_SOCKET_IFNAME": mine["gloo_socket_ifname"], "UCX_NET_DEVICES": mine["ucx_net_devices"],
+                "NCCL_IB_HCA": mine["nccl_ib_hca"]}
+        if len(fabrics) < 2:
+            return Plan.skip("single host: no peer to verify", exports={"nccl": nccl})
+        problems = []
+        for i, rail in enumerate(mine["rails"]):
+            for peer, fab in sorted(fabrics.items()):
+                if i >= len(fab["rails"]):
+                    problems.append(f"{peer} has {len(fab['rails'])} rail(s), {h} has {len(mine['rails'])}")
+                elif fab["rails"][i]["subnet"] != rail["subnet"]:
+                    problems.append(f"rail {i + 1}: {h} uses {rail['subnet']} but {peer} uses {fab['rails'][i]['subnet']} "
+                                    "(a pool subnet clashed with a route on one of them): set fabric_subnets in the inventory")
+        if problems:
+            return Plan.fail(f"{h}: " + "; ".join(sorted(set(problems))))
+        pending = _pending(args, host)
+        if pending:
+            return Plan.skip(f"check mode: fabric/ssh changes pending on {', '.join(pending)}; the mesh is verified "
+                             "once they are applied")
+        probe = facts[_probe(args, host)]
+        peers = {r["address"]: (p, r["iface"]) for p, f in fabrics.items() if p != h for r in f["rails"]}
+        for key, res in sorted(probe["ping"].items()):
+            src, dst = key.split()
+            if not res["ok"]:
+                peer, iface = peers.get(dst, ("?", "?"))
+                why = res["error"] or f"{res['received']}/{res['sent']} replies"
+                problems.append(f"{h} -> {peer} on {iface} ({src} -> {dst}): `ping -M do -s {args.size}` failed: {why}")
+        for dst, res in sorted(probe["ssh"].items()):
+            if not res["ok"]:
+                peer, _ = peers.get(dst, ("?", "?"))
+                problems.append(f"{h} -> {peer}: `ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {host.user}@{dst} "
+                                f"true` failed: {res['error']}")
+        if problems:
+            return Plan.fail("; ".join(problems) + ". Fix: MTU 9000 and addresses on both ends (rerun provision), "
+                             "check the QSFP cable")
+        n_peers = len(fabrics) - 1
+        msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {n_peers} peer(s) on {len(mine['rails'])} "
+               f"rail(s)" + (f"; ssh to {len(probe['ssh'])} address(es)" if args.ssh else "")
+               + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
+        return Plan(msg=msg, exports={"nccl": nccl, "fabric_verified": True})
