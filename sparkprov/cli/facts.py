@@ -35,6 +35,23 @@ def _flatten(value, prefix=""):
         yield prefix.rstrip("."), "" if value is None else str(value)
 
 
+# The table shows what an owner looks at; --json carries every value.
+_TABLE_KEYS = {
+    "memory": ("MemTotal", "MemAvailable", "Cached"),
+    "kernel": ("modeset",),
+}
+
+
+def _summary(section: str, value):
+    keys = _TABLE_KEYS.get(section)
+    if keys is None or not isinstance(value, dict):
+        return value
+    out = {k: value.get(k) for k in keys if k in value}
+    if section == "memory":
+        out = {k: f"{v / 2**30:.1f} GiB" if isinstance(v, int) else v for k, v in out.items()}
+    return out
+
+
 def _print_tables(result) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -45,7 +62,7 @@ def _print_tables(result) -> None:
         table.add_column("fact")
         table.add_column("value")
         for section, value in r["facts"].items():
-            for key, text in _flatten(value, f"{section}."):
+            for key, text in _flatten(_summary(section, value), f"{section}."):
                 table.add_row(key, text)
         for section, msg in r["errors"].items():
             table.add_row(f"{section} (error)", msg)

@@ -535,11 +535,11 @@ class CudaToolkit(Fact):
                 f"else sh -lc {quote(probe)} </dev/null 2>/dev/null; fi\n"
                 "for d in /usr/local/cuda-*/bin /usr/local/cuda/bin; do\n"
                 "  [ -x \"$d/nvcc\" ] || continue\n"
-                "  printf 'toolkit=%s|%s|%s\\n' \"$d\" \"$(\"$d/nvcc\" --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n 1)\" "
-                "\"$( [ -x \"$d/ptxas\" ] && \"$d/ptxas\" --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n 1)\"\n"
+                "  printf 'toolkit=%s|%s|%s\\n' \"$d\" \"$(\"$d/nvcc\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\" "
+                "\"$( [ -x \"$d/ptxas\" ] && \"$d/ptxas\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\"\n"
                 "done\n"
                 "for t in nvcc ptxas; do p=$(bash -lc \"command -v $t\" </dev/null 2>/dev/null) && "
-                "printf '%s_version=%s\\n' \"$t\" \"$(\"$p\" --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n 1)\"; done")
+                "printf '%s_version=%s\\n' \"$t\" \"$(\"$p\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\"; done")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         return parse_cuda_toolkit(out)
