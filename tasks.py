@@ -58,5 +58,22 @@ def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, acc
                accept_new_host_keys=accept_new_host_keys)
 
 
-ns = Collection(provision, play, facts, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
+def _stage_help():
+    from sparkprov.cli.stage import STAGE_HELP
+
+    return STAGE_HELP
+
+
+@task(help=_stage_help())
+def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False,
+                  source=None, streams=4, image=None, accept_new_host_keys=False, progress_interval=5.0):
+    """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
+    from sparkprov.cli.stage import stage_weights as run
+
+    run(c, model, hosts=hosts, inventory=inventory, limit=limit, check=check, rehash=rehash, json=json,
+        source=source, streams=streams, image=image, accept_new_host_keys=accept_new_host_keys,
+        progress_interval=progress_interval)
+
+
+ns = Collection(provision, play, facts, stage_weights, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
 ns.add_collection(lab_tasks.ns, "lab")

@@ -26,6 +26,7 @@ from sparkprov.engine.module import FactView, HostContext, Plan
 from sparkprov.engine.report import CENSORED, Report, TaskResult
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
+from sparkprov.transport.shell import quote
 
 DEFAULT_FORKS = 32
 
@@ -42,7 +43,7 @@ class RunOptions:
     interactive: bool | None = None  # may we prompt for a sudo password? (default: stdin is a tty)
 
 
-class _Password:
+class BecomePassword:
     """The sudo password: from the host's env var or file, or asked once for the whole run."""
 
     def __init__(self, interactive: bool):
@@ -115,7 +116,7 @@ class Runner:
         self.runs = {name: HostRun(inventory.hosts[name]) for name in hosts}
         self.exports: dict[str, dict[str, Any]] = {name: {} for name in hosts}
         interactive = options.interactive if options.interactive is not None else sys.stdin.isatty()
-        self.password = _Password(interactive)
+        self.password = BecomePassword(interactive)
         report.set_hosts(hosts)
 
     # -- the run ------------------------------------------------------------------------
@@ -259,32 +260,7 @@ class Runner:
                 self._gather(play, hr, tasks, become=become, extra=extra, play_hosts=play_hosts)
 
     def _settle_become(self, hr: HostRun, how: str | None, password: str | None) -> None:
-        t = hr.transport
-        name = hr.host.name
-        if how == "root":
-            t.become_method = BecomeMethod.NONE
-        elif how == "nopasswd":
-            t.become_method = BecomeMethod.PASSWORDLESS
-        elif how == "password-ok":
-            t.become_method, t.become_password = BecomeMethod.PASSWORD, password
-        elif how == "password-bad":
-            raise SparkprovError(f"{name}: sudo rejected the password for {hr.info.get('user')}",
-                                 fix="check become_password_env / become_password_file in the inventory")
-        elif how == "nosudo":
-            raise SparkprovError(f"{name}: become is needed but sudo is not installed", fix="install sudo or connect as root")
-        elif how == "password-needed":
-            pw = self.password.prompt()
-            if pw is None:
-                raise SparkprovError(f"{name}: sudo needs a password for {hr.info.get('user')}",
-                                     fix="set become_password_env or become_password_file in the inventory, "
-                                         "or SPARKPROV_BECOME_PASSWORD, or run interactively")
-            check = t.run_script("printf '%s\\n' " + _q(pw) + " | sudo -k -S -p '' true")
-            if check.rc != 0:
-                raise SparkprovError(f"{name}: sudo rejected the password for {hr.info.get('user')}",
-                                     fix="check the password")
-            t.become_method, t.become_password = BecomeMethod.PASSWORD, pw
-        else:
-            raise SparkprovError(f"{name}: could not tell how to become root")
+        settle_become(hr, how, password, self.password)
 
     def _run_task(self, play: Play, hr: HostRun, task: Task, play_hosts: list[str]) -> bool:
         """Run one task on one host; False when the host must stop."""
@@ -379,7 +355,32 @@ class Runner:
         return plan
 
 
-def _q(s: str) -> str:
-    from sparkprov.transport.shell import quote
-
-    return quote(s)
+def settle_become(hr: HostRun, how: str | None, password: str | None, passwords: BecomePassword) -> None:
+    """Set how the host's transport becomes root from what the gather script's probe found
+    (`how`), prompting once for a password where sudo needs one. Raises with the host and the fix."""
+    t = hr.transport
+    name = hr.host.name
+    if how == "root":
+        t.become_method = BecomeMethod.NONE
+    elif how == "nopasswd":
+        t.become_method = BecomeMethod.PASSWORDLESS
+    elif how == "password-ok":
+        t.become_method, t.become_password = BecomeMethod.PASSWORD, password
+    elif how == "password-bad":
+        raise SparkprovError(f"{name}: sudo rejected the password for {hr.info.get('user')}",
+                             fix="check become_password_env / become_password_file in the inventory")
+    elif how == "nosudo":
+        raise SparkprovError(f"{name}: become is needed but sudo is not installed", fix="install sudo or connect as root")
+    elif how == "password-needed":
+        pw = passwords.prompt()
+        if pw is None:
+            raise SparkprovError(f"{name}: sudo needs a password for {hr.info.get('user')}",
+                                 fix="set become_password_env or become_password_file in the inventory, "
+                                     "or SPARKPROV_BECOME_PASSWORD, or run interactively")
+        check = t.run_script("printf '%s\\n' " + quote(pw) + " | sudo -k -S -p '' true")
+        if check.rc != 0:
+            raise SparkprovError(f"{name}: sudo rejected the password for {hr.info.get('user')}",
+                                 fix="check the password")
+        t.become_method, t.become_password = BecomeMethod.PASSWORD, pw
+    else:
+        raise SparkprovError(f"{name}: could not tell how to become root")

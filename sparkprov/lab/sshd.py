@@ -12,6 +12,10 @@ from .state import LOGIN_USER
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 HOST_KEY = "/etc/ssh/ssh_host_ed25519_key"
 PIDFILE = "/run/sshd.pid"
+# The host's sshd log (inside the host). LogLevel VERBOSE records every connection
+# ("Accepted publickey for ...") and every session a client starts on it ("Starting session:
+# command for ...", "subsystem 'sftp'", "shell"), so remote executions can be counted from it.
+LOG = "/var/log/sshd.log"
 
 CONFIG = f"""\
 # sparkprov lab: this host's sshd (started as `sshd -f {SSHD_CONFIG}` in its namespaces)
@@ -28,6 +32,7 @@ KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 X11Forwarding no
 PrintMotd no
+LogLevel VERBOSE
 AcceptEnv LANG LC_*
 Subsystem sftp /usr/lib/openssh/sftp-server
 """
@@ -57,9 +62,20 @@ def ensure_host_sshd_files(name: str) -> bool:
                       f"-C root@{name} -f {HOST_KEY}"])
         changed = True
     changed |= write_file(name, SSHD_CONFIG, CONFIG)
-    pub = state.key_path().with_suffix(".pub").read_text()
-    changed |= write_file(name, f"/etc/ssh/authorized_keys/{LOGIN_USER}", pub)
+    changed |= _authorize_control_key(name)
     return changed
+
+
+def _authorize_control_key(name: str) -> bool:
+    """The control key must be authorized; other lines (keys that provision's SSH mesh added)
+    belong to the host's owner and stay, as on a real Spark."""
+    path = f"/etc/ssh/authorized_keys/{LOGIN_USER}"
+    pub = state.key_path().with_suffix(".pub").read_text().strip()
+    cur = nsexec(name, ["cat", path], check=False)
+    lines = cur.stdout.splitlines() if cur.returncode == 0 else []
+    if pub in (line.strip() for line in lines):
+        return False
+    return write_file(name, path, "".join(line + "\n" for line in lines + [pub]))
 
 
 def host_pubkey(name: str) -> list[str]:
@@ -90,12 +106,32 @@ def start_sshd(name: str) -> bool:
     """Start the host's sshd if it is not running. True if started."""
     if sshd_pid(name):
         return False
-    nsexec(name, ["/usr/sbin/sshd", "-f", SSHD_CONFIG, "-E", "/var/log/sshd.log"])
+    nsexec(name, ["/usr/sbin/sshd", "-f", SSHD_CONFIG, "-E", LOG])
     for _ in range(100):
         if sshd_pid(name):
             return True
         time.sleep(0.02)
     raise RuntimeError(f"{name}: sshd did not start; see /var/log/sshd.log in the host")
+
+
+def reload_sshd(name: str) -> bool:
+    """Make a running sshd re-read its configuration and host key (SIGHUP: it re-executes
+    itself; open sessions keep running). True if one was running."""
+    pid = sshd_pid(name)
+    if not pid:
+        return False
+    nsexec(name, ["kill", "-HUP", str(pid)])
+    for _ in range(100):
+        time.sleep(0.02)
+        if sshd_pid(name):
+            return True
+    raise RuntimeError(f"{name}: sshd did not come back after SIGHUP; see {LOG} in the host")
+
+
+def log_path(name: str):
+    """Where the host's sshd log is on the control machine (the upper layer of the host's
+    /var/log overlay); only readable after sshd has written to it."""
+    return state.host_dir(name) / "ovl" / "var-log" / "upper" / LOG.removeprefix("/var/log/")
 
 
 def stop_sshd(name: str) -> bool:

@@ -1,0 +1,171 @@
+"""What to stage, from the hub: read on the control machine with huggingface_hub's HfApi.
+
+A model is a catalog alias (its repo, revision, extra repos and extra files) or a repo id
+(`ORG/NAME[@REVISION]`). The listing pins every revision to a commit id and gives each file its
+size, git blob id and, for LFS files, its sha256.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from sparkprov.errors import SparkprovError
+from sparkprov.staging.plan import Item
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+@dataclass
+class StageSpec:
+    """What the model needs in the store, before the hub is asked."""
+
+    label: str
+    image: str | None
+    gated: bool
+    repos: list[tuple[str, str, str | None]] = field(default_factory=list)  # (repo, revision, local_dir)
+    files: list[tuple[str, str, str, str]] = field(default_factory=list)    # (repo, revision, filename, dest)
+
+
+def spec_for(model: str) -> StageSpec:
+    """A catalog alias, or a repo id ORG/NAME[@REVISION]."""
+    if "/" in model:
+        repo, _, rev = model.partition("@")
+        return StageSpec(label=repo, image=None, gated=False, repos=[(repo, rev or "main", None)])
+    from sparkprov.catalog.load import load_catalog
+
+    recipe = load_catalog().get(model)
+    spec = StageSpec(label=model, image=recipe.image, gated=recipe.gated,
+                     repos=[(recipe.model.repo, recipe.model.revision, recipe.model.local_dir)])
+    for x in recipe.extra_repos:
+        spec.repos.append((x.repo, x.revision, None))
+    for s in recipe.stage:
+        spec.files.append((s.repo, s.revision, s.filename, s.dest))
+    return spec
+
+
+def resolve_token() -> tuple[str | None, str]:
+    """The user's Hugging Face token and where it came from: HF_TOKEN (or the older
+    HUGGING_FACE_HUB_TOKEN), else the token file huggingface_hub keeps (`hf auth login`)."""
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if os.environ.get(var, "").strip():
+            return os.environ[var].strip(), f"${var}"
+    from huggingface_hub import constants
+
+    path = os.environ.get("HF_TOKEN_PATH") or constants.HF_TOKEN_PATH
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tok = fh.read().strip()
+    except OSError:
+        return None, ""
+    return (tok or None), path
+
+
+def endpoint_env(endpoint: str) -> dict[str, str]:
+    """Environment for huggingface_hub against this endpoint (Xet only on the real hub)."""
+    env = {"HF_ENDPOINT": endpoint.rstrip("/")}
+    if endpoint.rstrip("/") != DEFAULT_ENDPOINT:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    return env
+
+
+@dataclass
+class RepoListing:
+    repo: str
+    revision: str
+    commit: str
+    gated: bool
+    files: list[Item]
+
+
+def _api(endpoint: str):
+    for k, v in endpoint_env(endpoint).items():
+        os.environ.setdefault(k, v)  # read by huggingface_hub at import
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint.rstrip("/"))
+
+
+def list_repo(endpoint: str, repo: str, revision: str, token: str | None, *, gated_hint: bool = False,
+              local_dir: str | None = None) -> RepoListing:
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    api = _api(endpoint)
+    tok = token or False
+    try:
+        info = api.model_info(repo, revision=revision, token=tok)
+        commit = info.sha
+        gated = bool(info.gated) or gated_hint
+        if gated and not token:
+            raise SparkprovError(
+                f"{repo} is gated and no Hugging Face token was found; nothing was transferred",
+                fix=f"accept the license on {endpoint.rstrip('/')}/{repo}, then set HF_TOKEN or run "
+                    "`hf auth login` on this machine (sparkprov passes the token to the downloading host)")
+        tree = [f for f in api.list_repo_tree(repo, recursive=True, revision=commit, token=tok)
+                if hasattr(f, "blob_id")]
+    except RepositoryNotFoundError:
+        raise SparkprovError(f"{repo}: repository not found on {endpoint}",
+                             fix="check the repo id (or the token, for a private repo)") from None
+    except RevisionNotFoundError:
+        raise SparkprovError(f"{repo}: revision {revision!r} not found on {endpoint}", fix="check the revision") from None
+    except HfHubHTTPError as exc:
+        raise SparkprovError(f"{repo}: the hub at {endpoint} answered: {str(exc).splitlines()[0]}",
+                             fix="check hf_endpoint in the inventory and the network") from None
+    except OSError as exc:
+        raise SparkprovError(f"{repo}: cannot reach the hub at {endpoint}: {exc}",
+                             fix="check hf_endpoint in the inventory and the network") from None
+    if gated:
+        _check_access(api, endpoint, repo, commit, tree, token, GatedRepoError, HfHubHTTPError)
+    items = []
+    for f in sorted(tree, key=lambda f: f.path):
+        if f.path == ".gitattributes":
+            continue
+        dest = f"{local_dir.rstrip('/')}/{f.path}" if local_dir else None
+        items.append(Item(repo=repo, revision=revision, commit=commit, path=f.path, size=int(f.size),
+                          oid=f.blob_id, sha256=f.lfs.sha256 if f.lfs else None, dest=dest))
+    return RepoListing(repo, revision, commit, gated, items)
+
+
+def _check_access(api, endpoint, repo, commit, tree, token, GatedRepoError, HfHubHTTPError) -> None:
+    """A gated repo: prove the token opens it (one HEAD) before any host moves a byte."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    if not tree:
+        return
+    url = hf_hub_url(repo, tree[0].path, revision=commit, endpoint=endpoint.rstrip("/"))
+    try:
+        get_hf_file_metadata(url, token=token)
+    except GatedRepoError:
+        raise SparkprovError(f"{repo} is gated and the token was refused; nothing was transferred",
+                             fix=f"accept the license on {endpoint.rstrip('/')}/{repo} with the account of the token, "
+                                 "or set HF_TOKEN to a token of an account that has access") from None
+    except HfHubHTTPError as exc:
+        code = getattr(getattr(exc, "response", None), "status_code", None)
+        if code in (401, 403):
+            raise SparkprovError(f"{repo}: the hub refused the token ({code}); nothing was transferred",
+                                 fix="check HF_TOKEN / `hf auth login` (a 401 means a bad token or no access)") from None
+        raise SparkprovError(f"{repo}: the hub answered: {str(exc).splitlines()[0]}") from None
+
+
+def list_stage(spec: StageSpec, endpoint: str, token: str | None) -> tuple[list[Item], list[RepoListing]]:
+    """Every item of the stage, each revision pinned to a commit."""
+    listings: dict[tuple[str, str], RepoListing] = {}
+    items: list[Item] = []
+    for repo, rev, local_dir in spec.repos:
+        lst = list_repo(endpoint, repo, rev, token, gated_hint=spec.gated and repo == spec.repos[0][0],
+                        local_dir=local_dir)
+        listings[(repo, rev)] = lst
+        items.extend(lst.files)
+    for repo, rev, filename, dest in spec.files:
+        lst = listings.get((repo, rev))
+        if lst is None:
+            lst = listings[(repo, rev)] = list_repo(endpoint, repo, rev, token)
+        match = [i for i in lst.files if i.path == filename]
+        if not match:
+            raise SparkprovError(f"{repo}@{rev}: the recipe stages {filename}, which the repo does not have",
+                                 fix="fix the recipe's stage: entry")
+        m = match[0]
+        items.append(Item(repo=m.repo, revision=m.revision, commit=m.commit, path=m.path, size=m.size,
+                          oid=m.oid, sha256=m.sha256, dest=dest))
+    return items, list(listings.values())
