@@ -502,7 +502,9 @@ class Stage:
         if h.port:
             opts += ["-p", str(h.port)]
         routes = []
-        if receiver.fabric and receiver.fabric != h.address:
+        # Only a control machine that sits on the fabric itself (a Spark as source) sends there;
+        # anything else would route a private address through its default gateway.
+        if receiver.fabric and receiver.fabric != h.address and on_local_link(receiver.fabric):
             routes.append((receiver.fabric, opts + ["-o", f"HostKeyAlias={h.address}"]))
         routes.append((h.address, opts))
         return routes
@@ -632,3 +634,23 @@ class Stage:
 
 def run_stage(inventory: Inventory, hosts: list[str], model: str, options: StageOptions, report: Report) -> dict:
     return Stage(inventory, hosts, model, options, report).run()
+
+
+def on_local_link(address: str) -> bool:
+    """True when this machine has an interface address in the same subnet as `address`
+    (reachable without a gateway)."""
+    import ipaddress
+    import json as _json
+    import subprocess
+
+    try:
+        target = ipaddress.ip_address(address)
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+        for iface in _json.loads(out or "[]"):
+            for a in iface.get("addr_info", []):
+                net = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
+                if target in net and not net.is_loopback:
+                    return True
+    except (ValueError, OSError, subprocess.SubprocessError, KeyError):
+        return False
+    return False

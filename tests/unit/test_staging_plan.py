@@ -182,3 +182,21 @@ def test_docker_download_script_keeps_the_token_out_of_argv_and_env():
     assert "--user 1000:1001" in run and "--network host" in run and "HF_TOKEN" not in run
     assert f"$T/token\":{fetch.TOKEN_MOUNT}:ro" in run and "HF_HUB_DISABLE_XET=1" in run
     assert "docker rm -f sparkprov-stage-" in script
+
+
+def test_control_machine_sends_to_fabric_only_when_on_that_link():
+    """A control machine that is not on the fabric must not try fabric addresses: they would
+    go out through its default gateway. Pure local computation, nothing is sent."""
+    import json
+    import subprocess
+
+    from sparkprov.staging.transfer import on_local_link
+
+    ifaces = json.loads(subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout)
+    own = [a["local"] for i in ifaces for a in i.get("addr_info", [])
+           if a.get("family") == "inet" and not a["local"].startswith("127.")]
+    if own:
+        assert on_local_link(own[0])
+    assert not on_local_link("192.0.2.1")      # TEST-NET-1: on no link of ours
+    assert not on_local_link("127.0.0.1")      # loopback never counts as a fabric link
+    assert not on_local_link("not-an-address")
