@@ -195,8 +195,15 @@ def test_control_machine_sends_to_fabric_only_when_on_that_link():
     ifaces = json.loads(subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout)
     own = [a["local"] for i in ifaces for a in i.get("addr_info", [])
            if a.get("family") == "inet" and not a["local"].startswith("127.")]
+    import ipaddress
+
+    nets = [ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
+            for i in ifaces for a in i.get("addr_info", [])]
     if own:
         assert on_local_link(own[0])
-    assert not on_local_link("192.0.2.1")      # TEST-NET-1: on no link of ours
+    # documentation ranges; pick one that no interface of this machine is on
+    elsewhere = next(c for c in ("198.51.100.7", "203.0.113.7", "192.0.2.7")
+                     if not any(ipaddress.ip_address(c) in n for n in nets))
+    assert not on_local_link(elsewhere)
     assert not on_local_link("127.0.0.1")      # loopback never counts as a fabric link
     assert not on_local_link("not-an-address")
