@@ -7,6 +7,7 @@ Imports stay inside the tasks so that listing them is instant.
 from invoke import Collection, task
 
 from sparkprov.cli import catalog as catalog_tasks
+from sparkprov.cli import cluster as cluster_cli
 from sparkprov.cli import lab as lab_tasks
 
 COMMON_HELP = {
@@ -76,4 +77,8 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
 
 
 ns = Collection(provision, play, facts, stage_weights, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
+ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
+ns.add_task(task(cluster_cli.cluster_down, name="cluster-down", help=cluster_cli.DOWN_HELP))
+ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))
+ns.add_task(task(cluster_cli.nccl_check, name="nccl-check", help=cluster_cli.NCCL_HELP))
 ns.add_collection(lab_tasks.ns, "lab")

@@ -7,10 +7,9 @@ import sys
 
 from invoke import Exit, task
 
-from sparkprov.catalog.lint import errors, lint_launch, plan_launch
-from sparkprov.catalog.load import Catalog, load_catalog
-from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.errors import SparkprovError
+
+# The catalog (pydantic models, YAML) loads inside the tasks: `invoke --list` stays instant.
 
 RECIPES_HELP = "a user recipe file (YAML: images:, recipes:) merged over the catalog; repeat for several"
 HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, api_key_file, fabric_ifaces, ...)"
@@ -23,10 +22,14 @@ def _fail(exc: SparkprovError) -> Exit:
 
 
 def _catalog(recipes) -> Catalog:
+    from sparkprov.catalog.load import load_catalog
+
     return load_catalog(list(recipes or []))
 
 
 def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
+    from sparkprov.catalog.render import HostServeContext
+
     if not host:
         return HostServeContext(cluster_size=None)
     from sparkprov.data.inventory import load_inventory
@@ -77,6 +80,8 @@ def models(c, recipes=None, plain=False):
 
 
 def _print_launch(launch: Launch) -> None:
+    from sparkprov.catalog.lint import plan_launch
+
     from rich.table import Table
 
     con = _console()
@@ -114,6 +119,8 @@ def _print_launch(launch: Launch) -> None:
       iterable=["recipes"])
 def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False):
     """Print the exact container command sparkprov would run, with every flag and where it came from."""
+    from sparkprov.catalog.render import render_launch
+
     try:
         cat = _catalog(recipes)
         r = cat.get(alias)
@@ -136,6 +143,9 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False):
       iterable=["recipes"], positional=["alias"])
 def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
     """Preflight checks over the rendered launch: one line per finding; errors exit non-zero."""
+    from sparkprov.catalog.lint import errors, lint_launch
+    from sparkprov.catalog.render import render_launch
+
     try:
         cat = _catalog(recipes)
         aliases = list(cat.recipes) if alias == "all" else [alias]

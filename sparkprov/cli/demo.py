@@ -1,0 +1,112 @@
+"""`make demo`: the whole path on the lab, through the real CLI code paths.
+
+    lab.up (2 Sparks) -> provision -> stage-weights MODEL -> cluster-up --tp 2 -> a chat completion
+    through the cluster's endpoint (from this machine, with the API key read from its 0600 file on
+    the head) -> print the endpoint
+
+The lab hub must serve the model's repo: the demo (re)starts it with its default repos plus the
+demo model's repos, generated small with the catalog's config.json values; the model is gated in
+the catalog (G26), so the lab hub gates it behind a lab token that the demo hands to stage-weights
+as HF_TOKEN. Needs root (the lab). Exit status: 0 when the chat completion answered correctly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+import urllib.request
+
+PLAYBOOK = "cluster.yaml"
+
+
+def _step(n: int, text: str) -> None:
+    print(f"\n=== demo {n}: {text}", flush=True)
+
+
+def _hub_for(alias: str) -> str:
+    """Restart the lab hub with its default repos plus `alias`'s; return the lab token."""
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.lab.hub import RepoSpec
+    from sparkprov.lab.hub.manage import DEFAULT_REPOS, ensure_hub
+    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
+
+    token_file = STATE_DIR / "demo_hf_token"
+    if token_file.exists():
+        token = token_file.read_text().strip()
+    else:
+        token = "hf_sparkprovLabDemo" + secrets.token_hex(16)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+    extra = [RepoSpec(info.repo, num_shards=2, total_size=8 << 20, gated=info.gated, config=info.config or {})
+             for info in load_catalog().repos() if alias in info.used_by]
+    ensure_hub(STATE_DIR, BRIDGE_IP, HUB_PORT, repos=list(DEFAULT_REPOS) + extra, token=token)
+    return token
+
+
+def main() -> int:
+    from sparkprov.cli import cluster as cluster_cli
+    from sparkprov.cli.common import REPO, playbook_path, run_playbook
+    from sparkprov.cli.stage import stage_weights
+    from sparkprov.cluster.manage import status
+    from sparkprov.cluster.playbook import load_serve_playbook
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.run import make_transport
+    from sparkprov.lab import state, up as lab_up
+
+    t0 = time.monotonic()
+    _step(1, "lab.up: two simulated Sparks, registry with the serving images, hub")
+    res = lab_up.up(2)
+    inv_path = str(res.inventory)
+    os.environ["SPARKPROV_INVENTORY"] = inv_path
+    inv = load_inventory(inv_path)
+    book = load_serve_playbook(playbook_path(None, PLAYBOOK), inv)
+    dep = next(d for d in book.deployments if d.cluster)
+    os.environ["HF_TOKEN"] = _hub_for(dep.model)
+
+    _step(2, "provision")
+    code = run_playbook(playbook=str(REPO / "playbooks" / "provision.yaml"), inventory=inv_path, hosts=None)
+    if code:
+        print("demo: provision failed", file=sys.stderr)
+        return code
+
+    _step(3, f"stage-weights {dep.model}")
+    stage_weights(None, dep.model, inventory=inv_path)
+
+    _step(4, "cluster-up --tp 2")
+    cluster_cli.cluster_up(None, tp=2, inventory=inv_path)
+
+    _step(5, "a chat completion through the cluster")
+    st = status(inv, dep.hosts)
+    head = next(c for c in st[dep.head]["containers"] if c["role"] == "ray-head")
+    host = inv.hosts[dep.head]
+    endpoint = f"http://{host.address}:{head['port']}/v1"
+    t = make_transport(host, False)
+    t.connect()
+    try:
+        labels = t.run_script(f"docker inspect --format '{{{{index .Config.Labels \"sparkprov.api_key_file\"}}}}' {head['name']}")
+        key_file = labels.stdout.strip()
+        key = t.run_script(f"cat '{key_file}'").stdout.strip()
+    finally:
+        t.close()
+    body = {"model": head["model"], "max_tokens": 300, "chat_template_kwargs": {"enable_thinking": False},
+            "messages": [{"role": "user", "content": "What is 12*17?"}]}
+    req = urllib.request.Request(endpoint + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=300) as r:
+        reply = json.loads(r.read())
+    answer = reply["choices"][0]["message"]["content"]
+    print(f"Q: What is 12*17?\nA: {answer}")
+    ok = "204" in (answer or "")
+    _step(6, "done")
+    print(f"endpoint: {endpoint}  (model {head['model']}, API key in {dep.head}:{key_file}; "
+          f"ssh -i {state.key_path()} nvidia@{host.address} cat {key_file})")
+    print(f"demo took {time.monotonic() - t0:.0f}s; `invoke cluster-down` removes the cluster, `invoke lab.down` the lab")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

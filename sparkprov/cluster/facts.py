@@ -1,0 +1,154 @@
+"""Facts cluster-up, cluster-down and status read, all in the one gather per host."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sparkprov.cluster import probe
+from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.transport.shell import cmd, quote
+
+MANAGED = "sparkprov.managed"
+FORMAT = ("{{.Name}}\t{{.Id}}\t{{.Image}}\t{{.Config.Image}}\t{{.State.Status}}\t{{.State.ExitCode}}\t"
+          "{{.RestartCount}}\t{{.State.StartedAt}}\t{{json .Config.Labels}}")
+
+
+def parse_containers(out: str) -> dict[str, Any]:
+    text = out.strip()
+    if text.startswith("@noaccess"):
+        return {"access": False, "error": text[len("@noaccess"):].strip() or "docker is not reachable", "containers": []}
+    items = []
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 9:
+            continue
+        name, cid, image_id, image, status, code, restarts, started, labels = parts
+        items.append({"name": name.lstrip("/"), "id": cid, "image_id": image_id, "image": image, "status": status,
+                      "exit_code": int(code), "restarts": int(restarts), "started": started,
+                      "labels": json.loads(labels) or {}})
+    return {"access": True, "error": None, "containers": items}
+
+
+@dataclass(frozen=True)
+class ManagedContainers(Fact):
+    """Every container with the label sparkprov.managed=1 (running or not), with its labels."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return ("o=$(docker info --format '{{.ServerVersion}}' 2>&1) || { printf '@noaccess %s\\n' \"$(printf '%s' \"$o\" | head -n 1)\"; exit 0; }\n"
+                f"ids=$(docker ps -aq --filter {quote('label=' + MANAGED + '=1')})\n"
+                f"[ -z \"$ids\" ] || docker inspect --format {quote(FORMAT)} $ids")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        if rc != 0:
+            raise FactError(err.strip() or f"docker inspect failed (rc={rc})")
+        return parse_containers(out)
+
+
+@dataclass(frozen=True)
+class ImageId(Fact):
+    """The local image ID of a reference, or None when the daemon does not have it."""
+
+    image: str
+
+    def command(self, sh: ShellCtx) -> str:
+        return (f"if o=$({cmd('docker', 'image', 'inspect', '--format', '{{.Id}}', self.image)} 2>&1); then echo \"id=$o\"; "
+                "else case \"$o\" in *'No such'*|*'not found'*) echo absent;; *) printf 'error=%s\\n' \"$(printf '%s' \"$o\" | head -n 1)\";; esac; fi")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        if line.startswith("id="):
+            return {"id": line[3:].strip(), "error": None}
+        if line == "absent":
+            return {"id": None, "error": None}
+        return {"id": None, "error": line[6:] if line.startswith("error=") else (err.strip() or "docker image inspect failed")}
+
+
+@dataclass(frozen=True)
+class KeyFile(Fact):
+    """The API key file: exists, non-empty, its mode and owner (never its content)."""
+
+    path: str
+
+    def command(self, sh: ShellCtx) -> str:
+        p = sh.path(self.path)
+        return f"p={p}\nif [ -f \"$p\" ]; then stat -c 'mode=%a owner=%U size=%s' -- \"$p\"; else echo absent; fi"
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        text = out.strip()
+        if text == "absent" or not text:
+            return {"exists": False}
+        kv = dict(w.split("=", 1) for w in text.split())
+        return {"exists": True, "mode": int(kv["mode"], 8), "owner": kv["owner"], "size": int(kv["size"])}
+
+
+@dataclass(frozen=True)
+class Listeners(Fact):
+    """Which of these TCP ports something listens on (any address), from /proc/net/tcp{,6}."""
+
+    ports: tuple[int, ...]
+
+    def command(self, sh: ShellCtx) -> str:
+        return "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4==\"0A\" {split($2,a,\":\"); print a[2]}' | sort -u"
+
+    def parse(self, out: str, err: str, rc: int) -> list[int]:
+        found = {int(x, 16) for x in out.split() if re.fullmatch(r"[0-9A-Fa-f]{4}", x)}
+        return sorted(p for p in self.ports if p in found)
+
+
+@dataclass(frozen=True)
+class ServerState(Fact):
+    """vLLM on this host answering at BASE: /health, /v1/models and (metrics=True) /metrics."""
+
+    base: str
+    keyfile: str | None = None
+    with_metrics: bool = False
+
+    def command(self, sh: ShellCtx) -> str:
+        kf = self.keyfile
+        if kf and (kf == "~" or kf.startswith("~/")) and sh.home:
+            kf = sh.home.rstrip("/") + kf[1:]
+        return probe.script("state", self.base, kf, {"metrics": self.with_metrics})
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        try:
+            return probe.parse(out)
+        except ValueError:
+            raise FactError(f"probe of {self.base} failed: {(err.strip() or out.strip())[:200]}") from None
+
+
+_RAY_NODES = re.compile(r"^\s*1\s+(node_[0-9a-f]+)\s*$", re.M)
+_RAY_GPU = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+GPU\b", re.M)
+
+
+def parse_ray_status(text: str) -> dict[str, Any]:
+    """`ray status` (see gb10-outputs.md): active nodes and GPUs used/total."""
+    active = text.split("Active:", 1)[1] if "Active:" in text else ""
+    active = re.split(r"^\s*(Pending|Recent failures):", active, maxsplit=1, flags=re.M)[0]
+    nodes = _RAY_NODES.findall(active)
+    m = _RAY_GPU.search(text)
+    return {"ok": "Active:" in text, "nodes": len(nodes), "node_ids": nodes,
+            "gpus_used": float(m.group(1)) if m else 0.0, "gpus": float(m.group(2)) if m else 0.0}
+
+
+@dataclass(frozen=True)
+class RayStatus(Fact):
+    """`ray status` inside the head container (None when the container is not running)."""
+
+    container: str
+
+    def command(self, sh: ShellCtx) -> str:
+        return (f"s=$({cmd('docker', 'inspect', '--format', '{{.State.Status}}', self.container)} 2>/dev/null) || s=absent\n"
+                "echo \"@state=$s\"\n"
+                f"[ \"$s\" = running ] && {cmd('docker', 'exec', self.container, 'ray', 'status')} 2>&1 | head -n 60; true")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        head, _, body = out.partition("\n")
+        state = head.strip().removeprefix("@state=")
+        res = parse_ray_status(body) if state == "running" else {"ok": False, "nodes": 0, "node_ids": [], "gpus": 0.0, "gpus_used": 0.0}
+        res["container_state"] = state
+        if state == "running" and not res["ok"]:
+            res["error"] = body.strip().splitlines()[-1] if body.strip() else "ray status printed nothing"
+        return res

@@ -1,0 +1,174 @@
+"""The serve playbook: which model runs where, with which overrides (the catalog supplies the recipe).
+
+    recipes: [my-recipes.yaml]          # optional user recipe files (paths relative to the playbook)
+    deployments:
+      - name: coder                     # container names sparkprov-coder[-head|-worker], label value
+        model: qwen3-coder-next         # catalog alias
+        hosts: sparks                   # inventory pattern (names, groups, globs, !exclusions)
+        tp: 2                           # 1 (default): one independent server per host;
+                                        # N > 1: one Ray cluster of exactly N hosts, head = first
+        overrides: {--max-model-len: 32768, --enable-chunked-prefill: null}   # null removes a flag
+        port: 8000                      # default: the host's serve_port var, else 8000
+        ray_port: 6379                  # Ray GCS port on the head (TP > 1)
+
+Errors are one line with the file position (FILE:LINE:COL: message (fix: ...)).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sparkprov.data.inventory import Inventory
+from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.errors import InputError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploymentEntry(_Strict):
+    name: str
+    model: str
+    hosts: str | list[str]
+    tp: int = Field(default=1, ge=1, le=64)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a deployment name (lowercase letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for k, val in v.items():
+            if not isinstance(k, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", k):
+                raise ValueError(f"override {k!r} is not a long vLLM option (like --max-model-len)")
+            if k in ("--api-key",):
+                raise ValueError("--api-key in argv shows in `docker inspect` and `ps`: sparkprov passes the "
+                                 "host's 0600 key file instead (G31)")
+            if k in ("--tensor-parallel-size", "--host", "--port"):
+                raise ValueError(f"{k} comes from the deployment (tp, port) and the host's serve_bind")
+            if not (val is None or isinstance(val, (str, int, float, bool, dict, list))):
+                raise ValueError(f"override {k}: unsupported value {val!r}")
+        return v
+
+
+class ServePlaybookFile(_Strict):
+    recipes: list[str] = Field(default_factory=list)
+    deployments: list[DeploymentEntry]
+
+
+@dataclass
+class Deployment:
+    name: str
+    model: str
+    hosts: list[str]          # resolved, in order (head first for TP > 1)
+    tp: int
+    overrides: dict[str, Any]
+    port: int | None
+    ray_port: int
+    where: tuple[str, int | None, int | None] = (None, None, None)  # file, line, column
+
+    @property
+    def cluster(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+    def error(self, message: str, fix: str | None = None) -> InputError:
+        file, line, col = self.where
+        return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
+
+
+@dataclass
+class ServePlaybook:
+    path: str
+    recipe_files: list[str]
+    deployments: list[Deployment] = field(default_factory=list)
+
+
+def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook:
+    data, pos = load_yaml(path)
+    file = str(path)
+    if not isinstance(data, dict):
+        raise InputError("a serve playbook is a mapping with deployments:", file=file,
+                         fix="see playbooks/cluster.yaml in the sparkprov repository")
+    model: ServePlaybookFile = parse_model(ServePlaybookFile, data, pos)
+    base = Path(file).resolve().parent
+    recipes = [str(p if Path(p).is_absolute() else base / p) for p in model.recipes]
+    for i, r in enumerate(recipes):
+        if not Path(r).exists():
+            raise pos.error(("recipes", i), f"recipe file {model.recipes[i]} not found", fix="check the path")
+    seen: dict[str, int] = {}
+    out = ServePlaybook(file, recipes)
+    for i, d in enumerate(model.deployments):
+        where = ("deployments", i)
+        if d.name in seen:
+            raise pos.error(where + ("name",), f"deployment {d.name!r} is defined twice", fix="give it another name")
+        seen[d.name] = i
+        line, col = pos.at(where + ("hosts",))
+        hosts = inventory.resolve(d.hosts, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
+        if not hosts:
+            raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {d.hosts!r} match no host",
+                            fix="name hosts or groups of the inventory")
+        if d.tp > 1 and len(hosts) != d.tp:
+            raise pos.error(where + ("tp",), f"deployment {d.name!r}: tp {d.tp} needs exactly {d.tp} hosts "
+                            f"(one GPU per Spark, G35), hosts gives {len(hosts)}: {', '.join(hosts)}",
+                            fix=f"list {d.tp} hosts (the first is the Ray head) or set tp: {len(hosts)}")
+        wl, wc = pos.at(where)
+        out.deployments.append(Deployment(d.name, d.model, hosts, d.tp, dict(d.overrides), d.port, d.ray_port,
+                                          (file, wl, wc)))
+    # one host, one port: two deployments on a host must not share a port
+    by_host: dict[tuple[str, int | None], str] = {}
+    for d in out.deployments:
+        for h in d.hosts:
+            key = (h, d.port)
+            if key in by_host:
+                raise d.error(f"shares host {h} and port {d.port or 'default'} with deployment {by_host[key]!r}",
+                              fix="give one of them another port: (or put it on another host)")
+            by_host[key] = d.name
+    return out
+
+
+def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names: list[str] | None) -> list[Deployment]:
+    """The deployments a command acts on: --tp (deployments of that size), --deployments (names),
+    --hosts (single-node deployments narrowed to them; a cluster must be selected whole)."""
+    out = []
+    known = {d.name for d in pb.deployments}
+    for n in names or []:
+        if n not in known:
+            raise InputError(f"no deployment {n!r} in {pb.path}", fix=f"deployments: {', '.join(sorted(known))}")
+    for d in pb.deployments:
+        if names and d.name not in names:
+            continue
+        if tp is not None and d.tp != tp:
+            continue
+        if hosts is not None:
+            inside = [h for h in d.hosts if h in hosts]
+            if not inside:
+                continue
+            if d.cluster and len(inside) != len(d.hosts):
+                raise d.error(f"is a TP={d.tp} cluster on {', '.join(d.hosts)}; --hosts selects only "
+                              f"{', '.join(inside)}", fix="select every host of the cluster, or none")
+            d = Deployment(d.name, d.model, inside, d.tp, d.overrides, d.port, d.ray_port, d.where)
+        out.append(d)
+    if not out:
+        what = [f"tp {tp}" if tp is not None else None, f"hosts {','.join(hosts)}" if hosts else None]
+        raise InputError(f"{pb.path}: no deployment matches " + (" and ".join(w for w in what if w) or "the selection"),
+                         fix="check --tp / --hosts / --deployments against the playbook")
+    return out

@@ -1,0 +1,165 @@
+"""The containers a deployment wants on each host: the exact `docker run` argv, labels and hashes.
+
+Single node (tp 1): the catalog's rendered launch, verbatim (what `invoke recipe` prints), with
+sparkprov's deployment labels added.
+
+Ray cluster (tp N > 1), built from the same rendered launches (one per node: each node's own
+VLLM_HOST_IP and NCCL/Gloo/UCX bindings from its FabricInfo):
+
+* `sparkprov-NAME-head` on the first host: `ray start --head` on the node's fabric address, then
+  (inside the container, polling `ray status`) it waits until the cluster has N GPUs, reads the
+  API key file into VLLM_API_KEY and execs `vllm serve ... --tensor-parallel-size N
+  --distributed-executor-backend ray`. sparkprov watches the same `ray status` from outside, with
+  progress and a timeout, and fails the bring-up naming the node that did not join.
+* `sparkprov-NAME-worker` on every other host: `ray start --address HEAD:PORT --block`.
+
+All have host networking, `--init` (Ray leaves daemons behind the main process), the restart
+policy of the recipe (a reboot brings the whole cluster back: workers retry until the head is up,
+the head waits for them), and the store and compile cache mounts. The wrapper texts are constants;
+the model and flags follow them as separate argv words ("$@"), as in the catalog's wrapper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from sparkprov.catalog.render import KEY_PATH, Launch, image_entrypoint
+
+ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
+
+# Images without Ray (NGC's vLLM images, 001 §6: "Ships no Ray (cluster scripts pip install it)").
+_RAY_PRESENT = ('command -v ray >/dev/null 2>&1 || { echo "sparkprov: no ray in this image: pip install ray '
+                '(001 §6: the NGC image ships no Ray)" >&2; python3 -m pip install --quiet "ray[default]"; }')
+
+HEAD_SCRIPT = "; ".join([
+    "set -eu",
+    "@PRE_SERVE@",
+    _RAY_PRESENT,
+    'ray start --head --node-ip-address="$VLLM_HOST_IP" --port="$SPARKPROV_RAY_PORT" --num-gpus=1 '
+    '--disable-usage-stats',
+    'echo "sparkprov: waiting for $SPARKPROV_RAY_GPUS GPUs in the Ray cluster" >&2',
+    'while :; do g=$(ray status 2>/dev/null | awk \'$2=="GPU" {split($1,a,"/"); print int(a[2]); exit}\'); '
+    '[ "${g:-0}" -ge "$SPARKPROV_RAY_GPUS" ] && break; sleep 2; done',
+    'echo "sparkprov: Ray has $g GPUs: starting vllm serve" >&2',
+    "@KEY@",
+    'exec "$@"',
+])
+KEY_LINES = "; ".join([
+    f"k=$(cat {KEY_PATH})",
+    '[ -n "$k" ] || { echo "sparkprov: the API key file is empty" >&2; exit 78; }',
+    "VLLM_API_KEY=$k", "export VLLM_API_KEY", "unset k",
+])
+WORKER_SCRIPT = "; ".join([
+    "set -eu",
+    _RAY_PRESENT,
+    'exec ray start --address="$SPARKPROV_RAY_HEAD" --node-ip-address="$VLLM_HOST_IP" --num-gpus=1 '
+    '--disable-usage-stats --block',
+])
+
+
+@dataclass
+class ContainerSpec:
+    deployment: str
+    host: str
+    name: str
+    role: str
+    argv: list[str]
+    hash: str
+    image: str
+    launch: Launch
+    port: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def serves(self) -> bool:
+        return self.role in (ROLE_SERVER, ROLE_HEAD)
+
+
+def _hash(argv: list[str]) -> str:
+    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+
+
+def _labels(deployment: str, role: str, launch: Launch, digest: str, port: int | None, key: str | None) -> dict[str, str]:
+    out = {"sparkprov.managed": "1", "sparkprov.deployment": deployment, "sparkprov.role": role,
+           "sparkprov.recipe": launch.alias, "sparkprov.recipe_hash": digest, "sparkprov.tp": str(launch.tp)}
+    if port is not None:
+        out["sparkprov.port"] = str(port)
+        out["sparkprov.model"] = launch.served_model_name
+    if key:
+        out["sparkprov.api_key_file"] = key
+    return out
+
+
+def _label_argv(labels: dict[str, str]) -> list[str]:
+    return [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
+
+
+def single(deployment: str, host: str, launch: Launch) -> ContainerSpec:
+    """The catalog's launch as is, plus the deployment's labels (the recipe hash stays render's)."""
+    argv = list(launch.argv)
+    body = [w for w in argv]
+    # render's labels are in argv; ours replace them (same managed/recipe/recipe_hash values)
+    stripped: list[str] = []
+    i = 0
+    while i < len(body):
+        if body[i] == "--label" and i + 1 < len(body) and body[i + 1].startswith("sparkprov."):
+            i += 2
+            continue
+        stripped.append(body[i])
+        i += 1
+    labels = _labels(deployment, ROLE_SERVER, launch, launch.recipe_hash, launch.ctx.port, launch.ctx.api_key_file)
+    final = stripped[:3] + _label_argv(labels) + stripped[3:]
+    return ContainerSpec(deployment, host, launch.container_name, ROLE_SERVER, final, launch.recipe_hash,
+                         launch.image, launch, launch.ctx.port, labels)
+
+
+def _ray_container(deployment: str, host: str, name: str, role: str, launch: Launch, env_extra: dict[str, str],
+                   script: str, args: list[str]) -> ContainerSpec:
+    d = launch.recipe.docker
+    opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all", f"--ipc={d.ipc}",
+            "--network", "host", "--init"]
+    if d.shm_size:
+        opts += ["--shm-size", d.shm_size]
+    for u in d.ulimits:
+        opts += ["--ulimit", u]
+    body: list[str] = []
+    for e in launch.env:
+        body += ["-e", f"{e.name}={e.value}"]
+    for k, v in env_extra.items():
+        body += ["-e", f"{k}={v}"]
+    for m in launch.mounts:
+        if role == ROLE_WORKER and m.container == KEY_PATH:
+            continue  # the API server runs on the head only: the key stays there
+        body += ["-v", m.spec()]
+    kind = image_entrypoint(launch.recipe.image, launch.image_info)
+    dollar0 = "sparkprov-" + role
+    if kind == "passthrough" and launch.command == "full":
+        tail = [launch.image, "sh", "-c", script, dollar0, *args]  # keep NGC's entrypoint (G5)
+    else:
+        tail = ["--entrypoint", "sh", launch.image, "-c", script, dollar0, *args]
+    digest = _hash(opts + body + tail)
+    port = launch.ctx.port if role == ROLE_HEAD else None
+    key = launch.ctx.api_key_file if role == ROLE_HEAD else None
+    labels = _labels(deployment, role, launch, digest, port, key)
+    return ContainerSpec(deployment, host, name, role, opts + _label_argv(labels) + body + tail, digest,
+                         launch.image, launch, port, labels)
+
+
+def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) -> list[ContainerSpec]:
+    """Head on the first (host, launch), workers on the others."""
+    head_host, head = launches[0]
+    head_ip = head.env_value("VLLM_HOST_IP")
+    n = len(launches)
+    pre = "; ".join(shlex.join(c) for c in head.recipe.pre_serve) or ":"
+    key = KEY_LINES if head.ctx.api_key_file else ":"
+    head_script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
+    specs = [_ray_container(deployment, head_host, f"sparkprov-{deployment}-head", ROLE_HEAD, head,
+                            {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(n)},
+                            head_script, ["vllm", "serve", *head.vllm_argv])]
+    for host, launch in launches[1:]:
+        specs.append(_ray_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
+                                    {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}"}, WORKER_SCRIPT, []))
+    return specs

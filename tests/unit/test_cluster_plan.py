@@ -1,0 +1,232 @@
+"""cluster-up's pure parts: the serve playbook, container specs, staged-weights check, parsers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkprov.catalog.load import load_catalog
+from sparkprov.catalog.render import KEY_PATH, HostServeContext, render_launch
+from sparkprov.cluster import probe, spec
+from sparkprov.cluster.allreduce_bench import busbw, parse_size, sizes
+from sparkprov.cluster.bringup import staged_problem
+from sparkprov.cluster.facts import parse_containers, parse_ray_status
+from sparkprov.cluster.playbook import load_serve_playbook, select
+from sparkprov.data.inventory import load_inventory
+from sparkprov.errors import InputError
+from sparkprov.staging.plan import Entry, Record, StoreFacts
+
+REPO = Path(__file__).resolve().parents[2]
+INV = """
+hosts:
+  spark1: {address: 10.77.0.11}
+  spark2: {address: 10.77.0.12}
+groups:
+  sparks: [spark1, spark2]
+"""
+
+
+@pytest.fixture
+def inv(tmp_path):
+    p = tmp_path / "inventory.yaml"
+    p.write_text(INV)
+    return load_inventory(p)
+
+
+def book(tmp_path, text):
+    p = tmp_path / "serve.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_playbooks_load(inv):
+    c = load_serve_playbook(REPO / "playbooks" / "cluster.yaml", inv)
+    assert [(d.name, d.tp, d.hosts) for d in c.deployments] == [("llama70b", 2, ["spark1", "spark2"])]
+    s = load_serve_playbook(REPO / "playbooks" / "serve.yaml", inv)
+    assert {d.hosts[0] for d in s.deployments} == {"spark1", "spark2"} and all(d.tp == 1 for d in s.deployments)
+    cat = load_catalog()
+    for d in c.deployments + s.deployments:
+        assert d.tp in cat.get(d.model).tp_sizes
+
+
+@pytest.mark.parametrize("text,where,msg", [
+    ("deployments:\n  - name: a\n    model: x\n    hosts: spark9\n", ":4:12:", "unknown host or group 'spark9'"),
+    ("deployments:\n  - name: a\n    model: x\n    hosts: sparks\n    tp: 3\n", ":5:9:", "tp 3 needs exactly 3 hosts"),
+    ("deployments:\n  - name: a\n    model: x\n    hosts: spark1\n    overrides: {--api-key: k}\n", ":5:", "--api-key in argv"),
+    ("deployments:\n  - name: a\n    model: x\n    hosts: spark1\n    colour: red\n", ":5:5:", "unknown key 'colour'"),
+    ("deployments:\n  - {name: a, model: x, hosts: spark1}\n  - {name: b, model: y, hosts: spark1}\n", ":3:", "shares host spark1"),
+])
+def test_playbook_errors_are_positioned(tmp_path, inv, text, where, msg):
+    with pytest.raises(InputError) as e:
+        load_serve_playbook(book(tmp_path, text), inv)
+    line = e.value.line()
+    assert where in line and msg in line, line
+
+
+def test_select_by_tp_and_hosts(tmp_path, inv):
+    pb = load_serve_playbook(book(tmp_path, "deployments:\n  - {name: a, model: x, hosts: sparks}\n"
+                                            "  - {name: b, model: y, hosts: sparks, tp: 2, port: 8001}\n"), inv)
+    assert [d.name for d in select(pb, tp=2, hosts=None, names=None)] == ["b"]
+    assert [d.hosts for d in select(pb, tp=1, hosts=["spark2"], names=None)] == [["spark2"]]
+    with pytest.raises(InputError, match="TP=2 cluster"):
+        select(pb, tp=2, hosts=["spark2"], names=None)
+    with pytest.raises(InputError, match="no deployment matches tp 4"):
+        select(pb, tp=4, hosts=None, names=None)
+
+
+def ctx(host, ip, **kw):
+    return HostServeContext(host=host, host_known=True, model_store="/home/nvidia/vllm",
+                            compile_cache="/home/nvidia/vllm-compile-cache",
+                            api_key_file="/home/nvidia/.config/sparkprov/api_key", fabric_ifaces=["enp1s0f1np1"],
+                            ib_hcas=["rocep1s0f1", "roceP2p1s0f1"], node_ip=ip, cluster_size=2, **kw)
+
+
+def cluster_specs(overrides=None, ip2="192.168.100.12"):
+    cat = load_catalog()
+    r = cat.get("llama-3.3-70b")
+    launches = [(h, render_launch(r, ctx(h, ip, container_name=n), 2, overrides, catalog=cat))
+                for h, ip, n in (("spark1", "192.168.100.11", "sparkprov-l-head"),
+                                 ("spark2", ip2, "sparkprov-l-worker"))]
+    return spec.cluster("l", launches, 6379)
+
+
+def test_cluster_specs_head_and_worker():
+    head, worker = cluster_specs()
+    assert (head.name, head.role, worker.role) == ("sparkprov-l-head", "ray-head", "ray-worker")
+    for s in (head, worker):
+        a = s.argv
+        assert a[:3] == ["docker", "run", "-d"] and "--init" in a and a[a.index("--network") + 1] == "host"
+        assert f"sparkprov.recipe_hash={s.hash}" in a and "sparkprov.managed=1" in a
+        assert "sparkprov.deployment=l" in a and f"sparkprov.role={s.role}" in a
+        env = [a[i + 1] for i, w in enumerate(a) if w == "-e"]
+        assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
+        assert "UCX_NET_DEVICES=enp1s0f1np1" in env and "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env
+        assert "HF_HUB_OFFLINE=1" in env and "HF_HOME=/home/nvidia/vllm" in env
+        assert not any(e.startswith(("VLLM_API_KEY", "HF_TOKEN")) for e in env)  # never in the container config
+        assert "--api-key" not in a
+    env_h = [head.argv[i + 1] for i, w in enumerate(head.argv) if w == "-e"]
+    env_w = [worker.argv[i + 1] for i, w in enumerate(worker.argv) if w == "-e"]
+    assert "VLLM_HOST_IP=192.168.100.11" in env_h and "SPARKPROV_RAY_GPUS=2" in env_h
+    assert "VLLM_HOST_IP=192.168.100.12" in env_w and "SPARKPROV_RAY_HEAD=192.168.100.11:6379" in env_w
+    assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in head.argv
+    assert not any(KEY_PATH in w for w in worker.argv if w.startswith("/"))
+    # NGC image: its own entrypoint stays (G5), the wrapper is the command
+    i = head.argv.index(head.image)
+    assert "--entrypoint" not in head.argv and head.argv[i + 1:i + 3] == ["sh", "-c"]
+    tail = head.argv[i + 4:]
+    assert tail[:3] == ["sparkprov-ray-head", "vllm", "serve"]
+    assert tail[tail.index("--tensor-parallel-size") + 1] == "2"
+    assert tail[tail.index("--distributed-executor-backend") + 1] == "ray"
+
+
+def test_hashes_are_stable_and_follow_the_recipe():
+    a, b = cluster_specs(), cluster_specs()
+    assert [s.hash for s in a] == [s.hash for s in b]
+    c = cluster_specs({"--max-model-len": 16384})
+    assert a[0].hash != c[0].hash
+    d = cluster_specs(ip2="192.168.100.99")  # a worker's fabric address is part of its container
+    assert a[0].hash == d[0].hash and a[1].hash != d[1].hash
+
+
+def test_wrapper_scripts_are_valid_sh():
+    for head in cluster_specs():
+        i = head.argv.index("-c")
+        assert subprocess.run(["sh", "-n", "-c", head.argv[i + 1]]).returncode == 0
+
+
+def test_single_spec_is_the_catalog_launch_plus_labels():
+    cat = load_catalog()
+    launch = render_launch(cat.get("qwen3-coder-next"), HostServeContext(
+        host="spark2", host_known=True, container_name="sparkprov-coder", model_store="/home/n/vllm",
+        compile_cache="/home/n/cc", api_key_file="/home/n/.config/sparkprov/api_key"), 1, catalog=cat)
+    s = spec.single("coder", "spark2", launch)
+    no_labels = [w for i, w in enumerate(s.argv) if w != "--label" and (i == 0 or s.argv[i - 1] != "--label")]
+    want = [w for i, w in enumerate(launch.argv) if w != "--label" and (i == 0 or launch.argv[i - 1] != "--label")]
+    assert no_labels == want and s.hash == launch.recipe_hash
+    assert "sparkprov.port=8000" in s.argv and "sparkprov.model=qwen3-coder-next" in s.argv
+
+
+def store(entries, verified, refs):
+    f = StoreFacts(store="/s")
+    f.entries = {p: Entry(*e) for p, e in entries.items()}
+    f.verified = {p: Record(*r) for p, r in verified.items()}
+    f.refs = refs
+    return f
+
+
+def test_staged_problem():
+    base = "hub/models--o--m"
+    c = "a" * 40
+    entries = {f"{base}/snapshots/{c}/config.json": ("l", 10, 1, "../../blobs/b1"),
+               f"{base}/snapshots/{c}/model.safetensors": ("l", 10, 1, "../../blobs/b2"),
+               f"{base}/blobs/b1": ("f", 5, 100, ""), f"{base}/blobs/b2": ("f", 9, 200, "")}
+    ok = store(entries, {f"{base}/blobs/b1": (5, 100, "git:x"), f"{base}/blobs/b2": (9, 200, "sha256:y")},
+               {f"{base}/refs/main": c})
+    assert staged_problem(ok, "o/m", "main") is None
+    assert "not in the store" in staged_problem(store({}, {}, {}), "o/m", "main")
+    touched = store(entries, {f"{base}/blobs/b1": (5, 100, "git:x"), f"{base}/blobs/b2": (9, 199, "sha256:y")},
+                    {f"{base}/refs/main": c})
+    assert "model.safetensors is not verified" in staged_problem(touched, "o/m", "main")
+    gone = dict(entries)
+    del gone[f"{base}/blobs/b2"]
+    assert "missing blob" in staged_problem(store(gone, {f"{base}/blobs/b1": (5, 100, "git:x")},
+                                                  {f"{base}/refs/main": c}), "o/m", "main")
+
+
+def test_ray_status_parse():
+    text = """======== Autoscaler status: 2026-01-01 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_83e4b7723832f251eff177c9faf45a5305de7b1755a7f91ce1f3c911
+ 1 node_4dcd7509dc73bd2e758e4048d40233b19eb019dfb54c66095a01e30f
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/40.0 CPU
+ 0.0/2.0 GPU
+ 0B/221.76GiB memory
+ 0B/19.46GiB object_store_memory
+"""
+    r = parse_ray_status(text)
+    assert (r["nodes"], r["gpus"], r["gpus_used"], r["ok"]) == (2, 2.0, 0.0, True)
+    assert parse_ray_status("ConnectionError: could not find any running Ray instance")["ok"] is False
+
+
+def test_containers_parse():
+    labels = json.dumps({"sparkprov.managed": "1", "sparkprov.deployment": "x"})
+    out = f"/sparkprov-x\tabc\tsha256:1\timg:tag\trunning\t0\t2\t2026-01-01T00:00:00Z\t{labels}\n"
+    c = parse_containers(out)["containers"][0]
+    assert (c["name"], c["status"], c["restarts"], c["labels"]["sparkprov.deployment"]) == ("sparkprov-x", "running", 2, "x")
+    assert parse_containers("@noaccess permission denied")["access"] is False
+
+
+def test_metrics_parse():
+    text = ('vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0\n'
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 24.0\n'
+            '# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 1.0\n')
+    m = probe.metrics(text)
+    assert m["kv_cache_usage"] == 0.25 and m["spec_acceptance"] == 0.8 and m["running"] == 1.0
+    assert abs(m["spec_mean_accepted_length"] - 3.4) < 1e-9
+
+
+def test_probe_program_compiles():
+    compile(probe.PROGRAM, "probe", "exec")
+    s = probe.script("state", "http://127.0.0.1:8000", "/k", {"metrics": True})
+    assert s.startswith("python3 - state") and s.rstrip().endswith("SPARKPROV_PROBE")
+
+
+def test_bench_math():
+    assert busbw(10.0, 2) == 10.0 and busbw(10.0, 4) == 15.0 and busbw(10.0, 8) == 17.5
+    assert parse_size("2G") == 2 << 30 and parse_size("1M") == 1 << 20 and parse_size("256k") == 256 << 10
+    assert sizes(1 << 20, 1 << 24, 4) == [1 << 20, 1 << 22, 1 << 24]
