@@ -355,18 +355,28 @@ class Runner:
         return plan
 
 
-def settle_become(hr: HostRun, how: str | None, password: str | None, passwords: BecomePassword) -> None:
-    """Set how the host's transport becomes root from what the gather script's probe found
-    (`how`), prompting once for a password where sudo needs one. Raises with the host and the fix."""
-    t = hr.transport
-    name = hr.host.name
+def become_from_probe(t: Transport, how: str | None, password: str | None) -> bool:
+    """Set the transport's become method from the gather probe's answer (`how`) where that
+    answer settles it; False when it does not (a password is missing or wrong, no sudo)."""
     if how == "root":
         t.become_method = BecomeMethod.NONE
     elif how == "nopasswd":
         t.become_method = BecomeMethod.PASSWORDLESS
     elif how == "password-ok":
         t.become_method, t.become_password = BecomeMethod.PASSWORD, password
-    elif how == "password-bad":
+    else:
+        return False
+    return True
+
+
+def settle_become(hr: HostRun, how: str | None, password: str | None, passwords: BecomePassword) -> None:
+    """Set how the host's transport becomes root from what the gather script's probe found
+    (`how`), prompting once for a password where sudo needs one. Raises with the host and the fix."""
+    t = hr.transport
+    name = hr.host.name
+    if become_from_probe(t, how, password):
+        return
+    if how == "password-bad":
         raise SparkprovError(f"{name}: sudo rejected the password for {hr.info.get('user')}",
                              fix="check become_password_env / become_password_file in the inventory")
     elif how == "nosudo":
