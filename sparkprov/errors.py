@@ -39,7 +39,13 @@ class InputError(SparkprovError):
                 if self.column:
                     where += f":{self.column}"
             where += ": "
-        return where + super().line()
+        return one_line(where + super().line())
+
+
+def one_line(text: str) -> str:
+    """Text with every non-printable character escaped (newlines, carriage returns, terminal
+    escapes, Unicode line separators), so a message built from user values stays one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class HostKeyError(SparkprovError):

@@ -46,6 +46,21 @@ class Connection(_Strict):
         return v
 
 
+    @field_validator("ssh_key", "known_hosts", "become_password_file")
+    @classmethod
+    def _path(cls, v):
+        if v is not None and ("\0" in v or "\n" in v or not v.strip()):
+            raise ValueError(f"{v!r} is not a usable file path")
+        return v
+
+    @field_validator("become_password_env")
+    @classmethod
+    def _env(cls, v):
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"{v!r} is not an environment variable name")
+        return v
+
+
 class HostEntry(Connection):
     address: str | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
@@ -162,7 +177,7 @@ def load_inventory(path: str | Path) -> Inventory:
     hosts: dict[str, Host] = {}
     for name, entry in model.hosts.items():
         name = str(name)
-        if not NAME_RE.match(name) or name == "all":
+        if not NAME_RE.fullmatch(name) or name == "all":
             raise pos.error(("hosts", name), f"invalid host name {name!r}", key=True,
                             fix="use letters, digits, '.', '_' and '-'")
         entry = entry or HostEntry()
@@ -193,7 +208,7 @@ def load_inventory(path: str | Path) -> Inventory:
 def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions, file: str) -> dict[str, list[str]]:
     raw = {str(g): (e.hosts if isinstance(e, GroupEntry) else e) for g, e in model.groups.items()}
     for g in raw:
-        if not NAME_RE.match(g) or g in RESERVED:
+        if not NAME_RE.fullmatch(g) or g in RESERVED:
             raise pos.error(("groups", g), f"invalid group name {g!r}", key=True,
                             fix="pick another name (all and localhost are reserved)")
         if g in hosts:

@@ -61,13 +61,47 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+# Aliases let a few lines expand into billions of values ("billion laughs"); no inventory or
+# playbook comes near these.
+MAX_VALUES = 1_000_000
+MAX_DEPTH = 100
+_PLAIN_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
+
+
 class _Builder:
     def __init__(self, file: str):
         self.pos = Positions(file)
         self.constructor = yaml.SafeLoader("")  # only used to resolve scalar values
+        self.count = 0
+        self.open: set[int] = set()  # collections being built: an alias to one of them is a cycle
 
     def build(self, node: yaml.Node, path: tuple) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            line, col = _mark(node)
+            raise InputError(f"the document expands to more than {MAX_VALUES} values (YAML aliases)",
+                             file=self.pos.file, line=line, column=col, fix="write the values out instead of aliasing")
+        if id(node) in self.open:
+            line, col = _mark(node)
+            raise InputError("a YAML alias refers to a collection that contains it", file=self.pos.file,
+                             line=line, column=col, fix="remove the recursive alias")
+        if len(path) > MAX_DEPTH:
+            line, col = _mark(node)
+            raise InputError(f"nested more than {MAX_DEPTH} levels deep", file=self.pos.file,
+                             line=line, column=col, fix="flatten the structure")
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            self.open.add(id(node))
+            try:
+                return self._build(node, path)
+            finally:
+                self.open.discard(id(node))
+        return self._build(node, path)
+
+    def _build(self, node: yaml.Node, path: tuple) -> Any:
         self.pos.marks[path] = _mark(node)
+        if isinstance(node, yaml.CollectionNode) and node.tag not in _PLAIN_TAGS:
+            # (a scalar with a tag the SafeLoader does not know is refused when it is constructed)
+            raise self.pos.error(path, f"unsupported YAML tag {node.tag!r}", fix="remove the tag")
         if isinstance(node, yaml.MappingNode):
             out: dict = {}
             self.constructor.flatten_mapping(node)
@@ -96,10 +130,24 @@ def load_yaml(path: str | Path, *, text: str | None = None) -> tuple[Any, Positi
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise InputError("file not found", file=file, fix="check the path") from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            raw = exc.object
+            line = raw.count(b"\n", 0, exc.start) + 1
+            column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+            raise InputError(f"not UTF-8: byte 0x{raw[exc.start]:02x} ({exc.reason})", file=file, line=line,
+                             column=column, fix="save the file as UTF-8") from None
+        except OSError as exc:
             raise InputError(f"cannot read: {exc}", file=file) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        raise _too_deep(text, file) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (control characters)
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        what = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise InputError(f"invalid YAML: unacceptable character #x{what:04x}: {exc.reason}", file=file,
+                         line=line, column=column, fix="remove it or write it as an escape in a double-quoted string") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
@@ -120,6 +168,24 @@ def load_yaml(path: str | Path, *, text: str | None = None) -> tuple[Any, Positi
                          line=mark.line + 1 if mark else None,
                          column=mark.column + 1 if mark else None) from None
     return data, builder.pos
+
+
+def _too_deep(text: str, file: str) -> InputError:
+    """Where nesting first goes past MAX_DEPTH (the event parser does not recurse)."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    m = event.start_mark
+                    return InputError(f"nested more than {MAX_DEPTH} levels deep", file=file, line=m.line + 1,
+                                      column=m.column + 1, fix="flatten the structure")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        pass
+    return InputError(f"nested more than {MAX_DEPTH} levels deep", file=file, fix="flatten the structure")
 
 
 def _describe(err: dict, model: type[BaseModel] | None) -> tuple[str, str | None]:

@@ -83,6 +83,8 @@ def check_condition(expr: str) -> None:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as exc:
         raise ExprError(f"cannot parse condition {expr!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"condition nested too deeply ({len(expr)} characters)") from None
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not,
                                  ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Attribute, ast.Subscript,
@@ -94,7 +96,12 @@ def evaluate(expr: str | bool, variables: dict[str, Any]) -> bool:
     if isinstance(expr, bool):
         return expr
     check_condition(expr)
-    return bool(_eval(ast.parse(expr, mode="eval").body, variables))
+    try:
+        return bool(_eval(ast.parse(expr, mode="eval").body, variables))
+    except TypeError as exc:  # e.g. `arch < 5`, `x in 5`: values of kinds that do not compare
+        raise ExprError(f"cannot evaluate condition {expr!r}: {exc}") from None
+    except RecursionError:
+        raise ExprError(f"condition nested too deeply ({len(expr)} characters)") from None
 
 
 def _eval(node: ast.AST, v: dict[str, Any]) -> Any:

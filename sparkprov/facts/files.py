@@ -24,7 +24,8 @@ class PathState(Fact):
         return (f"p={p}\n"
                 'if [ -e "$p" ] || [ -L "$p" ]; then\n'
                 '  stat -c "%F|%a|%U|%G|%s" -- "$p" || exit 1\n'
-                '  if [ -f "$p" ]; then sha256sum -- "$p" | cut -d" " -f1; else echo -; fi\n'
+                # on stdin: with a file name, sha256sum escapes a name holding `\` by prefixing its line with `\`
+                '  if [ -f "$p" ]; then sha256sum < "$p" | cut -d" " -f1; else echo -; fi\n'
                 f"  {content}\n"
                 "else echo absent; fi")
 

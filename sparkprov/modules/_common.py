@@ -34,7 +34,7 @@ class OwnedPathArgs(ModuleArgs):
     @field_validator("owner", "group")
     @classmethod
     def _owner(cls, v):
-        if v is not None and not _OWNER_RE.match(v):
+        if v is not None and not _OWNER_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a user or group name")
         return v
 

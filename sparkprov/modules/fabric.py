@@ -74,7 +74,10 @@ def choose_subnets(n: int, configured: list[str] | None, routes: list[dict], rai
         return next(((dst, dev) for dst, dev in elsewhere if dst.version == 4 and dst.overlaps(net)), None)
 
     if configured:
-        nets = [ipaddress.ip_network(s, strict=False) for s in configured]
+        try:
+            nets = [ipaddress.ip_network(str(s), strict=False) for s in configured]
+        except ValueError as exc:
+            return None, f"bad fabric subnet: {exc}"
         if len(nets) < n:
             return None, f"{n} rails but only {len(nets)} fabric subnets configured"
         nets = nets[:n]
@@ -158,7 +161,10 @@ class FabricModule(Module):
             return Plan.fail(f"{h}: {err}")
         addresses = setting(args.addresses, host, "fabric_addresses")
         if addresses:
-            want = [ipaddress.ip_interface(a) for a in addresses]
+            try:
+                want = [ipaddress.ip_interface(str(a)) for a in addresses]
+            except ValueError as exc:
+                return Plan.fail(f"{h}: bad fabric address: {exc} (write each as ADDRESS/PREFIX)")
             if len(want) < len(rails):
                 return Plan.fail(f"{h}: {len(rails)} rails but fabric_addresses has {len(want)}")
             want = want[:len(rails)]
@@ -168,6 +174,8 @@ class FabricModule(Module):
         else:
             order = cluster_order(host)
             num = setting(args.host_id, host, "fabric_host_id") or 10 + order.index(h) + 1
+            if not str(num).isdigit():
+                return Plan.fail(f"{h}: fabric_host_id {num!r} is not a whole number")
             want = []
             for n in subnets:
                 hosts_n = n.num_addresses - 2
