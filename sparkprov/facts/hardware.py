@@ -335,10 +335,15 @@ class MeshProbe(Fact):
     def command(self, sh: ShellCtx) -> str:
         lines = [ping_targets_script(self.pings, self.size)] if self.pings else []
         for addr in self.ssh_targets:
-            lines.append(f"printf '@ssh %s\\n' {quote(addr)}; o=$("
-                         + cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                               "-o", "ConnectTimeout=5", f"{self.ssh_user}@{addr}", "true")
-                         + " 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 2; echo \"@rc=$r\"")
+            login = cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                        "-o", "ConnectTimeout=5", f"{self.ssh_user}@{addr}", "true")
+            # When every node checks every peer at once, a peer's sshd sheds connections beyond
+            # its MaxStartups (10 unauthenticated by default) before the key exchange: retry
+            # those, never an authentication or host-key failure.
+            lines.append(f"printf '@ssh %s\\n' {quote(addr)}; for t in 1 2 3 4; do o=$({login} 2>&1); r=$?; "
+                         "case \"$o\" in *kex_exchange_identification*|*'Connection reset'*|*'Connection closed'*) "
+                         "[ $r -eq 255 ] && [ $t -lt 4 ] && { sleep $t; continue; } ;; esac; break; done; "
+                         "printf '%s\\n' \"$o\" | tail -n 2; echo \"@rc=$r\"")
         return "\n".join(lines) or ":"
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
