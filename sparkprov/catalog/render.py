@@ -59,6 +59,11 @@ SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
 SRC_KEY = Source(note="001", where="§14.4", quote="make a PERSISTENT API key (G31); passed as a 0600 file")
 
 
+# The API key file when the inventory sets no api_key_file: in the login user's home on the head,
+# the same for `invoke recipe --host H` and `invoke cluster-up` (sparkprov.cluster.hosts uses it).
+DEFAULT_API_KEY_FILE = "~/.config/sparkprov/api_key"
+
+
 class HostServeContext(BaseModel):
     """What a host contributes to a launch. Build it from inventory vars with `from_host_vars`."""
 
@@ -70,7 +75,7 @@ class HostServeContext(BaseModel):
     compile_cache: str = "/var/lib/sparkprov/vllm-compile-cache"
     bind_host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=1, le=65535)
-    api_key_file: str | None = "/etc/sparkprov/api_key"
+    api_key_file: str | None = DEFAULT_API_KEY_FILE  # ~/: the login user's home (from_host_vars expands it)
     container_name: str | None = None  # default: sparkprov-ALIAS
     fabric_ifaces: list[str] = Field(default_factory=list)  # e.g. enp1s0f1np1,enP2p1s0f1np1
     ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
@@ -84,7 +89,9 @@ class HostServeContext(BaseModel):
 
     @field_validator("model_store", "compile_cache", "api_key_file")
     @classmethod
-    def _abs(cls, v: str | None) -> str | None:
+    def _abs(cls, v: str | None, info) -> str | None:
+        if info.field_name == "api_key_file" and v == DEFAULT_API_KEY_FILE:
+            return v  # no host known: shown as the login user's ~ path
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path")
         return v.rstrip("/") or "/" if v else v
@@ -104,6 +111,8 @@ class HostServeContext(BaseModel):
         `hf_token_env` set means a token is available for staging gated repos). Paths written
         as ~/x are under `home`, the login user's home on that host."""
         data: dict[str, Any] = {"host": host, "host_known": True}
+        if "api_key_file" not in variables and home:
+            data["api_key_file"] = home.rstrip("/") + DEFAULT_API_KEY_FILE[1:]
         for var, fld in cls.VARS.items():
             if var in variables and variables[var] is not None:
                 value = variables[var]

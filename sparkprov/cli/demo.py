@@ -4,17 +4,15 @@
     through the cluster's endpoint (from this machine, with the API key read from its 0600 file on
     the head) -> print the endpoint
 
-The lab hub must serve the model's repo: the demo (re)starts it with its default repos plus the
-demo model's repos, generated small with the catalog's config.json values; the model is gated in
-the catalog (G26), so the lab hub gates it behind a lab token that the demo hands to stage-weights
-as HF_TOKEN. Needs root (the lab). Exit status: 0 when the chat completion answered correctly.
+The lab hub serves every catalog repo (lab.up generates them small, with the catalog's config.json
+values); the model is gated in the catalog (G26), so the lab hub gates it behind the lab token
+(0600 in the lab state dir), which the demo hands to stage-weights as HF_TOKEN. Needs root (the lab). Exit status: 0 when the chat completion answered correctly.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 import time
 import urllib.request
@@ -26,25 +24,13 @@ def _step(n: int, text: str) -> None:
     print(f"\n=== demo {n}: {text}", flush=True)
 
 
-def _hub_for(alias: str) -> str:
-    """Restart the lab hub with its default repos plus `alias`'s; return the lab token."""
-    from sparkprov.catalog.load import load_catalog
-    from sparkprov.lab.hub import RepoSpec
-    from sparkprov.lab.hub.manage import DEFAULT_REPOS, ensure_hub
+def _hub_token() -> str:
+    """The lab hub (as lab.up left it: every catalog repo; nothing restarted) and its token."""
+    from sparkprov.lab.hub import ensure_lab_hub, lab_token
     from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
 
-    token_file = STATE_DIR / "demo_hf_token"
-    if token_file.exists():
-        token = token_file.read_text().strip()
-    else:
-        token = "hf_sparkprovLabDemo" + secrets.token_hex(16)
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-    extra = [RepoSpec(info.repo, num_shards=2, total_size=8 << 20, gated=info.gated, config=info.config or {})
-             for info in load_catalog().repos() if alias in info.used_by]
-    ensure_hub(STATE_DIR, BRIDGE_IP, HUB_PORT, repos=list(DEFAULT_REPOS) + extra, token=token)
-    return token
+    ensure_lab_hub(STATE_DIR, BRIDGE_IP, HUB_PORT)
+    return lab_token(STATE_DIR)
 
 
 def main() -> int:
@@ -65,7 +51,7 @@ def main() -> int:
     inv = load_inventory(inv_path)
     book = load_serve_playbook(playbook_path(None, PLAYBOOK), inv)
     dep = next(d for d in book.deployments if d.cluster)
-    os.environ["HF_TOKEN"] = _hub_for(dep.model)
+    os.environ["HF_TOKEN"] = _hub_token()
 
     _step(2, "provision")
     code = run_playbook(playbook=str(REPO / "playbooks" / "provision.yaml"), inventory=inv_path, hosts=None)

@@ -14,11 +14,13 @@ from sparkprov.lab import up as _up
             "images": "build (cached) and push the lab images to the lab registry "
                       "(--no-images skips it)",
             "ollama": "also start the Ollama stand-in (a model loaded, ~200 MB held) "
-                      "on every host"})
-def up(c, hosts=2, images=True, ollama=False):
+                      "on every host",
+            "light": "light hosts: no dockerd (and no images pushed), for scale runs of "
+                     "many hosts; a host already running dockerd keeps it"})
+def up(c, hosts=2, images=True, ollama=False, light=False):
     """Bring the lab up (idempotent): namespaces, links, sshd, users, stand-ins, dockerd,
     registry; writes /run/sparkprov-lab/inventory.yaml."""
-    _up.up(int(hosts), images=images, ollama=ollama)
+    _up.up(int(hosts), images=images, ollama=ollama, light=light)
 
 
 @task(help={"purge": "also delete the build caches in .lab-cache/"})

@@ -51,6 +51,20 @@ def busbw(algbw: float, n: int) -> float:
     return algbw * 2 * (n - 1) / n if n > 1 else algbw
 
 
+def if_address(ifname: str | None) -> str | None:
+    """The IPv4 address of a network interface (SIOCGIFADDR), or None."""
+    if not ifname:
+        return None
+    import fcntl
+    import struct
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        return socket.inet_ntoa(raw[20:24])
+    except OSError:
+        return None
+
+
 def human(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -92,12 +106,25 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def gather_json(obj) -> list:
+        """all_gather of a JSON document per rank, with tensors only (all_gather_object needs numpy,
+        which a serving image's torch may lack)."""
+        data = json.dumps(obj).encode()
+        n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        lens = [torch.zeros_like(n) for _ in range(world)]
+        dist.all_gather(lens, n)
+        width = max(int(x) for x in lens)
+        buf = torch.zeros(width, dtype=torch.uint8, device=device)
+        buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+        bufs = [torch.zeros_like(buf) for _ in range(world)]
+        dist.all_gather(bufs, buf)
+        return [json.loads(bytes(b[:int(k)].tolist())) for b, k in zip(bufs, lens)]
+
     host = socket.gethostname()
-    where = [None] * world
-    dist.all_gather_object(where, {"rank": rank, "host": host, "device": str(device),
-                                   "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                                   "ifname": os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl"
-                                                            else "GLOO_SOCKET_IFNAME")})
+    ifname = os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME")
+    where = gather_json({"rank": rank, "host": host, "device": str(device),
+                         "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                         "ifname": ifname, "address": if_address(ifname)})
     expect = world * (world + 1) / 2
     rows = []
     for size in sizes(a.min_bytes, a.max_bytes, a.factor):

@@ -28,7 +28,7 @@ from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.cluster import probe, spec as specmod
 from sparkprov.cluster.facts import (ImageId, KeyFile, Listeners, ManagedContainers, RayStatus, ServerState,
                                      parse_containers)
-from sparkprov.cluster.hosts import (DEFAULT_PORT, Node, become_fix, close_all, connect_and_gather, regather)
+from sparkprov.cluster.hosts import (DEFAULT_KEY_FILE, DEFAULT_PORT, Node, become_fix, close_all, connect_and_gather, regather)
 from sparkprov.cluster.playbook import Deployment, ServePlaybook
 from sparkprov.cluster.progress import Poll, Progress, WaitTimeout
 from sparkprov.data.inventory import Inventory
@@ -153,7 +153,7 @@ class ClusterUp:
             port = self._port(d, node)
             ports.append(port)
             if not d.cluster or node.name == d.head:
-                key = node.vars.get("api_key_file", "~/.config/sparkprov/api_key") or None
+                key = node.vars.get("api_key_file", DEFAULT_KEY_FILE) or None
                 if key:
                     out.append(KeyFile(str(key)))
                 out.append(ServerState(self._base(node, port), str(key) if key else None))
@@ -275,7 +275,7 @@ class ClusterUp:
         return plan
 
     def _keyvar(self, node: Node) -> str | None:
-        k = node.vars.get("api_key_file", "~/.config/sparkprov/api_key")
+        k = node.vars.get("api_key_file", DEFAULT_KEY_FILE)
         return str(k) if k else None
 
     def _prune_check(self, plans: list[Plan]) -> None:

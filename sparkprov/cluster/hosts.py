@@ -9,13 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from sparkprov.catalog.render import DEFAULT_API_KEY_FILE
 from sparkprov.data.inventory import Host, Inventory
 from sparkprov.engine.facts import Fact, HostInfo, ShellCtx, build_gather, parse_gather
 from sparkprov.engine.run import BecomePassword, make_transport
 from sparkprov.errors import SparkprovError
 from sparkprov.transport.base import BecomeMethod, ExecResult, Transport, Unreachable
 
-DEFAULT_KEY_FILE = "~/.config/sparkprov/api_key"
+DEFAULT_KEY_FILE = DEFAULT_API_KEY_FILE
 DEFAULT_STORE = "~/vllm"
 DEFAULT_PORT = 8000
 

@@ -58,8 +58,13 @@ def slow_link(host: str, iface: str = "enp1s0f1np1", rate: str = "100mbit",
             return f"{host}: {iface} slowed to {rate}, +{delay} (netem)"
         raise LabError(f"netem is not available in this kernel ({p.stderr.strip()}); "
                        "use a rate limit only")
+    # the bucket must hold a whole frame: tbf drops every packet larger than its burst, and the
+    # rails carry 9000-byte jumbo frames (a 4 KB burst let nothing but small packets through)
+    mtu = int(subprocess.run(["ip", "netns", "exec", host, "cat", f"/sys/class/net/{iface}/mtu"],
+                             capture_output=True, text=True).stdout.strip() or 9000)
     p = subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "replace", "dev", iface,
-                        "root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"],
+                        "root", "tbf", "rate", rate, "burst", str(max(32 * 1024, 4 * (mtu + 100))),
+                        "latency", "400ms"],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise LabError(f"tc tbf failed: {p.stderr.strip()}")

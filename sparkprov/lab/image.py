@@ -9,6 +9,14 @@ Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout):
   at ``/opt/labvllm/sparkprov/lab/engine`` (importable from the venv through a ``.pth`` file),
   ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparkprov.lab.engine "$@"``) and
   ``/usr/local/bin/ray`` -> ``/opt/venv/bin/ray``. Milliseconds; deterministic.
+* **torch** (keyed by the base layer and the torch wheel): torch (CPU) in ``/opt/venv``, for
+  ``invoke nccl-check`` (Gloo on CPU). Installed from the torch wheel found in pip's
+  ``find-links`` on this machine (:func:`find_torch_wheel`; PyTorch's own index is not needed),
+  its dependencies downloaded by this machine's pip into the rootfs and installed with
+  ``--no-index``. The layer holds only what the install added or changed over the base (removed
+  files become whiteouts). Built once (about a minute), then cached. Without a wheel the serving
+  images are built without it (logged; their label ``org.sparkprov.lab.torch`` says why) and
+  nccl-check fails saying the image has no torch.
 * **smoke**: a static busybox (taken from the base rootfs) and its applet links, for
   ``docker run --gpus all`` smoke tests (:data:`SMOKE_IMAGE`).
 
@@ -34,7 +42,9 @@ import io
 import json
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -58,6 +68,10 @@ FALLBACK_IMAGES = [
     "vllm/vllm-openai:gemma4-cu130",
     "nvcr.io/nvidia/vllm:25.12.post1-py3",
 ]
+# Changing this (the build steps of the torch layer) makes a new torch layer.
+TORCH_BUILD_VERSION = 1
+TORCH_CHECK = ("import torch, torch.distributed as d; assert d.is_available() and d.is_gloo_available(); "
+               "print('torch', torch.__version__, 'gloo', d.is_gloo_available())")
 
 # Changing anything here (or BUILD_VERSION, for a change of the build steps) makes a new base.
 BASE_RECIPE = {
@@ -123,7 +137,7 @@ def _cache_lock(cache_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _gzip_stream(src, dest: Path) -> tuple[str, str, int]:
+def _gzip_stream(src, dest: Path, level: int = 6) -> tuple[str, str, int]:
     """Gzip a byte stream to ``dest``; return (diff_id, digest, size)."""
     raw = hashlib.sha256()
     comp = hashlib.sha256()
@@ -143,7 +157,7 @@ def _gzip_stream(src, dest: Path) -> tuple[str, str, int]:
 
     with open(dest, "wb") as out:
         tee = _Tee(out)
-        with gzip.GzipFile(fileobj=tee, mode="wb", compresslevel=6, mtime=0, filename="") as gz:
+        with gzip.GzipFile(fileobj=tee, mode="wb", compresslevel=level, mtime=0, filename="") as gz:
             while chunk := src.read(1 << 20):
                 raw.update(chunk)
                 gz.write(chunk)
@@ -430,6 +444,196 @@ def smoke_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     return tb.write(dest, "sparkprov lab: busybox-static smoke image")
 
 
+# --------------------------------------------------------------------------- torch (CPU) layer
+
+
+def pip_find_links() -> list[Path]:
+    """The local directories in pip's ``find-links`` on this machine (PIP_FIND_LINKS and every
+    pip configuration file, as ``pip config list`` shows them); URLs other than file:// skipped."""
+    values = [os.environ.get("PIP_FIND_LINKS", "")]
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        key, _, val = line.partition("=")
+        if key.strip().endswith(".find-links"):
+            values.append(val.strip().strip("'\""))
+    dirs: list[Path] = []
+    for word in " ".join(values).split():
+        if word.startswith("file://"):
+            word = urllib.parse.unquote(urllib.parse.urlparse(word).path)
+        elif "://" in word:
+            continue
+        p = Path(word)
+        if p.is_dir() and p not in dirs:
+            dirs.append(p)
+    return dirs
+
+
+def find_torch_wheel(python: str, find_links: list[Path] | None = None) -> tuple[Path | None, str]:
+    """A torch wheel for CPython ``python`` ("3.11") and this machine's architecture in pip's
+    find-links: (path, "") or (None, why not). A +cpu build is preferred, then the newest."""
+    dirs = pip_find_links() if find_links is None else list(find_links)
+    tag = "cp" + python.replace(".", "")
+    machine = platform.machine()
+    found = []
+    for d in dirs:
+        for w in d.glob(f"torch-*-{tag}-{tag}-*.whl"):
+            plat = w.name[:-4].split("-")[-1]
+            if machine in plat.split(".")[0] or any(machine in p for p in plat.split(".")):
+                version = w.name.split("-")[1]
+                nums = tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0]))
+                found.append(("+cpu" in version, nums, w))
+    if not found:
+        where = ", ".join(map(str, dirs)) or "none configured"
+        return None, (f"no torch wheel for {tag} {machine} in pip's find-links ({where}); "
+                      "put torch-*+cpu-" + f"{tag}-{tag}-*{machine}.whl there")
+    return max(found, key=lambda t: (t[0], t[1]))[2], ""
+
+
+def _tree(rootfs: Path) -> dict[str, tuple]:
+    """relative path -> what identifies its state (type/mode, size, mtime, inode, link target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        rel_dir = os.path.relpath(dirpath, rootfs)
+        if rel_dir == ".":  # what the runtime provides, never part of a layer
+            dirnames[:] = [d for d in dirnames if d not in ("dev", "proc", "sys")]
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            link = os.readlink(full) if os.path.islink(full) else None
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            out[rel] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, st.st_uid, st.st_gid, link)
+    return out
+
+
+def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
+    """Build the torch layer (a diff over the base) as ``dest`` (a .tar.gz); return its meta."""
+    if os.geteuid() != 0:
+        raise ImageError("building the lab torch layer needs root (chroot)")
+    work = Path(tempfile.mkdtemp(prefix=".tmp-torch-", dir=dest.parent))
+    try:
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        t0 = time.monotonic()
+        subprocess.run(["tar", "--numeric-owner", "-xzf", str(base.layer.path), "-C", str(rootfs)],
+                       check=True)
+        for dev, minor in (("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)):
+            os.mknod(rootfs / "dev" / dev, 0o666 | stat.S_IFCHR, os.makedev(1, minor))  # torch reads urandom
+        before = _tree(rootfs)
+        t1 = time.monotonic()
+        wheels = rootfs / "tmp" / "sparkprov-wheels"
+        wheels.mkdir(parents=True)
+        shutil.copy2(wheel, wheels / wheel.name)
+        plat = wheel.name[:-4].split("-")[-1]
+        pytag = "cp" + base.python.replace(".", "")
+        # this machine's pip (its find-links, index and certificates) fetches the dependencies
+        dl = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+              "--dest", str(wheels), "--only-binary=:all:", "--python-version", base.python,
+              "--implementation", "cp", "--abi", pytag]
+        for p in plat.split("."):
+            dl += ["--platform", p]
+        _log(f"torch layer: pip download the dependencies of {wheel.name}")
+        r = subprocess.run(dl + [str(wheels / wheel.name)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ImageError(f"pip download of torch's dependencies failed: {r.stderr.strip()[-800:]}")
+        t2 = time.monotonic()
+        _log("torch layer: pip install --no-index (in the base rootfs)")
+        _chroot(rootfs, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--find-links",
+                "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}")
+        _chroot(rootfs, f"{VENV}/bin/python", "-c", TORCH_CHECK)
+        t3 = time.monotonic()
+        for junk in ("tmp", "var/tmp", "root/.cache", "dev"):
+            p = rootfs / junk
+            if p.is_dir():
+                for child in p.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        _safe_rmtree(child)
+                    else:
+                        child.unlink()
+        after = _tree(rootfs)
+        changed = sorted(k for k, v in after.items() if before.get(k) != v)
+        removed = sorted(k for k in before if k not in after)
+        # a removed directory's whiteout covers what was under it
+        removed = [k for k in removed if not any(k.startswith(r + "/") for r in removed if r != k)]
+        raw = work / "layer.tar"
+        added_bytes = 0
+        with tarfile.open(raw, "w", format=tarfile.PAX_FORMAT) as tar:
+            for rel in changed:
+                ti = tar.gettarinfo(str(rootfs / rel), arcname=rel)
+                ti.uname = ti.gname = ""
+                if ti.isreg():
+                    added_bytes += ti.size
+                    with open(rootfs / rel, "rb") as fh:
+                        tar.addfile(ti, fh)
+                else:
+                    tar.addfile(ti)
+            for rel in removed:
+                head, _, name = rel.rpartition("/")
+                ti = tarfile.TarInfo(f"{head}/.wh.{name}" if head else f".wh.{name}")
+                ti.mode, ti.mtime = 0o644, 0
+                tar.addfile(ti)
+        with open(raw, "rb") as fh:
+            # level 1: twice as fast as 6 on a two-core CI machine, ~10% larger
+            diff_id, digest, size = _gzip_stream(fh, dest.with_name(dest.name + ".tmp"), level=1)
+        os.replace(dest.with_name(dest.name + ".tmp"), dest)
+        t4 = time.monotonic()
+        version = subprocess.run(
+            ["chroot", str(rootfs), f"{VENV}/bin/python", "-c",
+             "import importlib.metadata as m; print(m.version('torch'))"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        return {"digest": digest, "diff_id": diff_id, "size": size,
+                "created_by": f"sparkprov lab: pip install --no-index {wheel.name} into {VENV}",
+                "torch": version, "wheel": wheel.name, "paths": len(changed), "whiteouts": len(removed),
+                "unpacked_bytes": added_bytes,
+                "timings_s": {"extract_base": round(t1 - t0, 1), "pip_download": round(t2 - t1, 1),
+                              "pip_install": round(t3 - t2, 1), "tar_gzip": round(t4 - t3, 1),
+                              "total": round(t4 - t0, 1)}}
+    finally:
+        _safe_rmtree(work)
+
+
+@dataclass(frozen=True)
+class TorchLayer:
+    layer: Layer | None   # None: no wheel on this machine
+    version: str | None
+    why_absent: str       # "" when present
+    meta: dict
+
+
+def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
+                       find_links: list[Path] | None = None) -> TorchLayer:
+    """The torch (CPU) layer over ``base``, built once per (base, wheel) and cached; a
+    TorchLayer without a layer (and the reason) when this machine has no torch wheel."""
+    wheel, why = find_torch_wheel(base.python, find_links)
+    if wheel is None:
+        _log(f"WARNING: serving images without torch: {why} (invoke nccl-check will fail)")
+        return TorchLayer(None, None, why, {})
+    key = _hash_obj({"base": base.layer.digest, "wheel": wheel.name, "size": wheel.stat().st_size,
+                     "v": TORCH_BUILD_VERSION})[:16]
+    dest = cache_dir / f"torch-{key}.tar.gz"
+    metaf = cache_dir / f"torch-{key}.json"
+    with _cache_lock(cache_dir):
+        if not (dest.exists() and metaf.exists()):
+            for stale in cache_dir.glob(".tmp-torch-*"):  # an interrupted build (we hold the lock)
+                _safe_rmtree(stale)
+            _log(f"torch layer: building from {wheel} (cold; cached afterwards)")
+            meta = _build_torch_layer(base, wheel, dest)
+            tmp = metaf.with_name(metaf.name + ".tmp")
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, metaf)
+            _log(f"torch layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB "
+                 f"gzip, {meta['unpacked_bytes'] / 1e6:.0f} MB unpacked ({meta['timings_s']})")
+            for old in cache_dir.glob("torch-*"):  # layers of other bases or wheels: ~200 MB each
+                if old.name not in (dest.name, metaf.name):
+                    old.unlink()
+    meta = json.loads(metaf.read_text())
+    return TorchLayer(Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]),
+                      meta["torch"], "", meta)
+
+
 # --------------------------------------------------------------------------- names and configs
 
 
@@ -563,8 +767,9 @@ class Built:
 
 
 def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_DIR,
-                 cache_dir: Path = CACHE_DIR) -> list[Built]:
-    """Build (from cache when possible) every image; nothing is pushed."""
+                 cache_dir: Path = CACHE_DIR, find_links: list[Path] | None = None) -> list[Built]:
+    """Build (from cache when possible) every image; nothing is pushed. ``find_links``: where
+    to look for the torch wheel (default: pip's find-links on this machine)."""
     catalog = _load_catalog()
     names = default_images(catalog) if images is None else list(images)
     refs = [parse_ref(n) for n in names]
@@ -576,13 +781,21 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
     kinds = {r.name: image_kind(r, catalog) for r in refs}
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
         k != "smoke" for k in kinds.values()) else None
+    torch = ensure_torch_layer(base, cache_dir, find_links) if engine is not None else None
     smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
     out, seen = [], {}
     for ref in refs:
         kind = kinds[ref.name]
-        layers = [smoke] if kind == "smoke" else [base.layer, engine]
         labels = {"org.sparkprov.lab": "1", "org.sparkprov.lab.image": ref.name.split("@", 1)[0],
                   "org.sparkprov.lab.entrypoint": kind}
+        if kind == "smoke":
+            layers = [smoke]
+        elif torch.layer is not None:
+            layers = [base.layer, torch.layer, engine]
+            labels["org.sparkprov.lab.torch"] = torch.version
+        else:
+            layers = [base.layer, engine]
+            labels["org.sparkprov.lab.torch"] = "absent: " + torch.why_absent
         config = _config_blob(kind, layers, base.created, labels)
         b = Built(ref, kind, layers, config, _manifest_blob(config, layers))
         key = (ref.path, ref.tag)
@@ -717,10 +930,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--registry", help="registry URL, e.g. http://10.77.0.1:5000; "
                     "without it, only build")
     ap.add_argument("--engine-dir", type=Path, default=ENGINE_DIR)
+    ap.add_argument("--find-links", type=Path, action="append", default=None,
+                    help="directory holding the torch wheel (repeatable; default: pip's find-links)")
     ap.add_argument("images", nargs="*", help="image names (default: the catalog's + smoke)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    built = build_images(a.images or None, engine_dir=a.engine_dir)
+    built = build_images(a.images or None, engine_dir=a.engine_dir, find_links=a.find_links)
     t1 = time.monotonic()
     result = {"build_s": round(t1 - t0, 2), "images": {b.ref.name: b.digest for b in built}}
     if a.registry:

@@ -97,8 +97,11 @@ def write_known_hosts(addresses: dict[str, str]) -> bool:
 
 
 def sshd_pid(name: str) -> int | None:
+    """The listener's pid, if it is alive. A killed sshd stays a zombie until init reaps it (up
+    to seconds), and a zombie still passes `kill -0`: it does not count as running."""
     r = nsexec(name, ["sh", "-c", f"p=$(cat {PIDFILE} 2>/dev/null) && kill -0 \"$p\" && "
-                      "grep -q sshd /proc/$p/comm && echo $p"], check=False)
+                      "grep -q sshd /proc/$p/comm && ! awk '{exit ($3==\"Z\")?0:1}' /proc/$p/stat && echo $p"],
+               check=False)
     return int(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
 
 

@@ -75,8 +75,12 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
 
 
 def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
-       quiet: bool = False) -> UpResult:
-    """Bring up (or keep) a lab of n_hosts simulated Sparks. Idempotent."""
+       quiet: bool = False, light: bool = False) -> UpResult:
+    """Bring up (or keep) a lab of n_hosts simulated Sparks. Idempotent.
+
+    light: hosts without dockerd (for scale runs: many hosts on a small machine). Nothing is
+    pushed to the registry (images is ignored), no dockerd is started or waited for; a host
+    that already runs one keeps it. Everything else (sshd, users, stand-ins, fabric) is made."""
     require_root()
     if n_hosts < 1 or n_hosts > 200:
         raise hosts.LabError("hosts must be between 1 and 200")
@@ -142,7 +146,7 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
             if client_settings:
                 cs = client_settings(rec.registry_url, hostnames)
                 registry_settings, etc_hosts = cs["daemon"], cs["etc_hosts"]
-        ensure_hub = _optional("hub", "ensure_hub")
+        ensure_hub = _optional("hub", "ensure_lab_hub")
         rec.hub_url = ""
         if ensure_hub:
             try:
@@ -161,11 +165,14 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
                 c.append(f"{name}: user nvidia")
             if gb10.install_standins(name, h.index):
                 c.append(f"{name}: GB10 stand-ins")
-            if sshd.ensure_host_sshd_files(name):
+            sshd_files = sshd.ensure_host_sshd_files(name)
+            if sshd_files:
                 c.append(f"{name}: sshd config/keys")
             if sshd.start_sshd(name):
                 c.append(f"{name}: sshd started")
-            if dockerd.start_dockerd_async(name, registry_settings or {}):
+            elif sshd_files and sshd.reload_sshd(name):
+                c.append(f"{name}: sshd reloaded")
+            if not light and dockerd.start_dockerd_async(name, registry_settings or {}):
                 c.append(f"{name}: dockerd started")
             return c
 
@@ -174,15 +181,16 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
                 changed.extend(c)
         if sshd.write_known_hosts({n: rec.hosts[n].address for n in names}):
             changed.append("known_hosts")
-        if rec.registry_url and images:
+        if rec.registry_url and images and not light:
             ensure_images = _optional("image", "ensure_images")
             if ensure_images:
                 try:
                     ensure_images(rec.registry_url)
                 except Exception as e:
                     say(f"WARNING: lab images not pushed: {type(e).__name__}: {e}")
-        with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
-            list(ex.map(dockerd.wait_dockerd, names))
+        if not light:
+            with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
+                list(ex.map(dockerd.wait_dockerd, names))
         if ollama:
             from . import ollama as ol
             for name in names:

@@ -600,7 +600,10 @@ class Stage:
         n.seconds["publish"] = n.seconds.get("publish", 0) + time.monotonic() - t
         found = verify.parse(res.stdout)
         good = [i for i in items if found.get(i.rel, (False, ""))[0]]
-        bad = [i for i in items if i not in good]
+        # cut short (a failed rsync): kept in staging, the next run resumes them (--append-verify)
+        partial = [i for i in items if i not in good and found.get(i.rel, (False, ""))[1].startswith("partial")]
+        bad = [i for i in items if i not in good and (i not in partial or not errors)]
+        partial = [i for i in partial if i not in bad]
         for i in good:
             n.plan.files[i.rel].status = Status.OK
         n.plan.links, n.plan.refs = [], {}
@@ -620,8 +623,11 @@ class Stage:
             self._publish_received(n, bad, [err] if err else [], retry=False)
             return
         if errors or bad:
+            kept = sum(int(found[i.rel][1].split(": ", 1)[1] or 0) for i in partial)
             self._result(n, "receive", "failed", "; ".join(errors[:2]) +
-                         (f"; {len(bad)} files failed verification: " + ", ".join(i.path for i in bad[:5]) if bad else ""))
+                         (f"; {len(bad)} files failed verification: " + ", ".join(i.path for i in bad[:5]) if bad else "")
+                         + (f"; {len(partial)} partial files ({human(kept)}) kept for the next run to resume"
+                            if partial else ""))
             if self.progress:
                 self.progress.phase(n.name, "failed", finished=True)
             return

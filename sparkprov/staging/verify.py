@@ -2,10 +2,11 @@
 
 One script per host and step; every path and digest is quoted into it (shell.cmd). Output lines:
 
-    R<TAB>REL<TAB>ok|bad<TAB>DIGEST-FOUND
+    R<TAB>REL<TAB>ok|bad<TAB>DIGEST-FOUND     R<TAB>REL<TAB>partial<TAB>BYTES-ON-DISK
 
 A published file that hashes wrong is removed (its snapshot link then dangles until the file is
-fetched again in the same run); a staged file that hashes wrong is removed. A good staged file is
+fetched again in the same run); a staged file that hashes wrong is removed; a staged file shorter
+than its size (a transfer cut mid-way) is kept as it is, for the next run to resume. A good staged file is
 renamed into place, then its snapshot symlink is made (tmp link + rename), then its size, mtime and
 digest are appended to the verified-state file, which later runs trust while size and mtime hold.
 """
@@ -29,6 +30,10 @@ __sp_record() { # path size digest rel
 }
 __sp_check() { # mode rel size large digest link target
   if [ "$1" = staged ]; then f="$S/.sparkprov/staging/$2"; else f="$S/$2"; fi
+  if [ "$1" = staged ]; then
+    have=$(stat -c %s "$f" 2>/dev/null || echo 0)
+    if [ "$have" -lt "$3" ]; then printf 'R\t%s\tpartial\t%s\n' "$2" "$have"; return 0; fi
+  fi
   got=$(__sp_digest "$f" "$3" "$4")
   if [ "$got" = "$5" ]; then
     if [ "$1" = staged ]; then mkdir -p "$(dirname "$S/$2")" && mv -f "$f" "$S/$2" || return 1; fi
@@ -78,12 +83,12 @@ def script(store_abs: str, checks: list[Check], *, links: list[Item] = (), refs:
 
 
 def parse(out: str) -> dict[str, tuple[bool, str]]:
-    """rel -> (good, digest found)"""
+    """rel -> (good, digest found); a staged file cut short: (False, "partial: BYTES")"""
     res: dict[str, tuple[bool, str]] = {}
     for line in out.splitlines():
         parts = line.split("\t")
         if len(parts) == 4 and parts[0] == "R":
-            res[parts[1]] = (parts[2] == "ok", parts[3])
+            res[parts[1]] = (parts[2] == "ok", f"partial: {parts[3]}" if parts[2] == "partial" else parts[3])
     return res
 
 

@@ -1,8 +1,8 @@
 """cluster-up / cluster-down / status against the two-host lab.
 
-A hub of our own on the lab bridge serves small generated checkpoints under the catalog's repo
-names (with the catalog's config.json values); provision, then stage-weights put them into a
-store of this test's own (~/clustertest) on both hosts. Then: a TP=2 Ray cluster of the catalog's
+The lab hub (lab.up serves every catalog repo, generated small with the catalog's config.json
+values, gated ones behind the lab token) supplies the checkpoints; provision, then stage-weights
+put them into a store of this test's own (~/clustertest) on both hosts. Then: a TP=2 Ray cluster of the catalog's
 two-node recipe serves, checked by a request from here; a re-run changes nothing at one remote
 call per host; cluster-down removes exactly sparkprov's containers; two different models serve on
 two hosts; a worker with a wrong fabric address and a host without weights fail with the host
@@ -27,26 +27,24 @@ from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HUB_IP = "10.77.0.1"
 STORE = "~/clustertest"
 TP_MODEL = "llama-3.3-70b"
 SINGLE = ("qwen3.6-35b-a3b-mtp", "qwen3.6-27b")
 FOREIGN = "not-sparkprov"
-TOKEN = "hf_sparkprovLabClusterToken" + "q8Zr2Lm5Xv7Nb3Kc9Wd4Tp6Hy1"
 
 
 @pytest.fixture(scope="module")
-def hub():
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+def hub(lab):
+    """The lab hub as lab.up runs it (not restarted: it already serves every catalog repo)."""
+    from types import SimpleNamespace
 
-    root = Path(os.environ.get("SPARKPROV_LAB_CACHE", REPO_ROOT / ".lab-cache")) / "hub"
-    wanted = (TP_MODEL,) + SINGLE
-    specs = [RepoSpec(info.repo, num_shards=2, total_size=4 << 20, config=info.config or {})
-             for info in load_catalog().repos() if set(info.used_by) & set(wanted)]
-    server = start_in_thread([ensure_generated(s, root) for s in specs], bind=HUB_IP, port=0, token=TOKEN)
-    yield server
-    server.shutdown()
-    server.server_close()
+    from sparkprov.lab.hub import ensure_lab_hub, hub_status, lab_token
+    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT
+
+    pid = (hub_status(lab.state_dir) or {}).get("pid")
+    url = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
+    assert pid is None or hub_status(lab.state_dir)["pid"] == pid, "lab.up left a hub without the catalog repos"
+    return SimpleNamespace(url=url, token=lab_token(lab.state_dir))
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +62,16 @@ def env(lab, hub, tmp_path_factory):
                                   f"  - {{name: one, model: {SINGLE[0]}, hosts: spark1}}\n"
                                   f"  - {{name: two, model: {SINGLE[1]}, hosts: spark2}}\n")
     from sparkprov.cli.common import run_playbook
+    from sparkprov.lab.image import ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the lab fixture brings the lab up without them
 
     assert run_playbook(playbook=str(REPO_ROOT / "playbooks" / "provision.yaml"), inventory=str(inv),
                         hosts=None, as_json=True) == 0
     for n in lab.names:
         lab.ssh(n, f"docker rm -f {FOREIGN} >/dev/null 2>&1; rm -rf {STORE}")
-    os.environ["HF_TOKEN"] = TOKEN
+    os.environ["HF_TOKEN"] = hub.token
     from sparkprov.staging.transfer import StageOptions, run_stage
 
     loaded = load_inventory(inv)
@@ -111,6 +113,22 @@ def ray_processes(lab, host) -> list[str]:
         except OSError:
             continue
         if any(w in cmd for w in ("raylet", "gcs_server", "ray::", "ray start")):
+            found.append(cmd[:80])
+    return found
+
+
+def ns_processes(host, words) -> list[str]:
+    """Processes in this host's network namespace whose command line has one of `words`."""
+    ns = os.stat(f"/run/netns/{host}").st_ino
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino != ns:
+                continue
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(w in cmd for w in words):
             found.append(cmd[:80])
     return found
 
@@ -201,3 +219,152 @@ def test_missing_weights_fail_preflight_naming_the_host(env):
     msgs = [r.msg for r in rep.results if r.status == "failed" and r.host == "spark2"]
     assert any("weights not staged" in m and "stage-weights llama-3.3-70b" in m for m in msgs), out
     assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+def managed(lab, host) -> dict[str, tuple[str, str, str]]:
+    """name -> (container ID, recipe hash label, state) of sparkprov's containers on a host."""
+    out = lab.ssh(host, "docker ps -a --filter label=sparkprov.managed=1 --format "
+                        "'{{.Names}} {{.ID}} {{.Label \"sparkprov.recipe_hash\"}} {{.State}}'").stdout
+    return {w[0]: (w[1], w[2], w[3]) for w in (line.split() for line in out.splitlines()) if len(w) == 4}
+
+
+def test_changed_recipe_replaces_the_running_containers(env):
+    lab = env["lab"]
+    rep, summary, out = up(env, tp=2)
+    assert rep.exit_code() == 0, out
+    before = {h: managed(lab, h) for h in lab.names}
+    assert set(before["spark1"]) == {"sparkprov-tp-head"} and set(before["spark2"]) == {"sparkprov-tp-worker"}
+    (env["dir"] / "cluster-mml.yaml").write_text(
+        f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2, "
+        "overrides: {--max-model-len: 6000}}\n")
+
+    rep2, summary2, out2 = up(env, "cluster-mml.yaml", tp=2)
+    assert rep2.exit_code() == 0, out2
+    assert summary2["deployments"]["tp"]["action"] == "replace", out2
+    after = {h: managed(lab, h) for h in lab.names}
+    for h in lab.names:
+        assert set(after[h]) == set(before[h])
+        for name, (cid, rhash, state) in after[h].items():
+            assert cid != before[h][name][0] and state == "running", (h, name)  # replaced, running
+    # the head's `docker run` carries the vLLM flags: a new hash; the worker (ray start) is replaced
+    # with the cluster, its own command unchanged
+    assert after["spark1"]["sparkprov-tp-head"][1] != before["spark1"]["sparkprov-tp-head"][1]
+    assert all(n["recipe_hash"] == after[n_host][n["container"]][1]
+               for n_host, n in summary2["deployments"]["tp"]["nodes"].items())
+    assert "--max-model-len 6000" in lab.ssh("spark1", "docker inspect --format '{{join .Args \" \"}}' "
+                                                       "sparkprov-tp-head").stdout.replace("=", " ")
+    assert "42" in chat(env, summary2, "tp")
+
+    rep3, summary3, out3 = up(env, "cluster-mml.yaml", tp=2)
+    assert rep3.exit_code() == 0, out3
+    assert summary3["deployments"]["tp"]["action"] == "ok"
+    assert all(t.changed == 0 for t in rep3.hosts.values()), out3
+    assert all(t.remote_calls == 1 for t in rep3.hosts.values()), {h: t.remote_calls for h, t in rep3.hosts.items()}
+    assert {h: managed(lab, h) for h in lab.names} == after
+    down(load_inventory(env["inv"]), lab.names, Report(io.StringIO()))
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+def test_check_on_a_stopped_cluster_lists_what_would_start_and_starts_nothing(env):
+    lab = env["lab"]
+    down(load_inventory(env["inv"]), lab.names, Report(io.StringIO()))
+    rep, summary, out = up(env, tp=2, check=True)
+    assert rep.exit_code() == 0, out
+    assert summary["deployments"]["tp"]["action"] == "start"
+    would = [r for r in rep.results if r.status == "changed"]
+    assert {(r.host, r.msg.split(":")[0]) for r in would} == {("spark1", "would start sparkprov-tp-head"),
+                                                               ("spark2", "would start sparkprov-tp-worker")}, out
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+    assert ray_processes(lab, "spark1") == [] and ray_processes(lab, "spark2") == []
+
+    # stopped, not removed: the containers exist but do not run; --check still starts nothing
+    rep, summary, out = up(env, tp=2)
+    assert rep.exit_code() == 0, out
+    for h in lab.names:
+        lab.ssh(h, "docker stop -t 5 $(docker ps -q --filter label=sparkprov.managed=1)")
+    stopped = {h: managed(lab, h) for h in lab.names}
+    assert all(st == "exited" for h in lab.names for (_, _, st) in stopped[h].values()), stopped
+    rep, summary, out = up(env, tp=2, check=True)
+    assert rep.exit_code() == 0, out
+    assert summary["deployments"]["tp"]["action"] in ("start", "replace"), out
+    assert {r.host for r in rep.results if r.status == "changed" and r.msg.startswith("would ")} == set(lab.names), out
+    assert {h: managed(lab, h) for h in lab.names} == stopped
+    down(load_inventory(env["inv"]), lab.names, Report(io.StringIO()))
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+def test_ulimit_memlock_unlimited_container_starts(env):
+    """Recipes (qwen3.6-35b-a3b-ngc, gemma-4-26b-a4b-fp8-mtp) run with --ulimit memlock=-1."""
+    from sparkprov.lab import dockerd
+
+    lab = env["lab"]
+    for h in lab.names:
+        r = lab.ssh(h, "docker run --rm --network none --ulimit memlock=-1 --ulimit stack=67108864 "
+                       "sparkprov/smoke:latest sh -c 'ulimit -l; ulimit -s'")
+        assert r.returncode == 0, (h, r.stderr)
+        locked, stack = r.stdout.split()
+        assert stack == "65536"
+        if dockerd.can_raise_memlock():
+            assert locked == "unlimited"
+        else:  # root here may not raise hard limits: the lab's runtime capped it at dockerd's, and says so
+            assert locked.isdigit()
+            assert "RLIMIT_MEMLOCK" in lab.sh(h, f"cat {dockerd.RLIMIT_LOG}").stdout
+        assert lab.ssh(h, "docker ps -aq --filter ancestor=sparkprov/smoke:latest --filter status=exited").stdout == ""
+
+
+def test_nccl_check_over_the_fabric(env):
+    """nccl-check (the CLI) runs the all-reduce with Gloo on CPU in the serving image (torch layer)."""
+    import subprocess
+    import time
+
+    from sparkprov.lab import image
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+
+    lab = env["lab"]
+    base = image.ensure_base()
+    wheel, why = image.find_torch_wheel(base.python)
+    cat = load_catalog()
+    r = cat.get(TP_MODEL)
+    name = cat.image(r.image).pinned if cat.image(r.image) else r.image
+    t0 = time.monotonic()
+    image.ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [name])
+    pushed = time.monotonic() - t0
+    pulls = {}
+    for h in lab.names:
+        t0 = time.monotonic()
+        res = lab.ssh(h, f"docker pull -q {name}")
+        pulls[h] = round(time.monotonic() - t0, 1)
+        assert res.returncode == 0, res.stderr
+    print(f"\n[timing] build+push {name}: {pushed:.1f}s; docker pull per host: {pulls}")
+
+    def nccl(threshold):
+        argv = [str(REPO_ROOT / ".venv" / "bin" / "invoke"), "nccl-check", "--hosts", "spark1,spark2",
+                "--inventory", str(env["inv"]), "--playbook", str(env["dir"] / "cluster.yaml"),
+                "--max-bytes", "64M", "--iters", "5", "--threshold", str(threshold), "--json"]
+        t0 = time.monotonic()
+        p = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        return p, time.monotonic() - t0
+
+    p, secs = nccl(0.001)
+    if wheel is None:
+        assert p.returncode == 2
+        doc = json.loads(p.stdout)
+        msg = next(x["msg"] for x in doc["results"] if x["status"] == "failed")
+        assert "has no torch" in msg and "built without it: no torch wheel" in msg and "\n" not in msg
+        pytest.skip(f"no torch wheel on this machine ({why}): checked the one-line failure")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(p.stdout)["nccl"]
+    print(f"[nccl-check] {secs:.1f}s: backend {doc['backend']}, busbw {doc['busbw_gbs']:.3f} GB/s, "
+          f"peak {doc['result']['peak_busbw_gbs']:.3f} GB/s, {doc['interfaces']}, verdict {doc['verdict']}")
+    assert doc["backend"] == "gloo" and doc["busbw_gbs"] > 0 and doc["verdict"] == "pass"
+    assert doc["interfaces"]["spark1"] == {"ifname": "enp1s0f1np1", "address": "192.168.100.11"}
+    assert doc["interfaces"]["spark2"] == {"ifname": "enp1s0f1np1", "address": "192.168.100.12"}
+
+    p, _ = nccl(1e6)
+    assert p.returncode == 0, p.stdout[-3000:]
+    full = json.loads(p.stdout)
+    assert full["nccl"]["verdict"] == "warn"
+    assert any("WARN, below" in x["msg"] for x in full["results"] if x["host"] == "spark1")
+    for h in lab.names:  # nothing left running
+        assert lab.ssh(h, "docker ps -aq --filter name=sparkprov-nccl-check").stdout == ""
+        assert ns_processes(h, ("torch.distributed.run", "allreduce_bench")) == []

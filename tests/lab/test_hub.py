@@ -495,3 +495,48 @@ def test_cli_generate_only_with_yaml_spec(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sparkprov.lab.hub", "--bind", "0.0.0.0", "--generate-only"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "refusing to bind" in bad.stderr
+
+
+def test_lab_hub_serves_every_catalog_repo_gated_behind_the_lab_token(tmp_path, root):
+    """What lab.up starts (ensure_lab_hub): every catalog repo, small, with the catalog's config.json
+    values; the catalog's gated repos need the lab token (0600 in the state dir); a second call
+    (the next lab.up, the demo) keeps the same hub running."""
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.lab.hub import catalog_repos, ensure_lab_hub, lab_repos, lab_token
+
+    infos = load_catalog().repos()
+    assert {s.repo_id for s in catalog_repos()} == {i.repo for i in infos}
+    assert all(s.total_size <= 8 * MiB for s in lab_repos())
+    state, port = tmp_path / "state", _free_port()
+    state.mkdir()
+    os.environ["SPARKPROV_LAB_CACHE"] = str(root.parent / "lab-cache")
+    try:
+        t0 = time.monotonic()
+        url = ensure_lab_hub(state, "127.0.0.1", port)
+        cold = time.monotonic() - t0
+        pid = hub_status(state)["pid"]
+        t0 = time.monotonic()
+        assert ensure_lab_hub(state, "127.0.0.1", port) == url
+        warm = time.monotonic() - t0
+        print(f"\n[timing] lab hub with {len(infos)} catalog repos: cold {cold:.1f}s, again {warm:.2f}s")
+        assert hub_status(state)["pid"] == pid  # not restarted
+        tok = state / "hf_token"
+        assert (tok.stat().st_mode & 0o777) == 0o600 and tok.read_text().strip() == lab_token(state)
+        api = HfApi(endpoint=url)
+        gated = [i for i in infos if i.gated]
+        open_ = [i for i in infos if not i.gated]
+        assert gated and open_
+        for info in infos:
+            files = api.list_repo_files(info.repo, token=lab_token(state))
+            assert "config.json" in files and any(f.endswith(".safetensors") for f in files)
+        info = gated[0]
+        with pytest.raises(GatedRepoError):
+            hf_hub_download(info.repo, "config.json", endpoint=url, cache_dir=tmp_path / "c1", token=False)
+        p = hf_hub_download(info.repo, "config.json", endpoint=url, cache_dir=tmp_path / "c2",
+                            token=lab_token(state))
+        cfg = json.loads(Path(p).read_text())
+        assert all(cfg[k] == v for k, v in (info.config or {}).items()), (cfg, info.config)
+        hf_hub_download(open_[0].repo, "config.json", endpoint=url, cache_dir=tmp_path / "c3", token=False)
+    finally:
+        os.environ.pop("SPARKPROV_LAB_CACHE", None)
+        stop_hub(state)

@@ -409,3 +409,55 @@ def test_mp_backend_tp2(engine_factory):
     e.wait_ready()
     out = e.stop()
     assert "Gloo ring all-reduce verified across 2 ranks" in out
+
+
+# ---------------------------------------------------------------- flags as the real vLLM parses them
+@pytest.mark.parametrize("value,shown", [("flashinfer", "FLASHINFER"), ("triton_attn", "TRITON_ATTN"),
+                                         ("FLASH_ATTN", "FLASH_ATTN"), ("Triton_Attn", "TRITON_ATTN")])
+def test_attention_backend_is_case_insensitive(engine_factory, value, shown):
+    # vLLM: AttentionConfig.validate_backend_before -> AttentionBackendEnum[value.upper()]
+    e = engine_factory("--attention-backend", value)
+    e.wait_ready()
+    out = e.stop()
+    assert f"Using {shown} attention backend." in out, out[-2000:]
+
+
+def test_attention_backend_auto_and_unknown(hf_home, engine_factory):
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--attention-backend", "no_such_attn"], env_for(hf_home))
+    assert r.returncode == 2 and "--attention-backend" in r.stderr and "invalid choice" in r.stderr
+    e = engine_factory("--attention-backend", "auto")
+    e.wait_ready()
+    out = e.stop()
+    assert "attention_backend=auto" in out and "Using " not in out.split("attention_backend=auto")[1].split("\n")[0]
+
+
+def test_disable_custom_all_reduce_accepted(engine_factory, hf_home):
+    e = engine_factory("--disable-custom-all-reduce")
+    e.wait_ready()
+    assert "disable_custom_all_reduce=True" in e.stop()
+    # a BooleanOptionalAction in vLLM: the --no- form exists too; a value is refused
+    e2 = engine_factory("--no-disable-custom-all-reduce")
+    e2.wait_ready()
+    assert "disable_custom_all_reduce=False" in e2.stop()
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--disable-custom-all-reduce", "yes"], env_for(hf_home))
+    assert r.returncode == 2 and "unrecognized arguments: yes" in r.stderr
+
+
+def test_media_io_kwargs_json(engine_factory, hf_home):
+    e = engine_factory("--media-io-kwargs", '{"video": {"num_frames": 40}}')
+    e.wait_ready()
+    assert "media_io_kwargs={'video': {'num_frames': 40}}" in e.stop()
+    for bad in ("{video: 40}", '{"video": 40}'):
+        r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--media-io-kwargs", bad], env_for(hf_home))
+        assert r.returncode == 2 and "--media-io-kwargs" in r.stderr, (bad, r.stderr)
+
+
+def test_allowed_local_media_path(engine_factory, hf_home, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    e = engine_factory("--allowed-local-media-path", str(media))
+    e.wait_ready()
+    assert f"allowed_local_media_path='{media}'" in e.stop()
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "--allowed-local-media-path",
+                 str(tmp_path / "absent")], env_for(hf_home))
+    assert r.returncode == 1 and "Invalid `--allowed-local-media-path`" in r.stderr and "does not exist" in r.stderr

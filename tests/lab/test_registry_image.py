@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -297,7 +298,44 @@ def test_build_is_cached(fake_engine):
     finally:
         (fake_engine / "extra.py").unlink()
     assert third[0].layers[0].digest == first[0].layers[0].digest      # same base
-    assert third[0].layers[1].digest != first[0].layers[1].digest      # new engine layer
+    assert third[0].layers[-2].digest == first[0].layers[-2].digest    # same torch (or base) layer
+    assert third[0].layers[-1].digest != first[0].layers[-1].digest    # new engine layer
+
+
+@heavy
+def test_torch_is_its_own_cached_layer_over_the_base(fake_engine, tmp_path):
+    base = image.ensure_base()
+    base_meta = (base.dir / "meta.json").read_text()
+    wheel, why = image.find_torch_wheel(base.python)
+    t0 = time.monotonic()
+    built = image.build_images(IMAGES[:1], engine_dir=fake_engine)[0]
+    t1 = time.monotonic()
+    labels = json.loads(built.config)["config"]["Labels"]
+    # no wheel: the images are built without torch, and say why (nccl-check shows it)
+    without = image.build_images(IMAGES[:1], engine_dir=fake_engine, find_links=[tmp_path])[0]
+    assert [layer.digest for layer in without.layers] == [base.layer.digest, built.layers[-1].digest]
+    no_label = json.loads(without.config)["config"]["Labels"]["org.sparkprov.lab.torch"]
+    assert no_label.startswith("absent: no torch wheel for cp311") and str(tmp_path) in no_label
+    if wheel is None:
+        pytest.skip(f"this machine has no torch wheel ({why}): only the image without torch was checked")
+    torch = image.ensure_torch_layer(base)
+    print(f"\n[timing] build with the torch layer cached: {t1 - t0:.1f}s; torch layer cold build "
+          f"{torch.meta['timings_s']}; {torch.layer.size / 1e6:.0f} MB gzip, "
+          f"{torch.meta['unpacked_bytes'] / 1e6:.0f} MB unpacked, {torch.meta['paths']} paths")
+    assert [layer.digest for layer in built.layers] == [base.layer.digest, torch.layer.digest,
+                                                         built.layers[-1].digest]
+    assert labels["org.sparkprov.lab.torch"] == torch.version and torch.version.startswith("2.")
+    assert torch.meta["wheel"] == wheel.name
+    # built once: the base is untouched, a second build is the cache
+    assert (base.dir / "meta.json").read_text() == base_meta
+    t2 = time.monotonic()
+    again = image.ensure_torch_layer(base)
+    assert again.layer == torch.layer and time.monotonic() - t2 < 15
+    with tarfile.open(torch.layer.path, "r:gz") as tar:
+        names = {ti.name for ti in tar}
+    assert any(n.startswith("opt/venv/lib/python3.11/site-packages/torch/") for n in names)
+    assert "opt/venv/bin/torchrun" in names and len(names) == torch.meta["paths"] + torch.meta["whiteouts"]
+    assert not any(n.split("/")[0] in ("dev", "proc", "sys", "tmp") and "/" in n for n in names)
 
 
 @heavy

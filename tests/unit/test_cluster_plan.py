@@ -230,3 +230,25 @@ def test_bench_math():
     assert busbw(10.0, 2) == 10.0 and busbw(10.0, 4) == 15.0 and busbw(10.0, 8) == 17.5
     assert parse_size("2G") == 2 << 30 and parse_size("1M") == 1 << 20 and parse_size("256k") == 256 << 10
     assert sizes(1 << 20, 1 << 24, 4) == [1 << 20, 1 << 22, 1 << 24]
+
+
+def test_api_key_file_has_one_default_for_recipe_and_cluster_up(tmp_path):
+    """No api_key_file in the inventory: `invoke recipe --host` and cluster-up both use
+    ~/.config/sparkprov/api_key on the head, in the login user's home."""
+    from sparkprov.catalog.render import DEFAULT_API_KEY_FILE
+    from sparkprov.cli.catalog import _ctx
+    from sparkprov.cluster.hosts import DEFAULT_KEY_FILE, Node
+
+    assert DEFAULT_KEY_FILE == DEFAULT_API_KEY_FILE == "~/.config/sparkprov/api_key"
+    p = tmp_path / "inventory.yaml"
+    p.write_text(INV)
+    loaded = load_inventory(p)
+    node = Node(loaded.hosts["spark1"], info={"home": "/home/nvidia"})
+    shown = _ctx("spark1", str(p), 2)  # what `invoke recipe ALIAS --host spark1` renders
+    assert shown.api_key_file == node.key_file() == "/home/nvidia/.config/sparkprov/api_key"
+    launch = render_launch(load_catalog().get("qwen3.6-27b"), shown, 1)
+    assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in launch.argv
+    assert HostServeContext.from_host_vars("h", {}, home="/root").api_key_file == "/root/.config/sparkprov/api_key"
+    assert HostServeContext.from_host_vars("h", {"api_key_file": None}, home="/root").api_key_file is None
+    assert HostServeContext.from_host_vars("h", {"api_key_file": "/etc/k"}, home="/root").api_key_file == "/etc/k"
+    assert HostServeContext().api_key_file == "~/.config/sparkprov/api_key"  # no host: the login user's ~

@@ -48,6 +48,25 @@ def human_int(value: str) -> int:
     return int(float(num) * base)
 
 
+def media_io_kwargs_arg(value: str) -> dict:
+    """--media-io-kwargs: a JSON object of per-modality objects, e.g. '{"video": {"num_frames": 40}}'."""
+    doc = json_arg(value)
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of objects per modality, got {value!r}")
+    return doc
+
+
+def attention_backend_arg(value: str):
+    """vLLM parses --attention-backend as AttentionBackendEnum[value.upper()] ("auto": None), so
+    `flashinfer`, `triton_attn` and `FLASHINFER` are the same backend."""
+    if value.lower() == "auto":
+        return None
+    if value.upper() not in ATTENTION_BACKENDS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from auto, "
+                                         + ", ".join(ATTENTION_BACKENDS) + "; case-insensitive)")
+    return value.upper()
+
+
 def compilation_arg(value: str):
     if re.fullmatch(r"\d+", value):
         return {"level": int(value)}
@@ -108,6 +127,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     m.add_argument("--generation-config", default="auto")
     m.add_argument("--override-generation-config", type=json_arg, default=None)
     m.add_argument("--disable-sliding-window", action=B, default=False)
+    m.add_argument("--allowed-local-media-path", default="",
+                   help="Allow API requests to read local images or videos from directories under this path")
     # Load
     lo = p.add_argument_group("LoadConfig")
     lo.add_argument("--load-format", default="auto",
@@ -122,6 +143,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     pa.add_argument("--distributed-executor-backend", default=None,
                     choices=["ray", "mp", "uni", "external_launcher"])
     pa.add_argument("--enable-expert-parallel", action=B, default=False)
+    pa.add_argument("--disable-custom-all-reduce", action=B, default=False)
     # Cache
     c = p.add_argument_group("CacheConfig")
     c.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -141,7 +163,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     # Kernels / attention
     k = p.add_argument_group("KernelConfig")
     k.add_argument("--moe-backend", default="auto", choices=MOE_BACKENDS)
-    k.add_argument("--attention-backend", default=None, choices=ATTENTION_BACKENDS)
+    k.add_argument("--attention-backend", default=None, type=attention_backend_arg,
+                   metavar="{auto," + ",".join(ATTENTION_BACKENDS) + "} (case-insensitive)")
     # Structured outputs / reasoning
     so = p.add_argument_group("StructuredOutputsConfig")
     so.add_argument("--reasoning-parser", default=None,
@@ -154,6 +177,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None)
     mm = p.add_argument_group("MultiModalConfig")
     mm.add_argument("--limit-mm-per-prompt", type=json_arg, default=None)
+    mm.add_argument("--media-io-kwargs", type=media_io_kwargs_arg, default={})
     mm.add_argument("--mm-encoder-tp-mode", default="weights", choices=["weights", "data"])
     mm.add_argument("--language-model-only", action=B, default=False)
     return top, p

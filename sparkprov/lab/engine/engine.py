@@ -51,6 +51,13 @@ def _nondefault(args) -> dict:
 
 def validate(args, info, logger) -> Config:
     cfg = Config(args, info)
+    if args.allowed_local_media_path:  # vLLM's MediaConnector checks it when the engine starts
+        media = args.allowed_local_media_path
+        if not os.path.exists(media):
+            raise EngineError("ValueError", f"Invalid `--allowed-local-media-path`: The path {media} does not exist.")
+        if not os.path.isdir(media):
+            raise EngineError("ValueError", f"Invalid `--allowed-local-media-path`: The path {media} must be a "
+                                            "directory.")
     archs = info.architectures
     if info.config.get("auto_map") and not args.trust_remote_code:
         raise EngineError("ValueError",
@@ -264,14 +271,16 @@ def run(args, logger) -> int:
                     "kv_cache_dtype=%s, enforce_eager=%s, enable_prefix_caching=%s, "
                     "enable_chunked_prefill=%s, max_num_seqs=%d, swap_space=%g, seed=%d, "
                     "speculative_config=%s, compilation_config=%s, async_scheduling=%s, "
-                    "attention_backend=%s, moe_backend=%s, mm_encoder_tp_mode=%s, limit_mm_per_prompt=%s",
+                    "attention_backend=%s, moe_backend=%s, mm_encoder_tp_mode=%s, limit_mm_per_prompt=%s, "
+                    "media_io_kwargs=%s, allowed_local_media_path=%r, disable_custom_all_reduce=%s",
                     VERSION, args.model, cfg.served_names, args.dtype, cfg.max_model_len, args.download_dir,
                     args.load_format, args.tensor_parallel_size, args.pipeline_parallel_size, backend,
                     info.quant_method or args.quantization, args.kv_cache_dtype, args.enforce_eager,
                     cfg.prefix_caching, args.enable_chunked_prefill is not False, cfg.max_num_seqs,
                     args.swap_space, args.seed, cfg.spec, args.compilation_config, bool(args.async_scheduling),
                     args.attention_backend or "auto", args.moe_backend, args.mm_encoder_tp_mode,
-                    args.limit_mm_per_prompt)
+                    args.limit_mm_per_prompt, args.media_io_kwargs, args.allowed_local_media_path,
+                    args.disable_custom_all_reduce)
         if world > 1 and backend == "ray":
             server.cluster = distributed.start_ray(world, spec, logger)
         elif world > 1:

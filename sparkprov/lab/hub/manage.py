@@ -22,6 +22,53 @@ DEFAULT_REPOS: tuple[RepoSpec, ...] = (
     RepoSpec("sparkprov-lab/tiny-gated", num_shards=2, total_size=2 * 1024 * 1024, gated=True),
 )
 START_TIMEOUT_S = 60.0
+CATALOG_REPO_BYTES = 4 * 1024 * 1024   # each catalog repo, generated small (the real ones are GBs)
+TOKEN_FILE = "hf_token"                # the lab's HF token, 0600 in the lab state dir
+
+
+def catalog_repos() -> list[RepoSpec]:
+    """Every repo of the model catalog, generated small (2 shards, CATALOG_REPO_BYTES) with the
+    catalog's config.json values; a repo gated in the catalog is gated here (behind the lab token)."""
+    from sparkprov.catalog.load import load_catalog
+
+    return [RepoSpec(info.repo, num_shards=2, total_size=CATALOG_REPO_BYTES, gated=info.gated,
+                     config=dict(info.config or {}))
+            for info in load_catalog().repos()]
+
+
+def lab_repos() -> list[RepoSpec]:
+    """What the lab hub serves by default: DEFAULT_REPOS plus every catalog repo."""
+    specs = list(DEFAULT_REPOS)
+    seen = {s.repo_id for s in specs}
+    for spec in catalog_repos():
+        if spec.repo_id not in seen:
+            seen.add(spec.repo_id)
+            specs.append(spec)
+    return specs
+
+
+def lab_token(state_dir: Path) -> str:
+    """The lab's HF token (stable across lab.up runs): state_dir/hf_token, mode 0600, made once."""
+    path = Path(state_dir) / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if not token:
+        import secrets
+
+        token = "hf_sparkprovLab" + secrets.token_hex(16)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+    os.chmod(path, 0o600)
+    return token
+
+
+def ensure_lab_hub(state_dir: Path, bind_ip: str, port: int = 8080) -> str:
+    """The lab hub as `invoke lab.up` runs it: lab_repos() (generated once, cached), gated ones behind
+    lab_token(state_dir). Idempotent: a hub already serving exactly this is left running."""
+    return ensure_hub(state_dir, bind_ip, port, repos=lab_repos(), token=lab_token(state_dir))
 
 
 def default_root() -> Path:
