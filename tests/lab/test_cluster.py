@@ -71,14 +71,21 @@ def env(lab, hub, tmp_path_factory):
                         hosts=None, as_json=True) == 0
     for n in lab.names:
         lab.ssh(n, f"docker rm -f {FOREIGN} >/dev/null 2>&1; rm -rf {STORE}")
-    os.environ["HF_TOKEN"] = hub.token
     from sparkprov.staging.transfer import StageOptions, run_stage
 
     loaded = load_inventory(inv)
-    for alias in (TP_MODEL,) + SINGLE:
-        rep = Report(io.StringIO())
-        run_stage(loaded, list(loaded.hosts), alias, StageOptions(), rep)
-        assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
+    saved = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = hub.token  # for staging the gated repos only; restored below
+    try:
+        for alias in (TP_MODEL,) + SINGLE:
+            rep = Report(io.StringIO())
+            run_stage(loaded, list(loaded.hosts), alias, StageOptions(), rep)
+            assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
+    finally:
+        if saved is None:
+            os.environ.pop("HF_TOKEN", None)
+        else:
+            os.environ["HF_TOKEN"] = saved
     yield {"inv": inv, "dir": d, "lab": lab}
     down(load_inventory(inv), lab.names, Report(io.StringIO()))
     for n in lab.names:

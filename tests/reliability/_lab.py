@@ -1,0 +1,122 @@
+"""What the reliability tests share: an inventory for the lab, provision runs in process and as
+`invoke provision` processes, results by host and task, and plain reads of a lab host's state."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sparkprov.data.inventory import load_inventory
+from sparkprov.data.playbook import load_playbook
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import Runner, RunOptions
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = REPO / "playbooks" / "provision.yaml"
+NETPLAN = "/etc/netplan/40-sparkprov-fabric.yaml"
+RAILS = {"enp1s0f1np1": "192.168.100", "enP2p1s0f1np1": "192.168.101"}
+NUM = {"spark1": 11, "spark2": 12}
+STORE = "/home/nvidia/vllm"
+
+
+def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, extra_vars: str = "",
+                    store: str = "~/vllm") -> Path:
+    path.write_text(f"""
+defaults:
+  user: nvidia
+  ssh_key: {lab.key}
+  known_hosts: {known_hosts or lab.known_hosts}
+  become_password_file: {lab.password_file}
+  connect_timeout: 10
+hosts:
+{''.join(f'  {n}: {{address: {a}}}' + chr(10) for n, a in lab.hosts.items())}
+groups:
+  sparks: [{', '.join(lab.hosts)}]
+vars:
+  model_store: {store}
+  compile_cache: ~/vllm-compile-cache
+{extra_vars}""")
+    return path
+
+
+def provision(inv: Path, hosts: list[str] | None = None, **opts) -> Report:
+    report = Report(io.StringIO())
+    inventory = load_inventory(inv)
+    Runner(inventory, load_playbook(PLAYBOOK), hosts or list(inventory.hosts), RunOptions(**opts), report).run()
+    return report
+
+
+def changed(report: Report) -> dict[tuple[str, str], str]:
+    return {(r.host, r.task): r.msg for r in report.results if r.status == "changed"}
+
+
+def problems(report: Report) -> list[tuple[str, str, str, str]]:
+    return [(r.host, r.task, r.status, r.msg) for r in report.results if r.status in ("failed", "unreachable")]
+
+
+def invoke_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args]
+
+
+def invoke_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def run_invoke(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(invoke_argv(*args), capture_output=True, text=True, timeout=timeout,
+                          env=env or invoke_env(), cwd=REPO)
+
+
+def converge(inv: Path) -> Report:
+    """Provision until a run changes nothing (at most three runs); that run's report."""
+    for _ in range(3):
+        report = provision(inv)
+        assert not problems(report), problems(report)
+        if not changed(report):
+            return report
+    raise AssertionError(f"provision does not converge: {changed(report)}")
+
+
+# -- serving (cluster-up) on the lab: the lab hub's catalog repos, the catalog's TP=2 recipe ---------
+LAB_HUB = "http://10.77.0.1:8080"   # `invoke lab.up`'s hub: every catalog repo, gated ones behind the lab token
+TP_MODEL = "llama-3.3-70b"          # gated in the catalog (meta-llama), TP 2 across spark1 + spark2
+TP_REPO = "meta-llama/Llama-3.3-70B-Instruct"
+MANAGED = "sparkprov.managed=1"
+
+
+def lab_hub_token(lab) -> str:
+    from sparkprov.lab.hub import hub_status, lab_token
+
+    st = hub_status(lab.state_dir)
+    assert st and st["url"] == LAB_HUB, f"the lab hub is not serving on {LAB_HUB} (invoke lab.up): {st}"
+    return lab_token(lab.state_dir)
+
+
+def token_file(path: Path, token: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, token.encode() + b"\n")
+    os.close(fd)
+    return path
+
+
+def serve_playbook(path: Path, name: str) -> Path:
+    path.write_text(f"deployments:\n  - {{name: {name}, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2}}\n")
+    return path
+
+
+def cli_env(token_path: Path | None = None) -> dict[str, str]:
+    """The environment of `invoke` as a user runs it: the HF token only in a 0600 file."""
+    env = invoke_env()
+    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "SPARKPROV_BECOME_PASSWORD"):
+        env.pop(k, None)
+    env["HF_TOKEN_PATH"] = str(token_path) if token_path else "/nonexistent/hf-token"
+    return env
+
+
+def managed_containers(lab, host: str) -> list[str]:
+    """sparkprov-labelled containers on a host, running or not (read with plain docker inside the host)."""
+    out = lab.sh(host, f"docker ps -a --filter label={MANAGED} --format '{{{{.Names}}}}'")
+    assert out.returncode == 0, out.stderr
+    return sorted(out.stdout.split())
