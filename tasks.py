@@ -59,6 +59,15 @@ def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, acc
                accept_new_host_keys=accept_new_host_keys)
 
 
+@task
+def schema(c):
+    """Write JSON Schemas for inventory and playbook files to schemas/ (for editors)."""
+    from sparkprov.data.schema import write_schemas
+
+    for path in write_schemas():
+        print(path)
+
+
 def _stage_help():
     from sparkprov.cli.stage import STAGE_HELP
 
@@ -76,7 +85,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         progress_interval=progress_interval)
 
 
-ns = Collection(provision, play, facts, stage_weights, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
+ns = Collection(provision, play, facts, schema, stage_weights, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
 ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
 ns.add_task(task(cluster_cli.cluster_down, name="cluster-down", help=cluster_cli.DOWN_HELP))
 ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))
