@@ -37,7 +37,11 @@ class ManagedContainers(Fact):
     """Every container with the label sparkprov.managed=1 (running or not), with its labels."""
 
     def command(self, sh: ShellCtx) -> str:
-        return ("o=$(docker info --format '{{.ServerVersion}}' 2>&1) || { printf '@noaccess %s\\n' \"$(printf '%s' \"$o\" | head -n 1)\"; exit 0; }\n"
+        # docker's own reason (daemon down, socket permission), not the blank or heading lines
+        # its client prints around it.
+        return ("o=$(docker info --format '{{.ServerVersion}}' 2>&1) || { w=$(printf '%s\\n' \"$o\" | "
+                "grep -m1 -iE 'cannot|denied|error|not found'); [ -n \"$w\" ] || w=$(printf '%s\\n' \"$o\" | "
+                "sed -n '/[^[:space:]]/{p;q}'); printf '@noaccess %s\\n' \"$w\"; exit 0; }\n"
                 f"ids=$(docker ps -aq --filter {quote('label=' + MANAGED + '=1')})\n"
                 f"[ -z \"$ids\" ] || docker inspect --format {quote(FORMAT)} $ids")
 

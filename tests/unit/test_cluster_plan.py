@@ -252,3 +252,23 @@ def test_api_key_file_has_one_default_for_recipe_and_cluster_up(tmp_path):
     assert HostServeContext.from_host_vars("h", {"api_key_file": None}, home="/root").api_key_file is None
     assert HostServeContext.from_host_vars("h", {"api_key_file": "/etc/k"}, home="/root").api_key_file == "/etc/k"
     assert HostServeContext().api_key_file == "~/.config/sparkprov/api_key"  # no host: the login user's ~
+
+
+def test_docker_unreachable_reason_is_dockers_own_line(tmp_path):
+    """docker 20.10's client, daemon down: a blank line and a `Server:` heading come before the
+    reason; the failure names the reason, not "docker is not reachable"."""
+    import os
+    import subprocess
+
+    from sparkprov.cluster.facts import ManagedContainers, parse_containers
+    from sparkprov.engine.facts import ShellCtx
+
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\nprintf '\\nServer:\\nERROR: Cannot connect to the Docker daemon at "
+                    "unix:///var/run/docker.sock. Is the docker daemon running?\\n' >&2; exit 1\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", ManagedContainers().command(ShellCtx("/root"))], capture_output=True,
+                         text=True, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}).stdout
+    parsed = parse_containers(out)
+    assert parsed["access"] is False
+    assert parsed["error"].startswith("ERROR: Cannot connect to the Docker daemon")
