@@ -20,9 +20,13 @@ def _skip_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    # tests that tear the lab down run after every other test of the session
+    # The lab's own tests check a *fresh* Spark (nvidia not in docker, MTU 1500, no addresses):
+    # they run before any test that provisions the shared lab. Tests that tear the lab down run
+    # after every other test of the session.
     last = [i for i in items if i.get_closest_marker("lab_teardown")]
-    items[:] = [i for i in items if not i.get_closest_marker("lab_teardown")] + last
+    rest = [i for i in items if not i.get_closest_marker("lab_teardown")]
+    fresh = [i for i in rest if i.fspath.basename == "test_lab_hosts.py"]
+    items[:] = fresh + [i for i in rest if i.fspath.basename != "test_lab_hosts.py"] + last
 
 
 def pytest_configure(config):
