@@ -376,7 +376,7 @@ def g17_kv_pool(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     elif plan.max_num_seqs and plan.pool_tokens < plan.max_num_seqs * mml:
         yield Hit(f"the KV pool holds {plan.pool_tokens:,} tokens = {plan.concurrency:.2f} full-length requests, "
                   f"fewer than --max-num-seqs {plan.max_num_seqs} x {mml:,}",
-                  f"lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization",
+                  "lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization",
                   sources=("001 §8", r.source_of("kv_measured").cite() if r.kv_measured else r.source.cite()))
 
 

@@ -7,7 +7,13 @@ import sys
 
 from invoke import Exit, task
 
+from typing import TYPE_CHECKING
+
 from sparkprov.errors import SparkprovError
+
+if TYPE_CHECKING:  # annotations only; the catalog loads inside the tasks
+    from sparkprov.catalog.load import Catalog
+    from sparkprov.catalog.render import HostServeContext, Launch
 
 # The catalog (pydantic models, YAML) loads inside the tasks: `invoke --list` stays instant.
 

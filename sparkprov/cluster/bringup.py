@@ -26,17 +26,16 @@ from sparkprov.catalog.lint import WARNING, errors as lint_errors, lint_cluster,
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.cluster import probe, spec as specmod
-from sparkprov.cluster.facts import (ImageId, KeyFile, Listeners, ManagedContainers, RayStatus, ServerState,
-                                     parse_containers)
+from sparkprov.cluster.facts import ImageId, KeyFile, Listeners, ManagedContainers, RayStatus, ServerState
 from sparkprov.cluster.hosts import (DEFAULT_KEY_FILE, DEFAULT_PORT, Node, become_fix, close_all, connect_and_gather, regather)
 from sparkprov.cluster.playbook import Deployment, ServePlaybook
 from sparkprov.cluster.progress import Poll, Progress, WaitTimeout
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report, TaskResult
-from sparkprov.errors import InputError, SparkprovError
+from sparkprov.errors import SparkprovError
 from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
 from sparkprov.staging.facts import StoreState
-from sparkprov.staging.plan import STAGING, repo_dir
+from sparkprov.staging.plan import repo_dir
 from sparkprov.transport.shell import cmd, quote
 
 PLAY = "cluster-up"

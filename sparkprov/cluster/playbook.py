@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.data.yamlpos import load_yaml, parse_model
 from sparkprov.errors import InputError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")

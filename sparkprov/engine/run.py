@@ -20,7 +20,7 @@ from typing import Any
 from sparkprov import modules
 from sparkprov.data.inventory import Host, Inventory
 from sparkprov.data.playbook import Play, Playbook, Task, render_args
-from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template, render
+from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
 from sparkprov.engine.facts import Fact, FactError, HostInfo, ShellCtx, build_gather, parse_gather
 from sparkprov.engine.module import FactView, HostContext, Plan
 from sparkprov.engine.report import CENSORED, Report, TaskResult

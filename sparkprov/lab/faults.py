@@ -49,8 +49,7 @@ def slow_link(host: str, iface: str = "enp1s0f1np1", rate: str = "100mbit",
     _check_iface(iface)
     _record(host)
     if delay:
-        r = net.ip("link", "show", iface, ns=host)  # exists
-        del r
+        net.ip("link", "show", iface, ns=host)  # raises if the interface is missing
         p = subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "replace", "dev", iface,
                             "root", "netem", "delay", delay, "rate", rate],
                            capture_output=True, text=True)

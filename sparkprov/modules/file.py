@@ -45,7 +45,7 @@ class FileModule(Module):
             mode = args.mode or (format(state["mode"], "04o") if state["exists"] else "0644")
             owner = args.owner or (state.get("owner") if state["exists"] else None)
             group = args.group or (state.get("group") if state["exists"] else None)
-            lines = [f"umask 077", heredoc_bytes(data, "cat > " + quote(tmp)).rstrip("\n"),
+            lines = ["umask 077", heredoc_bytes(data, "cat > " + quote(tmp)).rstrip("\n"),
                      cmd("chmod", mode, "--", tmp)]
             if owner or group:
                 lines.append(cmd("chown", (owner or "") + (":" + group if group else ""), "--", tmp))

@@ -38,7 +38,7 @@ from sparkprov.staging.hub import StageSpec, endpoint_env, list_stage, resolve_t
 from sparkprov.staging.plan import (STAGING, Assignment, HostPlan, Item, Status, StoreFacts, assign, check_disk,
                                     human, plan_host, split_streams, streams_per_pair)
 from sparkprov.staging.progress import Progress
-from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
+from sparkprov.transport.base import Transport, Unreachable
 from sparkprov.transport.shell import cmd, quote
 
 DEFAULT_STORE = "~/vllm"

@@ -62,6 +62,19 @@ class LabHandle:
                 "-o", f"UserKnownHostsFile={known_hosts or self.known_hosts}",
                 "-o", "GlobalKnownHostsFile=/dev/null", f"nvidia@{self.hosts[host]}", *cmd]
 
+    def write_inventory(self, path: Path, *, known_hosts: Path | None = None, password_file: Path | None = None,
+                        store: str = "~/vllm", extra_vars: str = "") -> Path:
+        """An inventory of every lab host (the lab's key, known_hosts, sudo password file) with
+        the model store and compile cache as provision uses them; `extra_vars` lines go under vars:."""
+        path.write_text(
+            "defaults:\n  user: nvidia\n"
+            f"  ssh_key: {self.key}\n  known_hosts: {known_hosts or self.known_hosts}\n"
+            f"  become_password_file: {password_file or self.password_file}\n  connect_timeout: 10\n"
+            "hosts:\n" + "".join(f"  {n}: {{address: {a}}}\n" for n, a in self.hosts.items())
+            + f"groups:\n  sparks: [{', '.join(self.hosts)}]\n"
+            + f"vars:\n  model_store: {store}\n  compile_cache: ~/vllm-compile-cache\n{extra_vars}")
+        return path
+
     def ssh(self, host: str, cmd: str, *, input: str | None = None,
             known_hosts: Path | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(self.ssh_argv(host, cmd, known_hosts=known_hosts), input=input,

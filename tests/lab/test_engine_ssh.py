@@ -5,7 +5,6 @@ with sparkprov's own facts."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -37,22 +36,8 @@ PLAYBOOK = """
 CLEANUP = "rm -rf /srv/sp-e2e /home/nvidia/sp-e2e.txt; gpasswd -d nvidia sp-e2e >/dev/null 2>&1; groupdel sp-e2e >/dev/null 2>&1; true"
 
 
-def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, password_file: Path | None = None,
-                    extra: str = "") -> Path:
-    path.write_text(f"""
-defaults:
-  user: nvidia
-  ssh_key: {lab.key}
-  known_hosts: {known_hosts or lab.known_hosts}
-  become_password_file: {password_file or lab.password_file}
-  connect_timeout: 5
-hosts:
-{''.join(f'  {n}: {{address: {a}}}' + chr(10) for n, a in lab.hosts.items())}
-groups:
-  sparks: [{', '.join(lab.hosts)}]
-{extra}
-""")
-    return path
+def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, password_file: Path | None = None) -> Path:
+    return lab.write_inventory(path, known_hosts=known_hosts, password_file=password_file)
 
 
 def failures(report: Report) -> list[str]:

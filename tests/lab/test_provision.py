@@ -37,22 +37,7 @@ RESET = (
 
 def write_inventory(lab, path: Path, smoke: str | None) -> Path:
     extra = f"  smoke_image: {smoke}\n  smoke_command: [echo, smoke-ok]\n" if smoke else ""
-    path.write_text(f"""
-defaults:
-  user: nvidia
-  ssh_key: {lab.key}
-  known_hosts: {lab.known_hosts}
-  become_password_file: {lab.password_file}
-  connect_timeout: 10
-hosts:
-{''.join(f'  {n}: {{address: {a}}}' + chr(10) for n, a in lab.hosts.items())}
-groups:
-  sparks: [{', '.join(lab.hosts)}]
-vars:
-  model_store: ~/vllm
-  compile_cache: ~/vllm-compile-cache
-{extra}""")
-    return path
+    return lab.write_inventory(path, extra_vars=extra)
 
 
 def provision(inv: Path, **opts) -> tuple[Report, float]:

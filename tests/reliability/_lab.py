@@ -23,22 +23,7 @@ STORE = "/home/nvidia/vllm"
 
 def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, extra_vars: str = "",
                     store: str = "~/vllm") -> Path:
-    path.write_text(f"""
-defaults:
-  user: nvidia
-  ssh_key: {lab.key}
-  known_hosts: {known_hosts or lab.known_hosts}
-  become_password_file: {lab.password_file}
-  connect_timeout: 10
-hosts:
-{''.join(f'  {n}: {{address: {a}}}' + chr(10) for n, a in lab.hosts.items())}
-groups:
-  sparks: [{', '.join(lab.hosts)}]
-vars:
-  model_store: {store}
-  compile_cache: ~/vllm-compile-cache
-{extra_vars}""")
-    return path
+    return lab.write_inventory(path, known_hosts=known_hosts, store=store, extra_vars=extra_vars)
 
 
 def provision(inv: Path, hosts: list[str] | None = None, **opts) -> Report:

@@ -160,7 +160,7 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     assert again.exit_code() == 0, problems(again)
     msg = {(r.host, r.task): r.msg for r in again.results if r.status == "changed"}
     assert set(msg) <= {("spark2", "receive"), ("spark2", "verify store")}, msg
-    assert f"from spark1 " in msg[("spark2", "receive")] and f"over {addr}" in msg[("spark2", "receive")], msg
+    assert "from spark1 " in msg[("spark2", "receive")] and f"over {addr}" in msg[("spark2", "receive")], msg
     assert not [r for r in server.state.log[before_log:] if "/resolve/" in r["path"]], "nothing fetched again"
     print(f"rerun sent {sent / MiB:.1f} MiB over {iface} for {missing / MiB:.1f} MiB missing: {msg}")
     assert sent <= missing * 1.08 + 1 * MiB, (sent, missing, kept)   # the finished bytes were not sent again

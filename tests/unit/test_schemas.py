@@ -1,7 +1,6 @@
 """The published JSON Schemas are what the code generates, and the shipped files satisfy them;
 bad files the loaders reject are rejected by the schemas too (the editor sees what sparkprov sees)."""
 
-import json
 from pathlib import Path
 
 import jsonschema
