@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterable
 from sparkprov.catalog.render import DEFAULT_API_KEY_FILE
 from sparkprov.data.inventory import Host, Inventory
 from sparkprov.engine.facts import Fact, HostInfo, ShellCtx, build_gather, parse_gather
-from sparkprov.engine.run import BecomePassword, make_transport
+from sparkprov.engine.run import BecomePassword, become_from_probe, make_transport
 from sparkprov.errors import SparkprovError
-from sparkprov.transport.base import BecomeMethod, ExecResult, Transport, Unreachable
+from sparkprov.transport.base import ExecResult, Transport, Unreachable
 
 DEFAULT_KEY_FILE = DEFAULT_API_KEY_FILE
 DEFAULT_STORE = "~/vllm"
@@ -92,7 +92,8 @@ def connect_and_gather(inventory: Inventory, names: list[str], facts_for: Callab
                                      f"{parsed.errors.get(HostInfo().key) or res.stderr.strip()[:200]}")
             node.info = parsed.values[HostInfo().key]
             node.become_how = parsed.become
-            _settle(node, parsed.become, pw)
+            # a password that is missing or wrong leaves become unknown: steps that need root say so
+            become_from_probe(node.transport, parsed.become, pw)
         except Unreachable as exc:
             node.unreachable = exc.line()
         except SparkprovError as exc:
@@ -114,17 +115,6 @@ def regather(node: Node, facts: Iterable[Fact]) -> None:
         node.errors.pop(f.key, None)
     node.values.update(parsed.values)
     node.errors.update(parsed.errors)
-
-
-def _settle(node: Node, how: str | None, password: str | None) -> None:
-    t = node.transport
-    if how == "root":
-        t.become_method = BecomeMethod.NONE
-    elif how == "nopasswd":
-        t.become_method = BecomeMethod.PASSWORDLESS
-    elif how == "password-ok":
-        t.become_method, t.become_password = BecomeMethod.PASSWORD, password
-    # otherwise become stays unknown: steps that need root say so when they need it
 
 
 def close_all(nodes: dict[str, Node]) -> None:
