@@ -243,6 +243,12 @@ class Runner:
         gs = build_gather(missing, hr.shell_ctx(), become=become, password=password, probe_become=probe)
         result = hr.transport.run_script(gs.script)
         parsed = parse_gather(gs, result.stdout)
+        if result.rc != 0:
+            # the script died before some sections: say how, instead of only "no output"
+            tail = (result.stderr.strip().splitlines() or [""])[-1]
+            for key, msg in parsed.errors.items():
+                if msg.startswith("no output"):
+                    parsed.errors[key] = f"{msg}: exit status {result.rc}" + (f": {tail}" if tail else "")
         hr.values.update(parsed.values)
         hr.errors.update(parsed.errors)
         if HostInfo().key in parsed.values:
