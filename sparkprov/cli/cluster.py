@@ -73,7 +73,7 @@ def cluster_up(c, tp=None, playbook=None, hosts=None, inventory=None, check=Fals
     """Start the playbook's models (single-node servers, or Ray TP clusters) and prove they serve."""
     from invoke.exceptions import Exit
 
-    from sparkprov.cli.common import finish, inventory_path, user_errors
+    from sparkprov.cli.common import finish, inventory_path, print_report, user_errors
     from sparkprov.cluster.bringup import UpOptions, cluster_up as run
     from sparkprov.cluster.playbook import load_serve_playbook, select
     from sparkprov.data.inventory import load_inventory
@@ -99,12 +99,8 @@ def cluster_up(c, tp=None, playbook=None, hosts=None, inventory=None, check=Fals
                          image_source=image_source, ray_timeout=ray_timeout, health_timeout=health_timeout,
                          verify=verify, prune=prune, progress_stream=out, quiet=False)
         summary = run(inv, pb, deps, opts, report)
-    if json:
-        doc = report.as_dict()
-        doc["cluster"] = summary
-        print(_json.dumps(doc, indent=2, default=str))
-    else:
-        report.recap()
+    print_report(report, json, cluster=summary)
+    if not json:
         print_summary(summary, report.exit_code() == 0)
     finish(report.exit_code())
 
@@ -129,7 +125,7 @@ def print_summary(summary, ok: bool) -> None:
 
 def cluster_down(c, hosts=None, inventory=None, deployments=None, check=False, json=False, accept_new_host_keys=False):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
-    from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
+    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.cluster.manage import down
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
@@ -141,12 +137,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, check=False, j
         report = Report(out, quiet=json)
         removed = down(inv, targets, report, deployments=_csv(deployments), check=check,
                        accept_new_host_keys=accept_new_host_keys)
-    if json:
-        doc = report.as_dict()
-        doc["removed"] = removed
-        print(_json.dumps(doc, indent=2))
-    else:
-        report.recap()
+    print_report(report, json, removed=removed)
     finish(report.exit_code())
 
 
@@ -199,7 +190,7 @@ def print_status(st) -> None:
 def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, threshold=21.875, max_bytes="2G", iters=20,
                json=False, accept_new_host_keys=False):
     """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
-    from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
+    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.cluster.nccl import nccl_check as run
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
@@ -224,10 +215,5 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, thresho
         report = Report(out, quiet=json)
         res = run(inv, targets, image, report, threshold=float(threshold), max_bytes=str(max_bytes), iters=int(iters),
                   accept_new_host_keys=accept_new_host_keys)
-    if json:
-        doc = report.as_dict()
-        doc["nccl"] = res
-        print(_json.dumps(doc, indent=2, default=str))
-    else:
-        report.recap()
+    print_report(report, json, nccl=res)
     finish(report.exit_code())

@@ -90,6 +90,17 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     return report.exit_code()
 
 
+def print_report(report, as_json: bool, **extra) -> None:
+    """The end of a command: one JSON document ({ok, hosts, results} plus the command's own
+    sections) or the PLAY RECAP."""
+    if as_json:
+        doc = report.as_dict()
+        doc.update(extra)
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        report.recap()
+
+
 def finish(code: int) -> None:
     if code:
         raise Exit(code=code)

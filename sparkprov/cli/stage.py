@@ -11,7 +11,6 @@ The lead registers it in tasks.py:
 
 from __future__ import annotations
 
-import json as _json
 import sys
 
 STAGE_HELP = {
@@ -38,7 +37,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
     download once, fan out over the fabric with rsync, verify sha256 everywhere."""
     from invoke.exceptions import Exit
 
-    from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
+    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.staging.transfer import StageOptions, run_stage
@@ -60,12 +59,8 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
                                accept_new_host_keys=accept_new_host_keys, progress_stream=out, live=live,
                                progress_interval=progress_interval)
         summary = run_stage(inv, targets, model, options, report)
-    if json:
-        doc = report.as_dict()
-        doc["stage"] = summary
-        print(_json.dumps(doc, indent=2, default=str))
-    else:
-        report.recap()
+    print_report(report, json, stage=summary)
+    if not json:
         s = summary
         print(f"\n{s['model']}: {s.get('files', 0)} files, {_h(s.get('bytes', 0))}; source {s['source']}; "
               f"{s.get('seconds', 0):.1f}s")

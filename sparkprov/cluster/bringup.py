@@ -197,10 +197,7 @@ class ClusterUp:
             for p in plans:
                 self._do(p)
         finally:
-            for name, n in self.nodes.items():
-                if n.transport is not None:
-                    self.report.hosts[name].remote_calls = n.transport.remote_calls
-            close_all(self.nodes)
+            close_all(self.nodes, self.report)
             self.summary["seconds"] = round(time.monotonic() - t0, 2)
             self.summary["remote_calls"] = {n: t.remote_calls for n, t in self.report.hosts.items()}
         return self.summary

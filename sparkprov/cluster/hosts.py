@@ -117,9 +117,12 @@ def regather(node: Node, facts: Iterable[Fact]) -> None:
     node.errors.update(parsed.errors)
 
 
-def close_all(nodes: dict[str, Node]) -> None:
-    for n in nodes.values():
+def close_all(nodes: dict[str, Node], report=None) -> None:
+    """Close every node's connection; with a report, record each host's remote calls first."""
+    for name, n in nodes.items():
         if n.transport is not None:
+            if report is not None:
+                report.hosts[name].remote_calls = n.transport.remote_calls
             n.transport.close()
 
 

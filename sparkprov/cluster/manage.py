@@ -62,10 +62,7 @@ def down(inventory: Inventory, hosts: list[str], report: Report, *, deployments:
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
             list(pool.map(one, hosts))
     finally:
-        for name, n in nodes.items():
-            if n.transport is not None:
-                report.hosts[name].remote_calls = n.transport.remote_calls
-        close_all(nodes)
+        close_all(nodes, report)
     return out
 
 

@@ -133,10 +133,7 @@ def nccl_check(inventory: Inventory, hosts: list[str], image: str, report: Repor
         if doc is None or any(not r.ok for r in results.values()):
             _cleanup(nodes, hosts)
     finally:
-        for name, n in nodes.items():
-            if n.transport is not None:
-                report.hosts[name].remote_calls = n.transport.remote_calls
-        close_all(nodes)
+        close_all(nodes, report)
     return out
 
 

@@ -149,7 +149,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _cgroup_mount_lines() -> list[str]:
+def cgroup_mount_lines() -> list[str]:
     """Shell lines that re-create, inside a host, the control machine's cgroup mounts
     (`ip netns exec` remounts /sys, which hides them; dockerd needs them)."""
     lines = []
@@ -176,7 +176,7 @@ def _cgroup_mount_lines() -> list[str]:
 def _anchor_script(name: str, hdir: Path) -> str:
     q = shlex.quote
     lines = ["set -eu", f"hostname {q(name)}", "mount --make-rprivate /"]
-    lines += _cgroup_mount_lines()
+    lines += cgroup_mount_lines()
     for d in OVERLAYS:
         o = hdir / "ovl" / _slug(d)
         lines.append(f"mount -t overlay sparklab-{_slug(d)} -o lowerdir={d},"

@@ -147,7 +147,9 @@ def ns_dockerd(netns, ns_registry, pushed):
     shutil.copyfile("/etc/hosts", d / "hosts")
     with open(d / "hosts", "a") as fh:
         fh.write("".join(line + "\n" for line in settings["etc_hosts"]))
-    cg = _cgroup_lines()
+    from sparkprov.lab.hosts import cgroup_mount_lines
+
+    cg = cgroup_mount_lines()
     script = "\n".join([
         "set -e", *cg,
         f"mount --bind {d}/hosts /etc/hosts",
@@ -198,25 +200,6 @@ def ns_dockerd(netns, ns_registry, pushed):
         log.close()
         if not image._mounts_under(d):  # mounts lived in the namespace's own mount table
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _cgroup_lines() -> list[str]:
-    """Re-mount the cgroup hierarchies (ip netns exec remounts /sys, hiding them)."""
-    lines = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        pre, post = line.split(" - ", 1)
-        fstype, _src, sopts = post.split(" ", 2)
-        mnt = pre.split()[4]
-        if not mnt.startswith("/sys/fs/cgroup"):
-            continue
-        if fstype == "tmpfs" and mnt == "/sys/fs/cgroup":
-            lines.append("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup")
-        elif fstype == "cgroup":
-            opts = [o for o in sopts.split(",") if o not in ("rw", "ro", "relatime")]
-            lines.append(f"mkdir -p {mnt} && mount -t cgroup -o {','.join(opts)} cgroup {mnt}")
-        elif fstype == "cgroup2":
-            lines.append(f"mkdir -p {mnt} && mount -t cgroup2 cgroup2 {mnt}")
-    return lines
 
 
 def _docker(sock: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
