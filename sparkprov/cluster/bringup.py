@@ -709,6 +709,8 @@ class ClusterUp:
             state = rs.get("container_state")
             if state not in ("running",):
                 st, restarts, logs = self._container_state(node, head.name)
+                if st == "running":  # `ray status` did not answer this time (busy GCS): poll again
+                    return Poll(done=False, status=f"waiting for `ray status` in {head.name}")
                 return Poll(failed=f"{head.host}: the Ray head container {head.name} is {st} "
                                    f"(restarts {restarts}); its log ends: {_last(logs)}")
             return Poll(done=rs.get("ok") and rs["nodes"] >= want and rs["gpus"] >= want,
