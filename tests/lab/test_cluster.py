@@ -110,18 +110,7 @@ def containers(lab, host, label="sparkprov.managed=1"):
 
 def ray_processes(lab, host) -> list[str]:
     """Ray daemons in this host's network namespace (containers run with --network host)."""
-    ns = os.stat(f"/run/netns/{host}").st_ino
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino != ns:
-                continue
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(w in cmd for w in ("raylet", "gcs_server", "ray::", "ray start")):
-            found.append(cmd[:80])
-    return found
+    return ns_processes(host, ("raylet", "gcs_server", "ray::", "ray start"))
 
 
 def ns_processes(host, words) -> list[str]:

@@ -10,20 +10,11 @@ from invoke.exceptions import Exit
 from sparkprov.cli.common import run_playbook
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
+from helpers import SAFE_INVENTORY
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad"
 REPO = Path(__file__).resolve().parents[2]
 
-# Hosts that do not exist on this machine: if anything tried to reach them, the run would fail
-# with "unreachable" instead of the input error the test expects.
-SAFE_INVENTORY = """
-defaults: {port: 9, connect_timeout: 1}
-hosts:
-  s1: {address: 127.0.0.1}
-  s2: {address: 127.0.0.1}
-groups:
-  sparks: [s1, s2]
-"""
 
 
 def expected(path: Path) -> str:

@@ -42,20 +42,11 @@ from sparkprov.facts import hardware as hw
 from sparkprov.facts.files import PathState
 from sparkprov.modules import fabric
 from sparkprov.transport.shell import cmd, heredoc_bytes
+from helpers import SAFE_INVENTORY
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = REPO / "tests" / "fixtures" / "hostile"
 
-# Hosts nothing listens for: if a run tried to reach them it would say "unreachable" (exit 4)
-# instead of the input error a test expects.
-SAFE_INVENTORY = """
-defaults: {port: 9, connect_timeout: 1}
-hosts:
-  s1: {address: 127.0.0.1}
-  s2: {address: 127.0.0.1}
-groups:
-  sparks: [s1, s2]
-"""
 GOOD_PLAYBOOK = """
 - hosts: all
   tasks:

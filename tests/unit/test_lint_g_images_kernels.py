@@ -7,6 +7,7 @@ import textwrap
 from sparkprov.catalog.lint import ERROR, RULES, WARNING, lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
+from helpers import one, user
 
 CAT = load_catalog()
 
@@ -21,16 +22,6 @@ def lint(alias, *, yaml=None, tmp_path=None, ctx=None, tp=None, rule=None, overr
     launch = render_launch(r, ctx or HostServeContext(), tp or min(r.tp_sizes), overrides, catalog=cat)
     found = lint_launch(launch, catalog=cat)
     return [f for f in found if rule is None or f.rule == rule]
-
-
-def one(findings, severity):
-    assert len(findings) == 1, [f.line() for f in findings]
-    assert findings[0].severity == severity, findings[0].line()
-    return findings[0]
-
-
-def user(base, body=""):
-    return f"recipes:\n  - alias: broken\n    extends: {base}\n" + textwrap.indent(textwrap.dedent(body), "    ")
 
 
 def test_lint_rules_cover_the_launch_gotchas():

@@ -6,6 +6,7 @@ import textwrap
 from sparkprov.catalog.lint import ERROR, WARNING, errors, lint_cluster, lint_launch, plan_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
+from helpers import one, user
 
 CAT = load_catalog()
 TP2 = dict(fabric_ifaces=["enp1s0f1np1"], ib_hcas=["rocep1s0f1"], node_ip="192.168.100.10", cluster_size=2)
@@ -23,16 +24,6 @@ def lint(alias, *, yaml=None, tmp_path=None, ctx=None, tp=None, rule=None, overr
     others = [render_launch(cat.get(a), ctx, catalog=cat) for a in colocated]
     found = lint_launch(launch, catalog=cat, colocated=others)
     return [f for f in found if rule is None or f.rule == rule]
-
-
-def one(findings, severity):
-    assert len(findings) == 1, [f.line() for f in findings]
-    assert findings[0].severity == severity, findings[0].line()
-    return findings[0]
-
-
-def user(base, body=""):
-    return f"recipes:\n  - alias: broken\n    extends: {base}\n" + textwrap.indent(textwrap.dedent(body), "    ")
 
 
 # ---------------------------------------------------------------- the catalog itself

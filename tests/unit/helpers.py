@@ -1,0 +1,26 @@
+"""Helpers shared by unit tests (imported as `helpers`: pytest puts this folder on sys.path)."""
+
+import textwrap
+
+# Hosts nothing listens for: if a run tried to reach them it would say "unreachable" (exit 4)
+# instead of the input error a test expects.
+SAFE_INVENTORY = """
+defaults: {port: 9, connect_timeout: 1}
+hosts:
+  s1: {address: 127.0.0.1}
+  s2: {address: 127.0.0.1}
+groups:
+  sparks: [s1, s2]
+"""
+
+
+def one(findings, severity):
+    """The single lint finding, of this severity."""
+    assert len(findings) == 1, [f.line() for f in findings]
+    assert findings[0].severity == severity, findings[0].line()
+    return findings[0]
+
+
+def user(base, body=""):
+    """A user recipe file with one recipe `broken` extending `base`."""
+    return f"recipes:\n  - alias: broken\n    extends: {base}\n" + textwrap.indent(textwrap.dedent(body), "    ")
