@@ -6,11 +6,13 @@ The script goes to `sh -s` on stdin. With become, `sudo` runs the shell, and the
 
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import dataclass
 from enum import Enum
 
 from sparkprov.errors import SparkprovError
+from sparkprov.transport.shell import quote
 
 
 @dataclass
@@ -64,6 +66,12 @@ class Transport:
             return self._exec("sh -s", script.encode(), timeout)
         if self.become_method is BecomeMethod.PASSWORDLESS:
             return self._exec("sudo -n -H sh -s", script.encode(), timeout)
-        # -k: never reuse cached credentials, so sudo always reads exactly the first line.
-        payload = (self.become_password or "") + "\n" + script
-        return self._exec("sudo -k -S -p '' -H sh -s", payload.encode(), timeout)
+        # sudo can read past the password line of a stdin it shares with the script (seen as a
+        # script whose first lines never ran), so sudo gets a stdin of its own holding only the
+        # password (printf is a builtin: no argv), and the script waits in a 0600 temp file of
+        # the login user. -k: never reuse cached credentials, so sudo always reads the password.
+        tag = "SPARKPROV_" + secrets.token_hex(8)
+        wrapper = (f"t=$(mktemp) || exit 1\ncat > \"$t\" <<'{tag}'\n{script}\n{tag}\n"
+                   f"printf '%s\\n' {quote(self.become_password or '')} | sudo -k -S -p '' -H sh \"$t\"\n"
+                   "rc=$?; rm -f \"$t\"; exit $rc\n")
+        return self._exec("sh -s", wrapper.encode(), timeout)
