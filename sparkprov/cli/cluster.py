@@ -1,6 +1,7 @@
-"""`invoke cluster-up`, `cluster-down`, `status`, `nccl-check` (thin: parse options, call sparkprov.cluster).
+"""`invoke cluster-up`, `cluster-down`, `status`, `nccl-check`: parse options, build the plays
+(sparkprov.cluster.plays), run them on the engine, print what they found.
 
-The lead registers them in tasks.py:
+Registered in tasks.py:
 
     from sparkprov.cli import cluster as cluster_cli
     ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
@@ -20,14 +21,14 @@ COMMON = {
 }
 UP_HELP = {
     **COMMON,
-    "tp": "Tensor-parallel size: start the deployments of this size (2: one model across two Sparks with Ray). "
-          "Without --playbook, 1 reads playbooks/serve.yaml and N > 1 playbooks/cluster.yaml",
+    "tp": "Tensor-parallel size (with --model: of the new deployment; else start the playbook's deployments of this "
+          "size). Without --model or --playbook, 1 reads playbooks/serve.yaml and N > 1 playbooks/cluster.yaml",
     "playbook": "Serve playbook (deployments: model, hosts, tp, overrides). Default: playbooks/cluster.yaml "
                 "(playbooks/serve.yaml with --tp 1)",
     "deployments": "Only these deployments of the playbook (comma-separated names)",
     "check": "Preflight and plan only: say what would start or be replaced, change nothing",
     "recipes": "A user recipe file merged over the catalog (repeatable)",
-    "stage": "Stage missing weights with stage-weights before starting (without it: ask on a terminal, else fail naming the fix)",
+    "stage": "Not yet: run invoke stage-weights MODEL first (cluster-up fails naming the fix when weights are missing)",
     "unload_ollama": "Unload models an Ollama server holds in unified memory before the load (G14)",
     "drop_caches": "Drop the page cache as root before a load (G15; default on, --no-drop-caches to skip)",
     "image_source": "Where a node missing the image gets it: auto (registry, then a peer over the fabric), "
@@ -35,17 +36,22 @@ UP_HELP = {
     "ray_timeout": "Seconds to wait for every Ray node and GPU to join (default 300)",
     "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)",
     "verify": "Also warm up and smoke-test deployments that are already up and unchanged",
-    "prune": "Remove sparkprov containers on these hosts whose deployment is not in the playbook",
 }
 DOWN_HELP = {
     **COMMON,
+    "limit": "Further limit the hosts (pattern)",
+    "forks": "How many hosts to work on at once (default 32)",
     "hosts": "Hosts, groups or patterns to clean, comma-separated (default: all in the inventory)",
     "deployments": "Only the containers of these deployments (comma-separated; default: every sparkprov container)",
     "check": "Say what would be removed, remove nothing",
 }
-STATUS_HELP = {**COMMON, "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)"}
+STATUS_HELP = {**COMMON, "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)",
+               "limit": "Further limit the hosts (pattern)", "forks": "How many hosts to work on at once (default 32)"}
 NCCL_HELP = {
     **COMMON,
+    "check": "Check the hosts (fabric, image) and say what would run; run nothing",
+    "limit": "Further limit the hosts (pattern)",
+    "forks": "How many hosts to work on at once (default 32)",
     "hosts": "The hosts to test, comma-separated; the first is rank 0 (default: all in the inventory)",
     "image": "Image to run the benchmark in (default: the image of the playbook's first TP deployment)",
     "playbook": "Serve playbook whose first TP deployment names the image (default: playbooks/cluster.yaml)",
@@ -67,96 +73,265 @@ def _playbook_path(playbook, tp):
     return playbook_path(playbook, "serve.yaml" if tp == 1 else "cluster.yaml")
 
 
-def cluster_up(c, tp=None, playbook=None, hosts=None, inventory=None, check=False, json=False, deployments=None,
-               recipes=None, stage=False, unload_ollama=False, drop_caches=True, image_source="auto", ray_timeout=300,
-               health_timeout=None, verify=False, prune=False, accept_new_host_keys=False):
-    """Start the playbook's models (single-node servers, or Ray TP clusters) and prove they serve."""
-    from invoke.exceptions import Exit
+UP_HELP.update({
+    "model": "Serve this catalog model without a playbook (invoke models lists them); with --tp, --hosts, --name",
+    "name": "Deployment name for --model (default: the model alias)",
+    "executor": "Multi-node executor: ray (default: a Ray cluster) or native (vLLM's own --nnodes/--node-rank)",
+    "pp": "Pipeline-parallel size (default 1): a cluster spans tp x pp Sparks",
+    "limit": "Further limit the hosts (pattern)",
+    "forks": "How many hosts to work on at once (default 32)",
+})
+DOWN_HELP["model"] = "Remove the deployment cluster-up --model started (its name: --name, else the alias)"
+DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
+NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
 
-    from sparkprov.cli.common import finish, inventory_path, print_report, user_errors
-    from sparkprov.cluster.bringup import UpOptions, cluster_up as run
-    from sparkprov.cluster.playbook import load_serve_playbook, select
+
+def _int(name, value, lo, hi):
+    from sparkprov.errors import InputError
+
+    try:
+        v = int(str(value), 10)
+    except ValueError:
+        raise InputError(f"--{name} {value!r} is not a whole number", fix=f"give a number from {lo} to {hi}") from None
+    if not lo <= v <= hi:
+        raise InputError(f"--{name} {v} is out of range", fix=f"give a number from {lo} to {hi}")
+    return v
+
+
+def _float(name, value, lo, hi):
+    import math
+
+    from sparkprov.errors import InputError
+
+    try:
+        v = float(str(value))
+    except ValueError:
+        raise InputError(f"--{name} {value!r} is not a number", fix=f"give seconds from {lo} to {hi}") from None
+    if not math.isfinite(v) or not lo < v <= hi:
+        raise InputError(f"--{name} {value} is out of range", fix=f"give a number above {lo} and at most {hi}")
+    return v
+
+
+def _choice(name, value, choices):
+    from sparkprov.errors import InputError
+
+    if value not in choices:
+        raise InputError(f"--{name} {value!r} is not one of {', '.join(choices)}", fix=f"--{name} {choices[0]}")
+    return value
+
+
+def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes):
+    """A deployment from the command line: --model ALIAS [--tp N] [--hosts H1,H2] [--name NAME]."""
+    import re
+
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.errors import InputError
+    from sparkprov.serving.playbook import NAME_RE, Deployment
+
+    cat = load_catalog(list(recipes))
+    recipe = cat.get(model)
+    tp = tp or 1
+    nodes = tp * pp
+    if tp not in recipe.tp_sizes:
+        raise InputError(f"{model} runs at TP {', '.join(map(str, recipe.tp_sizes))}, not {tp} (G35)",
+                         fix=f"--tp {recipe.tp_sizes[0]}")
+    chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
+    if nodes > 1:
+        if len(chosen) < nodes:
+            raise InputError(f"--tp {tp}" + (f" --pp {pp}" if pp > 1 else "") + f" needs {nodes} hosts, "
+                             f"{'--hosts gives' if hosts else 'the inventory has'} {len(chosen)}: {', '.join(chosen)}",
+                             fix=f"--hosts with {nodes} hosts (the first is rank 0)")
+        if hosts and len(chosen) != nodes:
+            raise InputError(f"--tp {tp} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
+                             fix=f"list {nodes} hosts")
+        chosen = chosen[:nodes]
+    dep_name = name or re.sub(r"[^a-z0-9_.-]", "-", model.lower())[:40]
+    if not NAME_RE.match(dep_name):
+        raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
+    return Deployment(dep_name, model, chosen, tp, {}, None, where=("--model", None, None), pp=pp, executor=executor)
+
+
+def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes):
+    from sparkprov.serving.playbook import load_serve_playbook, select
+
+    if model:
+        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor,
+                                 recipes=recipes)], list(recipes)
+    pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
+    chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
+    deps = select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments))
+    for d in deps:
+        if executor:
+            d.executor = executor
+    return deps, list(pb.recipe_files) + list(recipes)
+
+
+def _engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
+    from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
+
+    return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
+                      forks=_int("forks", forks, 1, 1024) if forks is not None else DEFAULT_FORKS, gather_ahead=True)
+
+
+def cluster_up(c, model=None, tp=None, pp=1, hosts=None, name=None, executor=None, playbook=None, inventory=None,
+               check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
+               drop_caches=True, image_source="auto", ray_timeout=300, health_timeout=None, verify=False,
+               limit=None, forks=None, accept_new_host_keys=False):
+    """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
+    import time
+
+    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+    from sparkprov.cluster import plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
 
-    if image_source not in ("auto", "registry", "peer"):
-        raise Exit("sparkprov: --image-source is auto, registry or peer", code=1)
-    try:
-        tp = int(tp) if tp is not None else None
-        ray_timeout = float(ray_timeout)
-        health_timeout = float(health_timeout) if health_timeout is not None else None
-    except ValueError:
-        raise Exit("sparkprov: --tp is a whole number; --ray-timeout and --health-timeout are seconds", code=1) from None
     out = sys.stderr if json else sys.stdout
     with user_errors():
+        tp = _int("tp", tp, 1, 64) if tp is not None else None
+        pp = _int("pp", pp, 1, 64)
+        executor = _choice("executor", executor, ("ray", "native")) if executor is not None else None
+        image_source = _choice("image-source", image_source, ("auto", "registry", "peer"))
+        ray_timeout = _float("ray-timeout", ray_timeout, 0, 86400)
+        health_timeout = _float("health-timeout", health_timeout, 0, 86400) if health_timeout is not None else None
+        if stage:
+            from sparkprov.errors import InputError
+
+            raise InputError("--stage is not available in this version", fix=f"run invoke stage-weights "
+                             f"{model or 'MODEL'} first, then cluster-up")
         inv = load_inventory(inventory_path(inventory))
-        pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
-        chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
-        deps = select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments))
+        deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
+                                             executor=executor or "ray", deployments=deployments,
+                                             recipes=list(recipes or []))
+        targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
+        if limit:
+            allowed = set(select_hosts(inv, None, limit))
+            targets = [h for h in targets if h in allowed]
+        opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
+                               ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify)
+        book = plays.up_book(deps, recipe_files, opts)
         report = Report(out, quiet=json)
-        opts = UpOptions(check=check, recipes=list(recipes or []), accept_new_host_keys=accept_new_host_keys,
-                         stage=True if stage else None, unload_ollama=unload_ollama, drop_caches=drop_caches,
-                         image_source=image_source, ray_timeout=ray_timeout, health_timeout=health_timeout,
-                         verify=verify, prune=prune, progress_stream=out, quiet=False)
-        summary = run(inv, pb, deps, opts, report)
+        t0 = time.monotonic()
+        runner = plays.run_book(inv, book, targets, _engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
+                                                                    forks=forks), report)
+        cleaned = []
+        if not check:
+            for d in plays.failed_deployments(report, deps):
+                if plays.started_anything(report, d):
+                    live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
+                    # remove what this run started, so that nothing half-up holds the GPUs
+                    plays.run_book(inv, plays.down_book(live, [d.name], reason="bring-up failed"), live,
+                                   _engine_options(accept_new_host_keys=accept_new_host_keys), report)
+                    cleaned.append(d.name)
+        summary = up_summary(inv, deps, runner, report, check=check, cleaned=cleaned,
+                             seconds=time.monotonic() - t0)
     print_report(report, json, cluster=summary)
     if not json:
-        print_summary(summary, report.exit_code() == 0)
+        print_summary(summary)
     finish(report.exit_code())
 
 
-def print_summary(summary, ok: bool) -> None:
+def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):
+    bad = {d.name for d in deps} & {r.play.split(":", 1)[0] for r in report.results
+                                    if r.status in ("failed", "unreachable")}
+    out = {"check": check, "seconds": round(seconds, 2), "deployments": {},
+           "remote_calls": {n: t.remote_calls for n, t in report.hosts.items()}}
+    for d in deps:
+        changed = any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
+                      for r in report.results)
+        head = d.hosts[0]
+        serving = ((runner.exports.get(head) or {}).get("serving") or {}).get(d.name) or {}
+        host = inv.hosts[head]
+        bind = str(host.vars.get("serve_bind") or "0.0.0.0")
+        addr = ("127.0.0.1" if host.connection == "local" else host.address) if bind in ("0.0.0.0", "::") else bind
+        port = serving.get("port") or d.port or host.vars.get("serve_port") or 8000
+        state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
+                 ("would start or replace" if changed else "already up, unchanged") if check else
+                 ("started" if changed else "already up, unchanged"))
+        out["deployments"][d.name] = {
+            "alias": d.model, "tp": d.tp, "pp": d.pp, "executor": d.executor if d.cluster else None,
+            "hosts": d.hosts, "state": state, "endpoint": f"http://{addr}:{port}/v1",
+            "model": serving.get("model"), "api_key_file": f"{head}:{serving['api_key_file']}"
+            if serving.get("api_key_file") else None,
+            "containers": {h: ((runner.exports.get(h) or {}).get("containers") or {}).get(d.name) for h in d.hosts}}
+    return out
+
+
+def print_summary(summary) -> None:
     for name, d in summary.get("deployments", {}).items():
-        state = d.get("action")
-        print(f"\n{name}: {d['alias']} (TP {d['tp']}) on {', '.join(d['hosts'])}: "
-              + {"ok": "already up, unchanged", "start": "started", "replace": "replaced", "wait": "up",
-                 "failed": "FAILED (nothing left running)"}.get(state, state))
-        if state != "failed" and ok:
+        size = f"TP {d['tp']}" + (f" x PP {d['pp']}" if d.get("pp", 1) > 1 else "") + \
+            (f", {d['executor']}" if d.get("executor") else "")
+        print(f"\n{name}: {d['alias']} ({size}) on {', '.join(d['hosts'])}: {d['state']}")
+        if not d["state"].startswith(("failed", "would")):
             print(f"  endpoint:     {d['endpoint']}")
             print(f"  model:        {d['model']}")
             print(f"  API key file: {d['api_key_file'] or 'none (bound to loopback)'}")
-            for h, n in (d.get("nodes") or {}).items():
-                print(f"  {h}: {n['container']} ({n['role']}, recipe {n['recipe_hash']}"
-                      + (f", fabric {n['node_ip']}" if n.get("node_ip") else "") + ")")
-    if "seconds" in summary:
-        calls = ", ".join(f"{h}={n}" for h, n in summary.get("remote_calls", {}).items())
-        print(f"\ncluster-up took {summary['seconds']:.1f}s; remote calls: {calls}")
+            for h, c in (d.get("containers") or {}).items():
+                if c:
+                    print(f"  {h}: {c['name']} ({c['role']}, recipe {c['hash']})")
+    calls = ", ".join(f"{h}={n}" for h, n in summary.get("remote_calls", {}).items())
+    print(f"\ncluster-up {'(check) ' if summary.get('check') else ''}took {summary['seconds']:.1f}s; remote calls: {calls}")
 
 
-def cluster_down(c, hosts=None, inventory=None, deployments=None, check=False, json=False, accept_new_host_keys=False):
+def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, name=None, check=False, json=False,
+                 limit=None, forks=None, accept_new_host_keys=False):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
+    import re
+
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cluster.manage import down
+    from sparkprov.cluster import plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
         inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, None)
+        targets = select_hosts(inv, hosts, limit)
+        names = _csv(deployments)
+        if model or name:
+            names = (names or []) + [name or re.sub(r"[^a-z0-9_.-]", "-", str(model).lower())[:40]]
         report = Report(out, quiet=json)
-        removed = down(inv, targets, report, deployments=_csv(deployments), check=check,
-                       accept_new_host_keys=accept_new_host_keys)
+        runner = plays.run_book(inv, plays.down_book(targets, names), targets,
+                                _engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
+                                report)
+        removed = {h: (runner.exports.get(h) or {}).get("removed", []) for h in targets}
     print_report(report, json, removed=removed)
     finish(report.exit_code())
 
 
-def status(c, hosts=None, inventory=None, json=False, accept_new_host_keys=False):
-    """Per host: sparkprov containers, Ray nodes and GPUs, health, served models, KV-cache use, spec-decode acceptance."""
+def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, accept_new_host_keys=False):
+    """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, spec-decode acceptance;
+    per deployment: expected vs joined nodes. Exit 2 when a deployment is degraded, 4 when a host is unreachable."""
+    import io
+
     from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
-    from sparkprov.cluster.manage import status as run
+    from sparkprov.cluster import plays
     from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.report import Report
+    from sparkprov.modules.deployment_health import deployments_led_by, health
 
     with user_errors():
         inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, None)
-        st = run(inv, targets, accept_new_host_keys=accept_new_host_keys)
+        targets = select_hosts(inv, hosts, limit)
+        report = Report(io.StringIO(), quiet=True)
+        runner = plays.run_book(inv, plays.status_book(targets), targets,
+                                _engine_options(accept_new_host_keys=accept_new_host_keys, forks=forks), report)
+    st = {}
+    for h in targets:
+        ex = runner.exports.get(h) or {}
+        tally = report.hosts[h]
+        unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
+        doc = ex.get("serving_status") or {}
+        st[h] = {"reachable": not tally.unreachable, "error": unreachable or doc.get("error"),
+                 "docker": bool(doc.get("access")), "containers": doc.get("containers") or [],
+                 "deployments": {d: health(d, lead, h, runner.exports)
+                                 for d, lead in deployments_led_by(h, runner.exports).items()},
+                 "remote_calls": tally.remote_calls}
     if json:
-        print(_json.dumps(st, indent=2, default=str))
+        print(_json.dumps({"ok": report.exit_code() == 0, "hosts": st,
+                           "results": [r.as_dict() for r in report.results]}, indent=2, default=str))
     else:
         print_status(st)
-    bad = any(not h.get("reachable") for h in st.values())
-    finish(4 if bad else 0)
+    finish(report.exit_code())
 
 
 def print_status(st) -> None:
@@ -185,35 +360,48 @@ def print_status(st) -> None:
                       f"{100 * m['kv_cache_usage']:.1f}%" if "kv_cache_usage" in m else "",
                       f"{100 * acc:.1f}%" if acc is not None else ("" if "spec_acceptance" not in m else "no drafts yet"))
     con.print(t)
+    for host, h in st.items():
+        for dep, r in (h.get("deployments") or {}).items():
+            state = "DEGRADED: " + "; ".join(r["problems"]) if r["problems"] else "healthy"
+            con.print(f"{dep} (rank 0 on {host}): {r['joined_nodes']}/{r['expected_nodes']} nodes, "
+                      f"{r['gpus']:g} GPUs: {state}")
 
 
-def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, threshold=21.875, max_bytes="2G", iters=20,
-               json=False, accept_new_host_keys=False):
+def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend="nccl", threshold=21.875,
+               max_bytes="2G", iters=20, json=False, limit=None, forks=None, check=False, accept_new_host_keys=False):
     """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
+    import re
+
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cluster.nccl import nccl_check as run
+    from sparkprov.cluster import plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.errors import SparkprovError
+    from sparkprov.errors import InputError, SparkprovError
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
+        backend = _choice("backend", backend, ("nccl", "gloo"))
+        threshold = _float("threshold", threshold, 0, 10000)
+        iters = _int("iters", iters, 1, 10000)
+        if not re.fullmatch(r"[1-9][0-9]*[KMG]?", str(max_bytes)):
+            raise InputError(f"--max-bytes {max_bytes!r} is not a size", fix="e.g. 256M or 2G")
         inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, None)
+        targets = select_hosts(inv, hosts, limit)
         if len(targets) < 2:
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
         if not image:
-            from sparkprov.catalog.load import load_catalog
-            from sparkprov.cluster.playbook import load_serve_playbook
+            from sparkprov.serving import node
+            from sparkprov.serving.playbook import DeploymentArgs, load_serve_playbook
 
             pb = load_serve_playbook(_playbook_path(playbook, 2), inv)
             dep = next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0]
-            cat = load_catalog(pb.recipe_files)
-            r = cat.get(dep.model)
-            info = cat.image(r.image)
-            image = r.image if ("@" in r.image or info is None) else info.pinned
+            image = node.image_ref(DeploymentArgs.model_validate(dep.as_args(pb.recipe_files)))
         report = Report(out, quiet=json)
-        res = run(inv, targets, image, report, threshold=float(threshold), max_bytes=str(max_bytes), iters=int(iters),
-                  accept_new_host_keys=accept_new_host_keys)
-    print_report(report, json, nccl=res)
+        runner = plays.run_book(inv, plays.nccl_book(targets, image, backend=backend, threshold=threshold,
+                                                     max_bytes=str(max_bytes), iters=iters), targets,
+                                _engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
+                                report)
+        result = (runner.exports.get(targets[0]) or {}).get("allreduce")
+    print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,
+                                     "result": result})
     finish(report.exit_code())

@@ -11,6 +11,7 @@ values); the model is gated in the catalog (G26), so the lab hub gates it behind
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -37,8 +38,9 @@ def main() -> int:
     from sparkprov.cli import cluster as cluster_cli
     from sparkprov.cli.common import REPO, playbook_path, run_playbook
     from sparkprov.cli.stage import stage_weights
-    from sparkprov.cluster.manage import status
-    from sparkprov.cluster.playbook import load_serve_playbook
+    from sparkprov.cluster import plays
+    from sparkprov.engine.report import Report
+    from sparkprov.serving.playbook import load_serve_playbook
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.run import make_transport
     from sparkprov.lab import state, up as lab_up
@@ -62,12 +64,15 @@ def main() -> int:
     _step(3, f"stage-weights {dep.model}")
     stage_weights(None, dep.model, inventory=inv_path)
 
-    _step(4, "cluster-up --tp 2")
-    cluster_cli.cluster_up(None, tp=2, inventory=inv_path)
+    _step(4, f"cluster-up --model {dep.model} --tp 2")
+    cluster_cli.cluster_up(None, model=dep.model, tp=2, hosts=",".join(dep.hosts), inventory=inv_path)
 
     _step(5, "a chat completion through the cluster")
-    st = status(inv, dep.hosts)
-    head = next(c for c in st[dep.head]["containers"] if c["role"] == "ray-head")
+    runner = plays.run_book(inv, plays.status_book(dep.hosts), dep.hosts, cluster_cli._engine_options(),
+                            Report(io.StringIO(), quiet=True))
+    st = {h: (runner.exports.get(h) or {}).get("serving_status") or {} for h in dep.hosts}
+    head = next(c for c in st[dep.head]["containers"] if c["labels"].get("sparkprov.role") == "ray-head")
+    head["model"] = head["labels"]["sparkprov.model"]
     host = inv.hosts[dep.head]
     endpoint = f"http://{host.address}:{head['port']}/v1"
     t = make_transport(host, False)

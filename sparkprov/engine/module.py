@@ -11,7 +11,7 @@ import difflib
 import os
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -51,6 +51,15 @@ class Change:
     # tasks plan against the state earlier tasks would have made (a group about to be created
     # is there for the membership task that follows).
     predicts: list[tuple[Fact, Any]] = field(default_factory=list)
+    # None: as the task says. A change that alone needs root (dropping the page cache before a
+    # load) says True, and the engine sends it in a call of its own.
+    become: bool | None = None
+    timeout: float | None = None  # seconds this change may take (a model load, a download)
+    # Reads what the change's script printed and says why it failed (None: it worked). For the
+    # stateful steps whose result is an answer, not a state: a smoke test, a benchmark.
+    outcome: Callable[[str], str | None] | None = None
+    exports: dict[str, Any] = field(default_factory=dict)  # what it found out, for other hosts and plays
+    last_output: str = ""  # set by the engine: what the script printed (for outcome)
 
 
 @dataclass
@@ -110,6 +119,9 @@ class FactView:
         self._values = values
         self._errors = errors
 
+    def bind(self, named: dict[str, Fact]) -> "NamedFacts":
+        return NamedFacts(self, named)
+
     def __getitem__(self, fact: Fact) -> Any:
         if fact.key in self._errors:
             raise FactError(f"{fact}: {self._errors[fact.key]}")
@@ -118,13 +130,44 @@ class FactView:
         return self._values[fact.key]
 
 
+class NamedFacts:
+    """The facts a module declared in `needs`, read by the names it gave them: `facts.store`.
+    Each fact is declared once; a name that was not declared is an AttributeError at once."""
+
+    def __init__(self, view: FactView, named: dict[str, Fact]):
+        self._view = view
+        self._named = named
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            fact = self._named[name]
+        except KeyError:
+            raise AttributeError(f"fact {name!r} is not declared in needs()") from None
+        return self._view[fact]
+
+    def fact(self, name: str) -> Fact:
+        return self._named[name]
+
+
 class Module:
+    """Declare the facts a module reads once, by name, in `needs`; `plan` then reads them as
+    `facts.NAME` (the engine hands it NamedFacts). Older modules override `facts` and read
+    `facts[Fact(...)]` instead."""
+
     name: ClassVar[str]
     Args: ClassVar[type[ModuleArgs]]
     doc: ClassVar[str] = ""
 
+    def needs(self, args: Any, host: HostContext) -> dict[str, Fact] | None:
+        return None
+
     def facts(self, args: Any, host: HostContext) -> list[Fact]:
-        return []
+        named = self.needs(args, host)
+        return list(named.values()) if named else []
+
+    def view(self, args: Any, facts: FactView, host: HostContext) -> "FactView | NamedFacts":
+        named = self.needs(args, host)
+        return facts if named is None else facts.bind(named)
 
     def plan(self, args: Any, facts: FactView, host: HostContext) -> Plan:  # pragma: no cover
         raise NotImplementedError

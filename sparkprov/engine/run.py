@@ -41,6 +41,11 @@ class RunOptions:
     accept_new_host_keys: bool = False
     extra_vars: dict[str, Any] = field(default_factory=dict)
     interactive: bool | None = None  # may we prompt for a sudo password? (default: stdin is a tty)
+    # Read the facts of every play a host takes part in at first contact (one call), not play by
+    # play. For playbooks whose later plays' facts do not depend on what earlier plays change on
+    # that host except through `touches` (the serving and staging plays are built that way), so
+    # that a run with nothing to do costs one remote call per host.
+    gather_ahead: bool = False
 
 
 class BecomePassword:
@@ -176,7 +181,8 @@ class Runner:
                 hr.transport.connect()
             tasks = self._selected_tasks(play)
             become = play.become or any(t.become for t in tasks)
-            self._gather(play, hr, tasks, become=become, play_hosts=play_hosts)
+            ahead = self._later_facts(play, hr) if self.options.gather_ahead and not hr.info else []
+            self._gather(play, hr, tasks, become=become, extra=ahead, play_hosts=play_hosts)
             for task in tasks:
                 if not self._run_task(play, hr, task, play_hosts):
                     return
@@ -191,6 +197,25 @@ class Runner:
         except SparkprovError as exc:
             hr.dead = True
             self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line()))
+
+    def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
+        """The facts the host's tasks in the plays after `play` will read, as far as they can be
+        known before those plays run (a task whose arguments need exports is left to its play)."""
+        plays = self.playbook.plays
+        later = plays[plays.index(play) + 1:]
+        info = self._pre_info(hr)
+        out: list[Fact] = []
+        for p in later:
+            targets = self.inventory.resolve(p.hosts, where=p.where, what="play hosts")
+            if hr.host.name not in targets:
+                continue
+            live = [h for h in targets if h in self.runs]
+            for task in self._selected_tasks(p):
+                try:
+                    out += self._task_facts(p, hr, task, info, live) or []
+                except (SparkprovError, KeyError, ValueError):
+                    continue
+        return out
 
     def _pre_info(self, hr: HostRun) -> dict[str, str]:
         if hr.info:
@@ -288,7 +313,7 @@ class Runner:
                 selected = self._selected_tasks(play)
                 ahead = selected[selected.index(task):] if task in selected else [task]
                 self._gather(play, hr, ahead, become=become or play.become, extra=facts, play_hosts=play_hosts)
-            plan = module.plan(args, FactView(hr.values, hr.errors), ctx)
+            plan = module.plan(args, module.view(args, FactView(hr.values, hr.errors), ctx), ctx)
             self._fill(result, plan, task)
             if plan.failed is None and plan.skipped is None and plan.changes:
                 if ctx.check:
@@ -335,12 +360,22 @@ class Runner:
                become: bool) -> Plan:
         """Apply, read back what was touched, and re-plan: the task converged only if the
         re-plan finds nothing left to do."""
-        script = "set -e\n" + "\n".join(c.script for c in plan.changes) + "\n"
-        res = hr.transport.run_script(script, become=become)
-        if res.rc != 0:
-            detail = (res.stderr.strip() or res.stdout.strip()).splitlines()
-            why = detail[-1] if detail else f"exit status {res.rc}"
-            return Plan.fail(f"{plan.changes[0].summary}: failed (rc={res.rc}): {why}")
+        for group in _call_groups(plan.changes, become):
+            run_as_root = group[0].become if group[0].become is not None else become
+            script = "set -e\n" + "\n".join(c.script for c in group) + "\n"
+            timeout = sum(c.timeout for c in group) if all(c.timeout for c in group) else None
+            res = hr.transport.run_script(script, become=run_as_root, timeout=timeout)
+            group[-1].last_output = res.stdout
+            if res.rc != 0:
+                detail = (res.stderr.strip() or res.stdout.strip()).splitlines()
+                why = detail[-1] if detail else f"exit status {res.rc}"
+                return Plan.fail(f"{group[0].summary}: failed (rc={res.rc}): {why}")
+            if group[-1].outcome is not None:
+                why = group[-1].outcome(res.stdout)
+                if why:
+                    return Plan.fail(f"{group[-1].summary}: {why}")
+            for c in group:
+                plan.exports.update(c.exports)
         touched = [f for c in plan.changes for f in c.touches]
         for f in touched:
             hr.values.pop(f.key, None)
@@ -351,14 +386,28 @@ class Runner:
         if not all(c.verify for c in plan.changes):
             return plan
         self._gather(play, hr, [], become=become, extra=module.facts(args, ctx), play_hosts=ctx.play_hosts)
-        again = module.plan(args, FactView(hr.values, hr.errors), ctx)
+        again = module.plan(args, module.view(args, FactView(hr.values, hr.errors), ctx), ctx)
         if again.failed:
             return Plan.fail(f"after applying: {again.failed}")
         if again.changes:
             return Plan.fail("applied, but the host still differs: " + "; ".join(c.summary for c in again.changes))
         # Keep the summaries and diffs of what was done; take exports from the fresh plan.
-        plan.exports = again.exports or plan.exports
+        plan.exports = {**plan.exports, **again.exports}
         return plan
+
+
+def _call_groups(changes: list, become: bool) -> list[list]:
+    """Consecutive changes that run as the same user share one remote call; a change whose
+    output is judged (outcome) ends its call, so that it reads its own output."""
+    groups: list[list] = []
+    for c in changes:
+        as_root = c.become if c.become is not None else become
+        prev = groups[-1] if groups else None
+        if prev and (prev[0].become if prev[0].become is not None else become) == as_root and prev[-1].outcome is None:
+            prev.append(c)
+        else:
+            groups.append([c])
+    return groups
 
 
 def become_from_probe(t: Transport, how: str | None, password: str | None) -> bool:

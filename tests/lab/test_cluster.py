@@ -22,7 +22,7 @@ import pytest
 from sparkprov.catalog.load import load_catalog
 from sparkprov.cluster.bringup import UpOptions, cluster_up
 from sparkprov.cluster.manage import down, status
-from sparkprov.cluster.playbook import load_serve_playbook, select
+from sparkprov.serving.playbook import load_serve_playbook, select
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
 

@@ -10,11 +10,12 @@ import pytest
 
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import KEY_PATH, HostServeContext, render_launch
-from sparkprov.cluster import probe, spec
-from sparkprov.cluster.allreduce_bench import busbw, parse_size, sizes
+from sparkprov.facts import probe
+from sparkprov.serving import spec
+from sparkprov.serving.allreduce_bench import busbw, parse_size, sizes
 from sparkprov.cluster.bringup import staged_problem
-from sparkprov.cluster.facts import parse_containers, parse_ray_status
-from sparkprov.cluster.playbook import load_serve_playbook, select
+from sparkprov.facts.serving import parse_containers, parse_ray_status
+from sparkprov.serving.playbook import load_serve_playbook, select
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
 from sparkprov.staging.plan import Entry, Record, StoreFacts
@@ -260,7 +261,7 @@ def test_docker_unreachable_reason_is_dockers_own_line(tmp_path):
     import os
     import subprocess
 
-    from sparkprov.cluster.facts import ManagedContainers, parse_containers
+    from sparkprov.facts.serving import ManagedContainers, parse_containers
     from sparkprov.engine.facts import ShellCtx
 
     fake = tmp_path / "docker"

@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     backend = a.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        # a Spark's container without the GPU (no --gpus, a broken NVIDIA hook): say so, never
+        # fall back to Gloo on CPU and report a CPU figure as the fabric's
+        print(f"sparkprov: no CUDA device is visible in this container (torch {torch.__version__}); "
+              "NCCL needs the GPU", file=sys.stderr, flush=True)
+        sys.exit(3)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

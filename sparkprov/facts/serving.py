@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.cluster import probe
+from sparkprov.facts import probe
 from sparkprov.engine.facts import Fact, FactError, ShellCtx
 from sparkprov.transport.shell import cmd, quote
 
@@ -156,3 +156,70 @@ class RayStatus(Fact):
         if state == "running" and not res["ok"]:
             res["error"] = body.strip().splitlines()[-1] if body.strip() else "ray status printed nothing"
         return res
+
+
+SMOKE_DIR = "~/.cache/sparkprov/smoke"  # per container ID: the smoke test's answer (JSON)
+
+
+@dataclass(frozen=True)
+class ServeReady(Fact):
+    """The serving container of a deployment on this host: its ID, state and restarts, /health
+    and the served models (when running), the end of its log (when not), and the smoke-test
+    answer recorded for this container ID (None: not smoke-tested since it was created)."""
+
+    container: str
+    base: str
+    keyfile: str | None = None
+
+    def command(self, sh: ShellCtx) -> str:
+        name = quote(self.container)
+        return (f"if s=$(docker inspect --format '{{{{.Id}}}} {{{{.State.Status}}}} {{{{.RestartCount}}}}' {name} 2>/dev/null); "
+                "then echo \"@c $s\"; else echo '@c - absent 0'; fi\n"
+                f"set -- $(docker inspect --format '{{{{.Id}}}}' {name} 2>/dev/null) -\n"
+                f"m={sh.path(SMOKE_DIR)}/\"$1\".json\n"
+                "if [ \"$1\" != - ] && [ -f \"$m\" ]; then printf '@smoke '; head -c 4000 \"$m\"; echo; fi\n"
+                f"if [ \"$(docker inspect --format '{{{{.State.Status}}}}' {name} 2>/dev/null)\" = running ]; then\n"
+                + ServerState(self.base, self.keyfile).command(sh) +
+                f"\nelse echo '@logs'; docker logs --tail 8 {name} 2>&1 | tail -n 8; fi")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        res: dict[str, Any] = {"id": None, "status": "absent", "restarts": 0, "smoke": None, "health": None,
+                               "models": None, "logs": ""}
+        lines = out.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("@c "):
+                cid, status, restarts = (line[3:].split() + ["0", "0"])[:3]
+                res.update(id=None if cid == "-" else cid, status=status, restarts=int(restarts))
+            elif line.startswith("@smoke "):
+                try:
+                    res["smoke"] = json.loads(line[7:])
+                except ValueError:
+                    res["smoke"] = {"error": "unreadable smoke record"}
+            elif line.startswith("@logs"):
+                res["logs"] = "\n".join(lines[i + 1:]).strip()
+                break
+            elif line.startswith("{"):
+                st = json.loads(line)
+                res.update(health=st.get("health"), models=st.get("models"), error=st.get("error"))
+        return res
+
+
+@dataclass(frozen=True)
+class ServingStatus(Fact):
+    """Every sparkprov container on the host with its labels and state; for the running ones that
+    serve, /health, the models and /metrics; for a running Ray head, `ray status`."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return probe.status_script()
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        try:
+            doc = probe.parse(out)
+        except ValueError:
+            raise FactError(f"status probe failed: {(err.strip() or out.strip())[:200]}") from None
+        if doc.get("access"):
+            for c in doc["containers"]:
+                if c.get("ray_text") is not None:
+                    c["ray"] = parse_ray_status(c.pop("ray_text"))
+                c["metrics"] = probe.metrics(c.pop("metrics_text", None))
+        return doc

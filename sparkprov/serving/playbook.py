@@ -6,24 +6,30 @@
         model: qwen3-coder-next         # catalog alias
         hosts: sparks                   # inventory pattern (names, groups, globs, !exclusions)
         tp: 2                           # 1 (default): one independent server per host;
-                                        # N > 1: one Ray cluster of exactly N hosts, head = first
+                                        # tp x pp > 1: one engine across exactly tp x pp hosts, rank 0 first
+        pp: 1                           # pipeline-parallel size (default 1)
+        executor: ray                   # ray (default: a Ray cluster, head = rank 0) or native
+                                        # (vLLM's own --nnodes/--node-rank; the other ranks --headless)
         overrides: {--max-model-len: 32768, --enable-chunked-prefill: null}   # null removes a flag
         port: 8000                      # default: the host's serve_port var, else 8000
-        ray_port: 6379                  # Ray GCS port on the head (TP > 1)
+        ray_port: 6379                  # Ray GCS port on the head (executor ray)
+        master_port: 29501              # rendezvous port on rank 0 (executor native)
 
 Errors are one line with the file position (FILE:LINE:COL: message (fix: ...)).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.data.inventory import Inventory
+from sparkprov.defaults import MASTER_PORT, RAY_PORT
 from sparkprov.data.yamlpos import load_yaml, parse_model
 from sparkprov.errors import InputError
 
@@ -39,9 +45,12 @@ class DeploymentEntry(_Strict):
     model: str
     hosts: str | list[str]
     tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    executor: Literal["ray", "native"] = "ray"
     overrides: dict[str, Any] = Field(default_factory=dict)
     port: int | None = Field(default=None, ge=1, le=65535)
-    ray_port: int = Field(default=6379, ge=1, le=65535)
+    ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
+    master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
 
     @field_validator("name")
     @classmethod
@@ -75,16 +84,30 @@ class ServePlaybookFile(_Strict):
 class Deployment:
     name: str
     model: str
-    hosts: list[str]          # resolved, in order (head first for TP > 1)
+    hosts: list[str]          # resolved, in order (rank 0 / the Ray head first for a cluster)
     tp: int
     overrides: dict[str, Any]
     port: int | None
-    ray_port: int
+    ray_port: int = RAY_PORT
     where: tuple[str, int | None, int | None] = (None, None, None)  # file, line, column
+    pp: int = 1
+    executor: str = "ray"     # ray | native (vLLM's own multi-node: --nnodes/--node-rank/--headless)
+    master_port: int = MASTER_PORT
+
+    @property
+    def nodes(self) -> int:
+        """Sparks in one engine: tp x pp GPUs, one GPU per Spark (G35)."""
+        return self.tp * self.pp
 
     @property
     def cluster(self) -> bool:
-        return self.tp > 1
+        return self.nodes > 1
+
+    def as_args(self, recipe_files: list[str]) -> dict[str, Any]:
+        """What the serving modules take as arguments (plain data, validated by DeploymentArgs)."""
+        return {"name": self.name, "model": self.model, "hosts": list(self.hosts), "tp": self.tp, "pp": self.pp,
+                "executor": self.executor, "overrides": dict(self.overrides), "port": self.port,
+                "ray_port": self.ray_port, "master_port": self.master_port, "recipe_files": list(recipe_files)}
 
     @property
     def head(self) -> str:
@@ -93,6 +116,39 @@ class Deployment:
     def error(self, message: str, fix: str | None = None) -> InputError:
         file, line, col = self.where
         return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
+
+
+class DeploymentArgs(BaseModel):
+    """A deployment as the serving modules receive it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str
+    hosts: list[str]
+    tp: int = Field(ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    executor: Literal["ray", "native"] = "ray"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
+    master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
+    recipe_files: list[str] = Field(default_factory=list)
+
+    @property
+    def nodes(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def cluster(self) -> bool:
+        return self.nodes > 1
+
+    def rank(self, host: str) -> int:
+        return self.hosts.index(host)
+
+    def serves_on(self, host: str) -> bool:
+        """Whether this host's container serves the API (every host of single-node deployments;
+        rank 0 of a cluster)."""
+        return not self.cluster or self.rank(host) == 0
 
 
 @dataclass
@@ -126,13 +182,15 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
         if not hosts:
             raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {d.hosts!r} match no host",
                             fix="name hosts or groups of the inventory")
-        if d.tp > 1 and len(hosts) != d.tp:
-            raise pos.error(where + ("tp",), f"deployment {d.name!r}: tp {d.tp} needs exactly {d.tp} hosts "
-                            f"(one GPU per Spark, G35), hosts gives {len(hosts)}: {', '.join(hosts)}",
-                            fix=f"list {d.tp} hosts (the first is the Ray head) or set tp: {len(hosts)}")
+        nodes = d.tp * d.pp
+        if nodes > 1 and len(hosts) != nodes:
+            size = f"tp {d.tp}" + (f" x pp {d.pp}" if d.pp > 1 else "")
+            raise pos.error(where + ("tp",), f"deployment {d.name!r}: {size} needs exactly {nodes} "
+                            f"hosts (one GPU per Spark, G35), hosts gives {len(hosts)}: {', '.join(hosts)}",
+                            fix=f"list {nodes} hosts (the first is rank 0) or set tp: {len(hosts)}")
         wl, wc = pos.at(where)
         out.deployments.append(Deployment(d.name, d.model, hosts, d.tp, dict(d.overrides), d.port, d.ray_port,
-                                          (file, wl, wc)))
+                                          (file, wl, wc), pp=d.pp, executor=d.executor, master_port=d.master_port))
     # one host, one port: two deployments on a host must not share a port
     by_host: dict[tuple[str, int | None], str] = {}
     for d in out.deployments:
@@ -163,9 +221,9 @@ def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names:
             if not inside:
                 continue
             if d.cluster and len(inside) != len(d.hosts):
-                raise d.error(f"is a TP={d.tp} cluster on {', '.join(d.hosts)}; --hosts selects only "
+                raise d.error(f"is a {d.nodes}-node cluster on {', '.join(d.hosts)}; --hosts selects only "
                               f"{', '.join(inside)}", fix="select every host of the cluster, or none")
-            d = Deployment(d.name, d.model, inside, d.tp, d.overrides, d.port, d.ray_port, d.where)
+            d = dataclasses.replace(d, hosts=inside)
         out.append(d)
     if not out:
         what = [f"tp {tp}" if tp is not None else None, f"hosts {','.join(hosts)}" if hosts else None]

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from sparkprov.catalog.render import KEY_PATH, Launch, image_entrypoint
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
+ROLE_RANK0, ROLE_RANK = "rank0", "rank"  # native multi-node: rank 0 serves the API, the others --headless
+SERVING_ROLES = (ROLE_SERVER, ROLE_HEAD, ROLE_RANK0)
 
-# Images without Ray (NGC's vLLM images, 001 §6: "Ships no Ray (cluster scripts pip install it)").
-_RAY_PRESENT = ('command -v ray >/dev/null 2>&1 || { echo "sparkprov: no ray in this image: pip install ray '
-                '(001 §6: the NGC image ships no Ray)" >&2; python3 -m pip install --quiet "ray[default]"; }')
-
+# No `pip install` at container start (001 §6's NGC scripts do): an image without Ray fails here
+# with "ray: command not found" (exit 127), as it would on a Spark that boots without internet;
+# the preflight names the fix (executor native, or an image that has Ray).
 HEAD_SCRIPT = "; ".join([
     "set -eu",
     "@PRE_SERVE@",
-    _RAY_PRESENT,
     'ray start --head --node-ip-address="$VLLM_HOST_IP" --port="$SPARKPROV_RAY_PORT" --num-gpus=1 '
     '--disable-usage-stats',
     'echo "sparkprov: waiting for $SPARKPROV_RAY_GPUS GPUs in the Ray cluster" >&2',
@@ -54,10 +54,11 @@ KEY_LINES = "; ".join([
 ])
 WORKER_SCRIPT = "; ".join([
     "set -eu",
-    _RAY_PRESENT,
     'exec ray start --address="$SPARKPROV_RAY_HEAD" --node-ip-address="$VLLM_HOST_IP" --num-gpus=1 '
     '--disable-usage-stats --block',
 ])
+# vLLM's own multi-node: every rank runs `vllm serve`; rank 0 reads the key, the others serve no API.
+NATIVE_SCRIPT = "; ".join(["set -eu", "@PRE_SERVE@", "@KEY@", 'exec "$@"'])
 
 
 @dataclass
@@ -75,7 +76,7 @@ class ContainerSpec:
 
     @property
     def serves(self) -> bool:
-        return self.role in (ROLE_SERVER, ROLE_HEAD)
+        return self.role in SERVING_ROLES
 
 
 def _hash(argv: list[str]) -> str:
@@ -116,8 +117,8 @@ def single(deployment: str, host: str, launch: Launch) -> ContainerSpec:
                          launch.image, launch, launch.ctx.port, labels)
 
 
-def _ray_container(deployment: str, host: str, name: str, role: str, launch: Launch, env_extra: dict[str, str],
-                   script: str, args: list[str]) -> ContainerSpec:
+def _rank_container(deployment: str, host: str, name: str, role: str, launch: Launch, env_extra: dict[str, str],
+                    script: str, args: list[str], extra_labels: dict[str, str]) -> ContainerSpec:
     d = launch.recipe.docker
     opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all", f"--ipc={d.ipc}",
             "--network", "host", "--init"]
@@ -131,7 +132,7 @@ def _ray_container(deployment: str, host: str, name: str, role: str, launch: Lau
     for k, v in env_extra.items():
         body += ["-e", f"{k}={v}"]
     for m in launch.mounts:
-        if role == ROLE_WORKER and m.container == KEY_PATH:
+        if role not in SERVING_ROLES and m.container == KEY_PATH:
             continue  # the API server runs on the head only: the key stays there
         body += ["-v", m.spec()]
     kind = image_entrypoint(launch.recipe.image, launch.image_info)
@@ -141,25 +142,70 @@ def _ray_container(deployment: str, host: str, name: str, role: str, launch: Lau
     else:
         tail = ["--entrypoint", "sh", launch.image, "-c", script, dollar0, *args]
     digest = _hash(opts + body + tail)
-    port = launch.ctx.port if role == ROLE_HEAD else None
-    key = launch.ctx.api_key_file if role == ROLE_HEAD else None
-    labels = _labels(deployment, role, launch, digest, port, key)
+    port = launch.ctx.port if role in SERVING_ROLES else None
+    key = launch.ctx.api_key_file if role in SERVING_ROLES else None
+    labels = {**_labels(deployment, role, launch, digest, port, key), **extra_labels}
     return ContainerSpec(deployment, host, name, role, opts + _label_argv(labels) + body + tail, digest,
                          launch.image, launch, port, labels)
 
 
+def _pre_and_key(launch: Launch, serves: bool) -> tuple[str, str]:
+    pre = "; ".join(shlex.join(c) for c in launch.recipe.pre_serve) or ":"
+    return pre, (KEY_LINES if serves and launch.ctx.api_key_file else ":")
+
+
+def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, head_ip: str,
+             ray_port: int) -> ContainerSpec:
+    """Rank 0: the Ray head, which waits for every node's GPU and then runs vLLM; the others:
+    Ray workers joining the head at HEAD_IP:RAY_PORT (over the fabric)."""
+    labels = {"sparkprov.executor": "ray", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
+    if rank == 0:
+        pre, key = _pre_and_key(launch, True)
+        script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
+        return _rank_container(deployment, host, f"sparkprov-{deployment}-head", ROLE_HEAD, launch,
+                               {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes)},
+                               script, ["vllm", "serve", *launch.vllm_argv], labels)
+    return _rank_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
+                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}"}, WORKER_SCRIPT, [], labels)
+
+
+def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int) -> list[str]:
+    """`vllm serve` for one rank of vLLM's own multi-node: the launch's arguments without Ray's
+    executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0)."""
+    argv: list[str] = []
+    words = list(launch.vllm_argv)
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "--distributed-executor-backend":
+            i += 2
+            continue
+        if w.startswith("--distributed-executor-backend="):
+            i += 1
+            continue
+        argv.append(w)
+        i += 1
+    if pp > 1:
+        argv += ["--pipeline-parallel-size", str(pp)]
+    argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
+             "--master-port", str(master_port)]
+    if rank:
+        argv.append("--headless")
+    return argv
+
+
+def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str,
+                master_port: int) -> ContainerSpec:
+    labels = {"sparkprov.executor": "native", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
+    pre, key = _pre_and_key(launch, rank == 0)
+    script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
+    argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port)
+    return _rank_container(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
+                           launch, {}, script, ["vllm", "serve", *argv], labels)
+
+
 def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) -> list[ContainerSpec]:
-    """Head on the first (host, launch), workers on the others."""
-    head_host, head = launches[0]
-    head_ip = head.env_value("VLLM_HOST_IP")
-    n = len(launches)
-    pre = "; ".join(shlex.join(c) for c in head.recipe.pre_serve) or ":"
-    key = KEY_LINES if head.ctx.api_key_file else ":"
-    head_script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
-    specs = [_ray_container(deployment, head_host, f"sparkprov-{deployment}-head", ROLE_HEAD, head,
-                            {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(n)},
-                            head_script, ["vllm", "serve", *head.vllm_argv])]
-    for host, launch in launches[1:]:
-        specs.append(_ray_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
-                                    {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}"}, WORKER_SCRIPT, []))
-    return specs
+    """Every rank of a Ray cluster: head on the first (host, launch), workers on the others."""
+    head_ip = launches[0][1].env_value("VLLM_HOST_IP") or ""
+    return [ray_rank(deployment, h, launch, rank=i, nnodes=len(launches), head_ip=head_ip, ray_port=ray_port)
+            for i, (h, launch) in enumerate(launches)]

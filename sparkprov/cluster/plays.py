@@ -1,0 +1,117 @@
+"""The serving commands as playbooks for the engine: cluster-up, cluster-down, status, nccl-check.
+
+Each command builds plays of the serving modules (sparkprov/modules/serve_*.py, vllm_*.py,
+docker_image.py, allreduce.py) and runs them on the engine that provision uses, so they share
+its gather (one remote call per host for a run with nothing to do: gather_ahead), pure plan,
+apply, re-read and verify, check mode, diff, recap, JSON, exit codes, forks and --limit.
+
+cluster-up, per deployment, plays in this order (plays are barriers):
+
+    NAME: preflight     every node     lint, driver, docker, fabric rail, weights, memory, port
+    NAME: image         every node     the image present (pull, or copy from a peer), same build
+    NAME: rank 0        rank 0         its container (Ray head: before the workers join it)
+    NAME: ranks         the others     their containers (Ray workers, or native --headless ranks)
+    NAME: ready         serving nodes  wait for Ray / the load / /health, warm-up, smoke test
+
+A deployment that fails after something started is removed again (cleanup play, by label).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparkprov.data.inventory import Inventory
+from sparkprov.data.playbook import Play, Playbook, Task
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import Runner, RunOptions
+from sparkprov.serving import node
+from sparkprov.serving.playbook import Deployment, DeploymentArgs
+
+
+def task(name: str, module: str, args: dict[str, Any], where: tuple, *, become: bool | None = None) -> Task:
+    return Task(name=name, module=module, args=args, tags=[], when=None, notify=[], check_mode=None, no_log=False,
+                become=become, ignore_errors=False, where=where)
+
+
+def play(name: str, hosts: list[str], tasks: list[Task], *, become: bool = False, where: tuple = ("", None, None)) -> Play:
+    return Play(name, list(hosts), become, {}, tasks, [], where)
+
+
+@dataclass
+class UpOptions:
+    drop_caches: bool = True
+    unload_ollama: bool = False
+    image_source: str = "auto"
+    ray_timeout: float = 300.0
+    health_timeout: float | None = None
+    verify: bool = False
+
+
+def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions) -> Playbook:
+    book = Playbook("cluster-up")
+    for d in deployments:
+        args = {"deployment": d.as_args(recipe_files)}
+        where = d.where
+        dep = DeploymentArgs.model_validate(args["deployment"])
+        image = node.image_ref(dep)
+        pre = {**args, "drop_caches": o.drop_caches, "unload_ollama": o.unload_ollama}
+        book.plays += [
+            # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
+            # the tasks themselves run as the login user
+            play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight", pre, where, become=False)],
+                 become=o.drop_caches, where=where),
+            play(f"{d.name}: image", d.hosts,
+                 [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
+                                                             "peers": d.hosts, "deployment": d.name}, where)], where=where),
+        ]
+        start = [d.hosts[:1], d.hosts[1:]] if d.cluster and d.executor == "ray" else [d.hosts]
+        for group in start:
+            role = "rank 0" if group == d.hosts[:1] and len(start) > 1 else ("ranks" if len(start) > 1 else "containers")
+            book.plays.append(play(f"{d.name}: {role}", group,
+                                   [task(f"{d.name}: container", "vllm_container", pre, where, become=False)],
+                                   become=o.drop_caches, where=where))
+        serving = [h for h in d.hosts if dep.serves_on(h)]
+        book.plays.append(play(f"{d.name}: ready", serving, [task(
+            f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
+                                               "verify": o.verify}, where)], where=where))
+    return book
+
+
+def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "") -> Playbook:
+    return Playbook("cluster-down", [play("cluster-down", hosts, [task(
+        "remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason},
+        ("cluster-down", None, None))])])
+
+
+def status_book(hosts: list[str]) -> Playbook:
+    where = ("status", None, None)
+    return Playbook("status", [play("serving", hosts, [task("containers", "serve_status", {}, where)]),
+                               play("deployments", hosts, [task("deployments", "deployment_health", {}, where)])])
+
+
+def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
+    where = ("nccl-check", None, None)
+    common = {"hosts": hosts, "image": image, **bench}
+    return Playbook("nccl-check", [
+        play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where)]),
+        play("nccl-check: all-reduce", hosts, [task("all-reduce", "allreduce", {**common, "phase": "run"}, where)]),
+    ])
+
+
+def run_book(inventory: Inventory, book: Playbook, hosts: list[str], options: RunOptions, report: Report) -> Runner:
+    """Run a built playbook on the engine; the Runner (its exports) is what the command reads after."""
+    runner = Runner(inventory, book, hosts, options, report)
+    runner.run()
+    return runner
+
+
+def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:
+    """Deployments with a failed or unreachable task in any of their plays."""
+    bad = {r.play.split(":", 1)[0] for r in report.results if r.status in ("failed", "unreachable")}
+    return [d for d in deployments if d.name in bad]
+
+
+def started_anything(report: Report, d: Deployment) -> bool:
+    return any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
+               for r in report.results)

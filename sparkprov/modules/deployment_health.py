@@ -1,0 +1,65 @@
+"""deployment_health: each deployment whose rank 0 runs on this host is whole: every member
+container running on its node, Ray (executor ray) seeing every node and GPU, /health answering.
+Reads what serve_status exported from every host in the play before; degraded fails the task
+(so `invoke status` exits non-zero)."""
+
+from __future__ import annotations
+
+from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
+
+
+class Args(ModuleArgs):
+    pass
+
+
+def deployments_led_by(name: str, exports: dict) -> dict[str, dict]:
+    """deployment -> its rank-0 container's record, for those whose rank 0 is on host `name`."""
+    mine = ((exports.get(name) or {}).get("serving_status") or {}).get("containers") or []
+    return {c["labels"].get("sparkprov.deployment"): c for c in mine
+            if c["labels"].get("sparkprov.role") in SERVING_ROLES and c["labels"].get("sparkprov.deployment")}
+
+
+def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
+    """Expected vs joined nodes and GPUs, and what is wrong (empty: healthy)."""
+    labels = lead["labels"]
+    nodes = int(labels.get("sparkprov.nodes") or labels.get("sparkprov.tp") or 1)
+    members = []
+    for h, ex in exports.items():
+        for c in ((ex or {}).get("serving_status") or {}).get("containers") or []:
+            if c["labels"].get("sparkprov.deployment") == dep:
+                members.append((h, c))
+    running = [(h, c) for h, c in members if c["status"] == "running"]
+    problems = [f"{c['name']} on {h} is {c['status']}" + (f" (exit {c['exit_code']})" if c["status"] == "exited" else "")
+                for h, c in members if c["status"] != "running"]
+    if nodes > 1 and len(members) < nodes:
+        problems.append(f"{len(members)} of {nodes} member containers exist")
+    joined = len(running)
+    gpus = None
+    if labels.get("sparkprov.role") == ROLE_HEAD:
+        ray = lead.get("ray") or {}
+        joined, gpus = ray.get("nodes", 0), ray.get("gpus", 0.0)
+        if joined < nodes or (gpus or 0) < nodes:
+            problems.append(f"Ray sees {joined}/{nodes} nodes and {gpus or 0:g}/{nodes} GPUs")
+    if lead["status"] == "running" and lead.get("health") != 200:
+        problems.append(f"/health on {name}:{lead.get('port')} answers {lead.get('health')}")
+    return {"expected_nodes": nodes, "joined_nodes": joined, "gpus": gpus if gpus is not None else joined,
+            "problems": problems}
+
+
+class DeploymentHealth(Module):
+    name = "deployment_health"
+    Args = Args
+    doc = "Each deployment led from this host is whole (members running, Ray nodes, /health); degraded fails."
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        report = {dep: health(dep, lead, host.name, host.exports)
+                  for dep, lead in deployments_led_by(host.name, host.exports).items()}
+        bad = {d: r for d, r in report.items() if r["problems"]}
+        if bad:
+            return Plan.fail("; ".join(f"{d} DEGRADED: " + ", ".join(r["problems"]) for d, r in bad.items()),
+                             exports={"deployment_health": report})
+        if not report:
+            return Plan(msg="no deployment led from here", exports={"deployment_health": report})
+        return Plan(msg="; ".join(f"{d}: {r['joined_nodes']}/{r['expected_nodes']} nodes, healthy"
+                                  for d, r in report.items()), exports={"deployment_health": report})

@@ -1,0 +1,119 @@
+"""serve_preflight: everything a deployment needs on this node, checked before anything starts.
+
+Lint of the rendered launch (the G-rules), the driver answering, docker usable by the login
+user, the fabric rail carrying VLLM_HOST_IP (clusters, G32), the weights staged and verified in
+the store, memory for the load (G13-G15), the serving port free of processes sparkprov did not
+start, sudo for the page-cache drop (G15). Changes nothing; exports this node's fabric address
+and rail network for the plays after it.
+"""
+
+from __future__ import annotations
+
+from sparkprov.engine.module import FactView, HostContext, Module, Plan
+from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
+from sparkprov.facts.serving import Listeners, ManagedContainers
+from sparkprov.modules._serving import PREFLIGHT, ServeArgs
+from sparkprov.serving import node
+from sparkprov.staging.facts import StoreState
+from sparkprov.defaults import host_setting
+
+
+class Args(ServeArgs):
+    drop_caches: bool = True
+    unload_ollama: bool = False
+
+
+class ServePreflight(Module):
+    name = "serve_preflight"
+    Args = Args
+    doc = "Check a deployment's node before a start: lint, driver, docker, fabric, weights, memory, port."
+
+    def needs(self, args: Args, host: HostContext):
+        dep = args.deployment
+        return {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
+                "containers": ManagedContainers(), "listening": Listeners((node.port(dep, host.vars),)),
+                "store": StoreState(str(host_setting(host.vars, "model_store")),
+                                    tuple(sorted({repo for repo, _ in node.repos(dep)})))}
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        dep, h = args.deployment, host.name
+        fails: list[str] = []
+        notes: list[str] = []
+        warns: list[str] = []
+        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi)
+        errors, lint_warnings = node.lint_problems(launch, dep)
+        fails += errors
+        warns += lint_warnings
+        cont = facts.containers
+        if not cont["access"]:
+            fails.append(f"{h}: {host.user} cannot use docker: {cont['error']} "
+                         f"(fix: invoke provision --hosts {h} --tags docker)")
+        smi = facts.smi
+        if not smi or not smi.get("present"):
+            fails.append(f"{h}: nvidia-smi not found: no NVIDIA driver (fix: invoke provision --hosts {h} --tags gpu)")
+        elif smi.get("error"):
+            fails.append(f"{h}: the NVIDIA driver does not answer: {smi['error']} "
+                         f"(fix: invoke provision --hosts {h} --tags gpu)")
+        else:
+            notes.append(f"driver {smi.get('driver_version')}")
+        exports = {}
+        if dep.cluster:
+            ip = launch.env_value("VLLM_HOST_IP")
+            problem, net = node.rail_problem(h, facts.fabric, ip, "correct fabric_ip in the inventory, or remove it "
+                                             "to use the provisioned rail")
+            if problem:
+                fails.append(problem)
+            exports = {"node_ip": ip, "rail_net": net}
+        store = facts.store
+        missing = [w for w in (node.staged_problem(store, repo, rev) for repo, rev in node.repos(dep)) if w]
+        if missing:
+            fails.append(f"{h}: weights not staged and verified in {store.store or host_setting(host.vars, 'model_store')}: "
+                         f"{missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + f" (fix: invoke stage-weights {dep.model} --hosts {','.join(dep.hosts)}, "
+                         "or rerun with --stage)")
+        else:
+            notes.append("weights staged and verified")
+        fails += self._memory(args, facts, host, launch, notes, warns)
+        port = node.port(dep, host.vars)
+        ours = any(c["labels"].get("sparkprov.port") == str(port) for c in cont["containers"])
+        if node.serves_api(dep, h) and port in (facts.listening or []) and not ours:
+            fails.append(f"{h}: port {port} is already in use by a process sparkprov did not start "
+                         "(fix: stop it, or set port: in the playbook / serve_port in the inventory)")
+        others = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") != dep.name
+                  and c["status"] == "running" and c["labels"].get("sparkprov.port") == str(port)]
+        for c in others:
+            fails.append(f"{h}: container {c['name']} of deployment {c['labels'].get('sparkprov.deployment')!r} "
+                         f"holds port {port} (fix: invoke cluster-down --deployments "
+                         f"{c['labels'].get('sparkprov.deployment')}, or give this deployment another port)")
+        if fails:
+            return Plan.fail(" | ".join(fails), warnings=warns)
+        return Plan(msg="; ".join(notes), warnings=warns, exports={PREFLIGHT: {dep.name: exports}})
+
+    @staticmethod
+    def _memory(args: Args, facts, host: HostContext, launch, notes: list[str], warns: list[str]) -> list[str]:
+        """G13-G15: what the new container takes of MemTotal against what is available, counting
+        what sparkprov frees first (this deployment's old containers, the page cache, Ollama)."""
+        dep, h = args.deployment, host.name
+        mem = facts.mem or {}
+        total, avail, cached = mem.get("MemTotal", 0), mem.get("MemAvailable", 0), mem.get("Cached", 0)
+        util = launch.number("--gpu-memory-utilization") or 0.9
+        need = util * total
+        ollama = (facts.ollama or {}).get("models") or []
+        freed = cached if args.drop_caches else 0
+        for c in facts.containers["containers"]:
+            if c["labels"].get("sparkprov.deployment") == dep.name and c["status"] == "running":
+                freed += util * total
+        if ollama and args.unload_ollama:
+            freed += sum(m.get("size") or 0 for m in ollama)
+        elif ollama:
+            warns.append(f"{h}: Ollama holds {', '.join(m['name'] for m in ollama)} in unified memory (G14); "
+                         "rerun with --unload-ollama to unload them first")
+        if total and avail + freed < need:
+            return [f"{h}: {launch.alias} needs {gib(int(need))} ({util:.2f} of {gib(total)}), {gib(avail)} available"
+                    + (f" + {gib(int(freed))} sparkprov can free" if freed else "")
+                    + " (fix: stop other runtimes or models on the host"
+                    + ("" if args.unload_ollama or not ollama else ", --unload-ollama")
+                    + ", or lower --gpu-memory-utilization in the deployment's overrides)"]
+        if total:
+            notes.append(f"memory {gib(avail)} available for {gib(int(need))}")
+        return []

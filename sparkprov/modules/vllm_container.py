@@ -1,0 +1,118 @@
+"""vllm_container: this node's container of a deployment, converged to its recipe hash.
+
+The wanted container is the catalog's launch rendered with this node's facts (fabric bindings,
+driver) and, for a cluster, rank 0's fabric address (from the preflight's exports): a single
+server, a Ray head or worker, or a native rank. Running with the wanted hash: nothing to do.
+Otherwise the deployment's containers on this node are removed, the page cache is dropped as
+root (G15) and Ollama's models unloaded (G14) when asked, the API key file is created 0600 if
+missing (rank 0 only; never in argv or `docker inspect`), and the container is started.
+Also checks G34 (every node holds the same image build) and G33 (every rank on rank 0's subnet).
+"""
+
+from __future__ import annotations
+
+import json
+
+from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.facts.hardware import FabricInfo, NvidiaSmi, OllamaState
+from sparkprov.facts.serving import ManagedContainers, ServeReady
+from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export
+from sparkprov.modules.docker_image import EXPORT as IMAGES
+from sparkprov.serving import node
+from sparkprov.transport.shell import cmd, quote
+
+
+class Args(ServeArgs):
+    drop_caches: bool = True
+    unload_ollama: bool = False
+
+
+def _run_script(spec, serves: bool) -> str:
+    lines = [cmd("docker", "rm", "-f", spec.name) + " >/dev/null 2>&1 || true"]
+    kf = spec.launch.ctx.api_key_file
+    if kf and serves:
+        lines += [f"f={quote(kf)}", 'mkdir -p "$(dirname "$f")"', "(umask 077",
+                  ' if [ ! -s "$f" ]; then head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n" > "$f.new" '
+                  '&& mv "$f.new" "$f" && echo "@key=created"; fi)', 'chmod 600 "$f"']
+    lines.append(cmd(*spec.argv) + " >/dev/null")
+    return "\n".join(lines)
+
+
+class VllmContainer(Module):
+    name = "vllm_container"
+    Args = Args
+    doc = "This node's container of a deployment, converged to the recipe hash (started or replaced)."
+
+    def needs(self, args: Args, host: HostContext):
+        dep = args.deployment
+        named = {"containers": ManagedContainers(), "smi": NvidiaSmi(), "ollama": OllamaState()}
+        if dep.cluster:
+            named["fabric"] = FabricInfo()
+        return named
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        dep, h = args.deployment, host.name
+        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi)
+        head = head_ip(host, dep)
+        if dep.cluster and not head:
+            return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
+        problems = self._cluster_checks(dep, host)
+        if problems:
+            return Plan.fail(" | ".join(problems))
+        spec = node.container(dep, h, launch, head)
+        cont = facts.containers
+        mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
+        have = next((c for c in mine if c["name"] == spec.name), None)
+        strays = [c["name"] for c in mine if c["name"] != spec.name]
+        if have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash \
+                and have["status"] in ("running", "restarting"):
+            return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
+                        exports={"containers": {dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}})
+        before = "absent\n" if not have else (f"{have['name']} {have['status']} recipe "
+                                              f"{have['labels'].get('sparkprov.recipe_hash')}\n")
+        why = ("absent" if not have else
+               f"recipe {have['labels'].get('sparkprov.recipe_hash')} -> {spec.hash}"
+               if have["labels"].get("sparkprov.recipe_hash") != spec.hash else f"{have['status']}")
+        changes: list[Change] = []
+        if strays:
+            changes.append(Change(f"remove {', '.join(strays)} (other containers of {dep.name})",
+                                  cmd("docker", "rm", "-f", *strays) + " >/dev/null"))
+        ollama = (facts.ollama or {}).get("models") or []
+        if args.unload_ollama and ollama:
+            changes.append(Change("unload Ollama models " + ", ".join(m["name"] for m in ollama) + " (G14)", "\n".join(
+                cmd("curl", "-sf", "-m", "60", "--noproxy", "*", "-X", "POST", "http://127.0.0.1:11434/api/generate",
+                    "-H", "Content-Type: application/json", "-d", json.dumps({"model": m["name"], "keep_alive": 0}))
+                + " >/dev/null" for m in ollama), verify=False))
+        if args.drop_caches:
+            changes.append(Change("drop the page cache before the load (G15)",
+                                  "docker rm -f " + quote(spec.name) + " >/dev/null 2>&1 || true\nsync\n"
+                                  "echo 3 > /proc/sys/vm/drop_caches", become=True, verify=False))
+        serves = dep.serves_on(h)
+        ready = ServeReady(spec.name, node.base_url(dep, host.vars), node.key_file(host.vars)) if serves else None
+        predicted = {"access": True, "error": None, "containers": [c for c in cont["containers"] if c["name"] != spec.name
+                                                                   and c["name"] not in strays]
+                     + [{"name": spec.name, "status": "running", "labels": spec.labels, "id": "(new)"}]}
+        changes.append(Change(f"{'start' if not have else 'replace'} {spec.name} ({spec.role}, {dep.model}, recipe "
+                              f"{spec.hash}): {why}", _run_script(spec, serves),
+                              Diff(f"{h}: {spec.name}", before, f"{spec.name} running recipe {spec.hash}\n"),
+                              touches=[ManagedContainers()] + ([ready] if ready else []), timeout=600,
+                              predicts=[(ManagedContainers(), predicted)]))
+        return Plan(changes, exports={"containers": {dep.name: {"name": spec.name, "role": spec.role,
+                                                                "hash": spec.hash}}})
+
+    @staticmethod
+    def _cluster_checks(dep, host: HostContext) -> list[str]:
+        out: list[str] = []
+        ids = {h: ((host.exports.get(h) or {}).get(IMAGES) or {}).get(node.image_ref(dep)) for h in dep.hosts}
+        if len({i for i in ids.values() if i}) > 1:
+            out.append(f"{host.name}: the nodes hold different builds of {node.image_ref(dep)}: "
+                       + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
+                       + " (G34) (fix: pin a digest in the catalog)")
+        if dep.cluster and dep.rank(host.name) > 0:
+            head_net = preflight_export(host, dep.hosts[0], dep.name).get("rail_net")
+            mine = preflight_export(host, host.name, dep.name)
+            if head_net and mine.get("rail_net") and mine["rail_net"] != head_net:
+                out.append(f"{host.name}: fabric address {mine.get('node_ip')} is not on rank 0's subnet {head_net} "
+                           f"({dep.hosts[0]}): the ranks cannot reach each other over the fabric (G33) "
+                           f"(fix: invoke provision --hosts {','.join(dep.hosts)} --tags fabric)")
+        return out

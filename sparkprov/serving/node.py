@@ -1,0 +1,166 @@
+"""One node of a deployment, from what was read on it: its launch (the catalog's recipe rendered
+with the node's facts) and the checks a preflight makes before anything starts. Pure functions:
+the serving modules call them from `plan`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+from functools import lru_cache
+from typing import Any
+
+from sparkprov.catalog.lint import WARNING, lint_cluster, lint_launch
+from sparkprov.catalog.load import Catalog, load_catalog
+from sparkprov.catalog.render import HostServeContext, Launch, render_launch
+from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
+from sparkprov.serving import spec as specmod
+from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.staging.plan import repo_dir
+
+
+@lru_cache(maxsize=16)
+def _catalog(files: tuple[str, ...]) -> Catalog:
+    return load_catalog(list(files))
+
+
+def catalog_for(dep: DeploymentArgs) -> Catalog:
+    return _catalog(tuple(dep.recipe_files))
+
+
+def image_ref(dep: DeploymentArgs) -> str:
+    """The image reference the deployment runs (the catalog's pinned form when it has one)."""
+    cat = catalog_for(dep)
+    r = cat.get(dep.model)
+    img = cat.image(r.image)
+    return r.image if ("@" in r.image or img is None) else img.pinned
+
+
+def repos(dep: DeploymentArgs) -> list[tuple[str, str]]:
+    r = catalog_for(dep).get(dep.model)
+    out = [] if r.model.local_dir else [(r.model.repo, r.model.revision)]
+    return out + [(x.repo, x.revision) for x in r.extra_repos]
+
+
+def port(dep: DeploymentArgs, host_vars: dict[str, Any]) -> int:
+    return int(dep.port or host_setting(host_vars, "serve_port"))
+
+
+def base_url(dep: DeploymentArgs, host_vars: dict[str, Any]) -> str:
+    bind = str(host_setting(host_vars, "serve_bind"))
+    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
+    return f"http://{host}:{port(dep, host_vars)}"
+
+
+def key_file(host_vars: dict[str, Any]) -> str | None:
+    """The API key file as the inventory says it (may start with ~/); None: no key."""
+    v = host_setting(host_vars, "api_key_file")
+    return None if v in (None, "", False) else str(v)
+
+
+def container_name(dep: DeploymentArgs, host: str) -> str:
+    if not dep.cluster:
+        return f"sparkprov-{dep.name}"
+    if dep.executor == "native":
+        return f"sparkprov-{dep.name}-rank{dep.rank(host)}"
+    return f"sparkprov-{dep.name}-{'head' if dep.rank(host) == 0 else 'worker'}"
+
+
+def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str, fabric: dict | None,
+           smi: dict | None) -> Launch:
+    """The catalog's launch for this node, with the node's fabric bindings and driver."""
+    cat = catalog_for(dep)
+    extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": port(dep, host_vars)}
+    if "api_key_file" not in host_vars:
+        extra["api_key_file"] = expand_home(str(host_setting(host_vars, "api_key_file")), home)
+    fabric = fabric or {}
+    if dep.cluster:
+        extra["cluster_size"] = dep.nodes
+        if "fabric_ifaces" not in host_vars and fabric.get("nccl_socket_ifname"):
+            extra["fabric_ifaces"] = [fabric["nccl_socket_ifname"]]
+        if "ib_hcas" not in host_vars and fabric.get("nccl_ib_hca"):
+            extra["ib_hcas"] = fabric["nccl_ib_hca"].split(",")
+        if "fabric_ip" not in host_vars and fabric.get("node_ip"):
+            extra["node_ip"] = fabric["node_ip"]
+    if "driver_version" not in host_vars and (smi or {}).get("driver_version"):
+        extra["driver_version"] = smi["driver_version"]
+    for var in ("model_store", "compile_cache"):
+        if var not in host_vars:
+            extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
+    ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
+    return render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat)
+
+
+def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None) -> specmod.ContainerSpec:
+    """The container this node runs: a single server, or its rank of a cluster (Ray head or
+    worker, or a native rank: rank 0 serves the API, the others are --headless)."""
+    if not dep.cluster:
+        return specmod.single(dep.name, host, node_launch)
+    rank = dep.rank(host)
+    if dep.executor == "native":
+        return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,
+                                   master_addr=head_ip or "", master_port=dep.master_port)
+    return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
+                            ray_port=dep.ray_port)
+
+
+def lint_problems(node_launch: Launch, dep: DeploymentArgs) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the linter on this node's launch; cluster-wide rules on rank 0."""
+    errors, warnings = [], []
+    cat = catalog_for(dep)
+    for f in lint_launch(node_launch, catalog=cat):
+        if f.silenced:
+            continue
+        line = f"{f.severity} {f.rule}: {f.message} (fix: {f.fix}) [{'; '.join(f.sources)}]"
+        (warnings if f.severity == WARNING else errors).append(line)
+    return errors, warnings
+
+
+def cluster_lint(launches: list[Launch]) -> list[str]:
+    return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_cluster(launches) if f.severity != WARNING
+            and not f.silenced]
+
+
+def staged_problem(store_facts, repo: str, revision: str) -> str | None:
+    """Why a repo is not staged and verified in this store (None: it is). Needs no hub: the
+    snapshot's links must resolve to published blobs whose verified record (size, mtime) holds."""
+    base = repo_dir(repo)
+    commit = revision if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision) else \
+        (store_facts.refs.get(f"{base}/refs/{revision}") or "").strip()
+    if not commit:
+        return f"{repo}@{revision} is not in the store (no {base}/refs/{revision})"
+    snap = f"{base}/snapshots/{commit}/"
+    links = {p: e for p, e in store_facts.entries.items() if p.startswith(snap)}
+    if not links:
+        return f"{repo}: snapshot {commit[:12]} is empty"
+    if not any(p.endswith("/config.json") or p == snap + "config.json" for p in links):
+        return f"{repo}: snapshot {commit[:12]} has no config.json"
+    for p, e in sorted(links.items()):
+        if e.kind != "l":
+            return f"{repo}: {p[len(snap):]} is not a link into blobs/ (a stray file in the snapshot)"
+        blob = posixpath.normpath(posixpath.join(posixpath.dirname(p), e.target))
+        b = store_facts.entries.get(blob)
+        if b is None or b.kind != "f":
+            return f"{repo}: {p[len(snap):]} points at a missing blob"
+        rec = store_facts.verified.get(blob)
+        if rec is None or rec.size != b.size or rec.mtime_ns != b.mtime_ns:
+            return f"{repo}: {p[len(snap):]} is not verified (changed since it was hashed, or never hashed)"
+    return None
+
+
+def rail_problem(host: str, fabric: dict | None, node_ip: str | None, peers_fix: str) -> tuple[str | None, str | None]:
+    """(problem, rail network) for a cluster node: it has a rail, and VLLM_HOST_IP is on it (G32)."""
+    rails = (fabric or {}).get("rails") or []
+    if not rails:
+        return (f"{host}: no fabric rail with an IPv4 address (ConnectX-7 twins Up in ibdev2netdev): NCCL and "
+                f"the executor would use the management LAN (G32) (fix: invoke provision --hosts {host} --tags fabric)"), None
+    rail = next((r for r in rails if r.get("address") == node_ip), None)
+    if rail is None:
+        return (f"{host}: fabric address {node_ip} (VLLM_HOST_IP) is not on any rail of {host} "
+                f"({', '.join(r['address'] for r in rails)}) (fix: {peers_fix})"), None
+    net = ipaddress.ip_interface(f"{rail['address']}/{rail.get('prefix', 24)}").network
+    return None, str(net)
+
+
+def serves_api(dep: DeploymentArgs, host: str) -> bool:
+    return dep.serves_on(host)
