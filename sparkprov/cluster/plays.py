@@ -65,7 +65,9 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
                                                              "peers": d.hosts, "deployment": d.name}, where)], where=where),
         ]
-        start = [d.hosts[:1], d.hosts[1:]] if d.cluster and d.executor == "ray" else [d.hosts]
+        # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous
+        # with), then the other ranks, which name rank 0's container (replaced with it)
+        start = [d.hosts[:1], d.hosts[1:]] if d.cluster else [d.hosts]
         for group in start:
             role = "rank 0" if group == d.hosts[:1] and len(start) > 1 else ("ranks" if len(start) > 1 else "containers")
             book.plays.append(play(f"{d.name}: {role}", group,

@@ -59,7 +59,11 @@ class VllmContainer(Module):
         problems = self._cluster_checks(dep, host)
         if problems:
             return Plan.fail(" | ".join(problems))
-        spec = node.container(dep, h, launch, head)
+        rank0_id = ""
+        if dep.cluster and dep.rank(h) > 0:
+            rank0 = (((host.exports.get(dep.hosts[0]) or {}).get("containers") or {}).get(dep.name) or {})
+            rank0_id = rank0.get("id") or "(rank 0 to be started)"
+        spec = node.container(dep, h, launch, head, rank0_id)
         cont = facts.containers
         mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
         have = next((c for c in mine if c["name"] == spec.name), None)
@@ -67,7 +71,8 @@ class VllmContainer(Module):
         if have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash \
                 and have["status"] in ("running", "restarting"):
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
-                        exports={"containers": {dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}})
+                        exports={"containers": {dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
+                                                           "id": have["id"]}}})
         before = "absent\n" if not have else (f"{have['name']} {have['status']} recipe "
                                               f"{have['labels'].get('sparkprov.recipe_hash')}\n")
         why = ("absent" if not have else

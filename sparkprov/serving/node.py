@@ -91,7 +91,8 @@ def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str,
     return render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat)
 
 
-def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None) -> specmod.ContainerSpec:
+def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None,
+              rank0_id: str = "") -> specmod.ContainerSpec:
     """The container this node runs: a single server, or its rank of a cluster (Ray head or
     worker, or a native rank: rank 0 serves the API, the others are --headless)."""
     if not dep.cluster:
@@ -99,9 +100,9 @@ def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str 
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,
-                                   master_addr=head_ip or "", master_port=dep.master_port)
+                                   master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id)
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
-                            ray_port=dep.ray_port)
+                            ray_port=dep.ray_port, rank0_id=rank0_id)
 
 
 def lint_problems(node_launch: Launch, dep: DeploymentArgs) -> tuple[list[str], list[str]]:

@@ -155,7 +155,7 @@ def _pre_and_key(launch: Launch, serves: bool) -> tuple[str, str]:
 
 
 def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, head_ip: str,
-             ray_port: int) -> ContainerSpec:
+             ray_port: int, rank0_id: str = "") -> ContainerSpec:
     """Rank 0: the Ray head, which waits for every node's GPU and then runs vLLM; the others:
     Ray workers joining the head at HEAD_IP:RAY_PORT (over the fabric)."""
     labels = {"sparkprov.executor": "ray", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
@@ -166,7 +166,14 @@ def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: i
                                {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes)},
                                script, ["vllm", "serve", *launch.vllm_argv], labels)
     return _rank_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
-                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}"}, WORKER_SCRIPT, [], labels)
+                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id)}, WORKER_SCRIPT, [],
+                           labels)
+
+
+def _member_of(rank0_id: str) -> dict[str, str]:
+    """The other ranks name rank 0's container: a group does not re-admit a lost member, so when
+    rank 0 is replaced, every rank is (its hash changes with rank 0's ID)."""
+    return {"SPARKPROV_RANK0": rank0_id[:12]} if rank0_id else {}
 
 
 def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int) -> list[str]:
@@ -195,13 +202,13 @@ def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr:
 
 
 def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str,
-                master_port: int) -> ContainerSpec:
+                master_port: int, rank0_id: str = "") -> ContainerSpec:
     labels = {"sparkprov.executor": "native", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
     pre, key = _pre_and_key(launch, rank == 0)
     script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
     argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port)
     return _rank_container(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
-                           launch, {}, script, ["vllm", "serve", *argv], labels)
+                           launch, _member_of(rank0_id) if rank else {}, script, ["vllm", "serve", *argv], labels)
 
 
 def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) -> list[ContainerSpec]:

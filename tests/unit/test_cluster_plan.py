@@ -13,8 +13,8 @@ from sparkprov.catalog.render import KEY_PATH, HostServeContext, render_launch
 from sparkprov.facts import probe
 from sparkprov.serving import spec
 from sparkprov.serving.allreduce_bench import busbw, parse_size, sizes
-from sparkprov.cluster.bringup import staged_problem
 from sparkprov.facts.serving import parse_containers, parse_ray_status
+from sparkprov.serving.node import staged_problem
 from sparkprov.serving.playbook import load_serve_playbook, select
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
@@ -72,7 +72,7 @@ def test_select_by_tp_and_hosts(tmp_path, inv):
                                             "  - {name: b, model: y, hosts: sparks, tp: 2, port: 8001}\n"), inv)
     assert [d.name for d in select(pb, tp=2, hosts=None, names=None)] == ["b"]
     assert [d.hosts for d in select(pb, tp=1, hosts=["spark2"], names=None)] == [["spark2"]]
-    with pytest.raises(InputError, match="TP=2 cluster"):
+    with pytest.raises(InputError, match="2-node cluster"):
         select(pb, tp=2, hosts=["spark2"], names=None)
     with pytest.raises(InputError, match="no deployment matches tp 4"):
         select(pb, tp=4, hosts=None, names=None)
@@ -130,6 +130,63 @@ def test_hashes_are_stable_and_follow_the_recipe():
     assert a[0].hash != c[0].hash
     d = cluster_specs(ip2="192.168.100.99")  # a worker's fabric address is part of its container
     assert a[0].hash == d[0].hash and a[1].hash != d[1].hash
+
+
+def native_specs(pp=1, rank0_id=""):
+    cat = load_catalog()
+    r = cat.get("llama-3.3-70b")
+    out = []
+    for rank, (h, ip) in enumerate((("spark1", "192.168.100.11"), ("spark2", "192.168.100.12"))):
+        launch = render_launch(r, ctx(h, ip, container_name=f"sparkprov-l-rank{rank}"), 2, None, catalog=cat)
+        out.append(spec.native_rank("l", h, launch, rank=rank, nnodes=2, pp=pp, master_addr="192.168.100.11",
+                                    master_port=29501, rank0_id=rank0_id))
+    return out
+
+
+def test_native_executor_ranks():
+    """vLLM's own multi-node: every rank runs vllm serve with --nnodes/--node-rank/--master-addr on
+    the fabric; rank 0 serves the API (key file), the others are --headless; no Ray anywhere."""
+    r0, r1 = native_specs()
+    assert (r0.role, r1.role) == ("rank0", "rank") and r0.serves and not r1.serves
+    for rank, s in enumerate((r0, r1)):
+        a = s.argv
+        tail = a[a.index("serve") - 1:]
+        assert tail[tail.index("--nnodes") + 1] == "2" and tail[tail.index("--node-rank") + 1] == str(rank)
+        assert tail[tail.index("--master-addr") + 1] == "192.168.100.11"
+        assert tail[tail.index("--master-port") + 1] == "29501"
+        assert tail[tail.index("--tensor-parallel-size") + 1] == "2"
+        assert "--distributed-executor-backend" not in a and not any("ray" in w.split() for w in a)
+        assert not any("pip install" in w for w in a)
+        assert ("--headless" in tail) == (rank == 1)
+        assert "sparkprov.executor=native" in a and f"sparkprov.rank={rank}" in a and "sparkprov.nodes=2" in a
+    assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in r0.argv
+    assert not any(KEY_PATH in w for w in r1.argv if w.startswith("/"))
+    i = r0.argv.index("-c")
+    assert subprocess.run(["sh", "-n", "-c", r0.argv[i + 1]]).returncode == 0
+
+
+def test_other_ranks_are_replaced_with_rank0():
+    """A group does not re-admit a lost member: a rank's hash follows rank 0's container ID."""
+    a, b = native_specs(rank0_id="aaaaaaaaaaaa1111"), native_specs(rank0_id="bbbbbbbbbbbb2222")
+    assert a[0].hash == b[0].hash and a[1].hash != b[1].hash
+    w1 = cluster_specs()[1]
+    from sparkprov.serving.spec import ray_rank
+    w2 = ray_rank("l", "spark2", w1.launch, rank=1, nnodes=2, head_ip="192.168.100.11", ray_port=6379,
+                  rank0_id="cccccccccccc")
+    assert w1.hash != w2.hash and "SPARKPROV_RANK0=cccccccccccc" in w2.argv
+
+
+def test_pipeline_parallel_spans_tp_times_pp_nodes(tmp_path, inv):
+    p = tmp_path / "serve.yaml"
+    p.write_text("deployments:\n  - {name: a, model: llama-3.3-70b, hosts: [spark1, spark2], tp: 1, pp: 2, executor: native}\n")
+    d = load_serve_playbook(p, inv).deployments[0]
+    assert (d.nodes, d.cluster, d.executor) == (2, True, "native")
+    r0, _ = native_specs(pp=2)
+    tail = r0.argv[r0.argv.index("serve"):]
+    assert tail[tail.index("--pipeline-parallel-size") + 1] == "2"
+    p.write_text("deployments:\n  - {name: a, model: llama-3.3-70b, hosts: [spark1, spark2], tp: 2, pp: 2}\n")
+    with pytest.raises(InputError, match="tp 2 x pp 2 needs exactly 4 hosts"):
+        load_serve_playbook(p, inv)
 
 
 def test_wrapper_scripts_are_valid_sh():
@@ -238,15 +295,16 @@ def test_api_key_file_has_one_default_for_recipe_and_cluster_up(tmp_path):
     ~/.config/sparkprov/api_key on the head, in the login user's home."""
     from sparkprov.catalog.render import DEFAULT_API_KEY_FILE
     from sparkprov.cli.catalog import _ctx
-    from sparkprov.cluster.hosts import DEFAULT_KEY_FILE, Node
+    from sparkprov.defaults import API_KEY_FILE, expand_home
+    from sparkprov.serving import node
 
-    assert DEFAULT_KEY_FILE == DEFAULT_API_KEY_FILE == "~/.config/sparkprov/api_key"
+    assert API_KEY_FILE == DEFAULT_API_KEY_FILE == "~/.config/sparkprov/api_key"
     p = tmp_path / "inventory.yaml"
     p.write_text(INV)
     loaded = load_inventory(p)
-    node = Node(loaded.hosts["spark1"], info={"home": "/home/nvidia"})
     shown = _ctx("spark1", str(p), 2)  # what `invoke recipe ALIAS --host spark1` renders
-    assert shown.api_key_file == node.key_file() == "/home/nvidia/.config/sparkprov/api_key"
+    up = expand_home(node.key_file(loaded.hosts["spark1"].vars), "/home/nvidia")  # what cluster-up uses
+    assert shown.api_key_file == up == "/home/nvidia/.config/sparkprov/api_key"
     launch = render_launch(load_catalog().get("qwen3.6-27b"), shown, 1)
     assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in launch.argv
     assert HostServeContext.from_host_vars("h", {}, home="/root").api_key_file == "/root/.config/sparkprov/api_key"
