@@ -82,7 +82,7 @@ def clean(tmp: Path, inv: Path) -> None:
 def stage(inv: Path, model: str, streams: int) -> tuple[float, dict, dict]:
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.staging.transfer import StageOptions, run_stage
+    from sparkprov.staging.plays import StageOptions, run_stage
 
     i = load_inventory(inv)
     report = Report(io.StringIO())
@@ -145,7 +145,7 @@ def main() -> int:
                 warm_changed = sum(h["changed"] for h in warm_doc["hosts"].values())
                 clean(tmp, inv)
                 each = hf_download_each(n, spec.repo_id, server.url, tmp)
-                rows.append((n, cold, warm, warm_changed, warm_calls, each, summary["hosts"]["localhost"]["seconds"]))
+                rows.append((n, cold, warm, warm_changed, warm_calls, each, summary["hosts"]["localhost"].get("seconds")))
     finally:
         server.shutdown()
         server.server_close()

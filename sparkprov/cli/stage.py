@@ -1,12 +1,6 @@
 """`invoke stage-weights MODEL`: put a model's weights into the store of every serving host.
 
-The lead registers it in tasks.py:
-
-    from sparkprov.cli.stage import STAGE_HELP
-    @task(help=STAGE_HELP)
-    def stage_weights(c, model, hosts=None, ...):
-        from sparkprov.cli.stage import stage_weights as run
-        run(c, model, hosts=hosts, ...)
+Plays on the engine (sparkprov/staging/plays.py): store check, download once, send, publish.
 """
 
 from __future__ import annotations
@@ -27,12 +21,12 @@ STAGE_HELP = {
     "image": "Image that runs huggingface_hub on the downloading host (default: the recipe's serving image, "
              "else the inventory var stage_image)",
     "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-    "progress_interval": "Seconds between plain progress lines when the output is not a terminal (default 5)",
+    "progress_interval": "Kept for scripts; the engine reports each step as it ends",
 }
 
 
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False, source=None,
-                  streams=4, image=None, accept_new_host_keys=False, progress_interval=5.0):
+                  streams=4, image=None, accept_new_host_keys=False, progress_interval=5.0, forks=None):
     """Stage a model's weights (and the recipe's extra files) into the model store of every host:
     download once, fan out over the fabric with rsync, verify sha256 everywhere."""
     from invoke.exceptions import Exit
@@ -40,30 +34,31 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.staging.transfer import StageOptions, run_stage
+    from sparkprov.engine.run import DEFAULT_FORKS
+    from sparkprov.staging.plays import StageOptions, run_stage
 
     try:
         streams = int(streams)
-        progress_interval = float(progress_interval)
+        float(progress_interval)
+        forks = int(forks) if forks is not None else DEFAULT_FORKS
     except ValueError:
-        raise Exit("sparkprov: --streams is a whole number and --progress-interval a number of seconds", code=1) from None
-    if streams < 1 or streams > 64:
-        raise Exit("sparkprov: --streams must be between 1 and 64", code=1)
+        raise Exit("sparkprov: --streams and --forks are whole numbers and --progress-interval a number of seconds",
+                   code=1) from None
+    if not 1 <= streams <= 64 or not 1 <= forks <= 1024:
+        raise Exit("sparkprov: --streams must be between 1 and 64, --forks between 1 and 1024", code=1)
     out = sys.stderr if json else sys.stdout
     with user_errors():
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         report = Report(out, quiet=json)
-        live = out.isatty() and not json
-        options = StageOptions(check=check, rehash=rehash, source=source, streams=streams, image=image,
-                               accept_new_host_keys=accept_new_host_keys, progress_stream=out, live=live,
-                               progress_interval=progress_interval)
-        summary = run_stage(inv, targets, model, options, report)
+        summary = run_stage(inv, targets, model, StageOptions(check=check, rehash=rehash, source=source, streams=streams,
+                                                              image=image, accept_new_host_keys=accept_new_host_keys,
+                                                              forks=forks), report)
+        src = summary["source"]
     print_report(report, json, stage=summary)
     if not json:
-        s = summary
-        print(f"\n{s['model']}: {s.get('files', 0)} files, {_h(s.get('bytes', 0))}; source {s['source']}; "
-              f"{s.get('seconds', 0):.1f}s")
+        print(f"\n{model}: {summary['files']} files, {_h(summary['bytes'])}; source {src}; "
+              f"{summary['seconds']:.1f}s" + (" (check: nothing transferred)" if check else ""))
     finish(report.exit_code())
 
 

@@ -165,6 +165,11 @@ class Module:
         named = self.needs(args, host)
         return list(named.values()) if named else []
 
+    def stale(self, args: Any, host: HostContext) -> list[Fact]:
+        """Facts of this host that another host's task may have changed since they were read
+        (bytes another host sent here): the engine reads them again before planning."""
+        return []
+
     def view(self, args: Any, facts: FactView, host: HostContext) -> "FactView | NamedFacts":
         named = self.needs(args, host)
         return facts if named is None else facts.bind(named)

@@ -308,6 +308,9 @@ class Runner:
             ctx = self._ctx(play, hr, task, play_hosts)
             become = self._become(play, task)
             facts = module.facts(args, ctx)
+            for f in module.stale(args, ctx):
+                hr.values.pop(f.key, None)
+                hr.errors.pop(f.key, None)
             if any(f.key not in hr.values and f.key not in hr.errors for f in facts):
                 # Read what this task needs together with what the tasks after it need.
                 selected = self._selected_tasks(play)
@@ -362,6 +365,9 @@ class Runner:
         re-plan finds nothing left to do."""
         for group in _call_groups(plan.changes, become):
             run_as_root = group[0].become if group[0].become is not None else become
+            if run_as_root and hr.transport.become_method is None:
+                # a change that alone needs root, in a task that does not: settle sudo now (one call)
+                self._gather(play, hr, [], become=True, play_hosts=ctx.play_hosts)
             script = "set -e\n" + "\n".join(c.script for c in group) + "\n"
             timeout = sum(c.timeout for c in group) if all(c.timeout for c in group) else None
             res = hr.transport.run_script(script, become=run_as_root, timeout=timeout)

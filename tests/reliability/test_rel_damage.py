@@ -77,7 +77,7 @@ DAMAGES = [
     Damage("netplan file mode changed", "fabric rails", f"update {NETPLAN} (mode 0600",
            lambda lab, h, c: _sh(lab, h, f"chmod 0644 {NETPLAN}"),
            lambda lab, h, c: _sh(lab, h, f"stat -c '%a %U' {NETPLAN}").stdout == "600 root\n"),
-    Damage("weight shard truncated", "receive", "received 1 files",
+    Damage("weight shard truncated", "send", "send 1 files",
            lambda lab, h, c: _sh(lab, h, f"truncate -s 4096 {_blob(c)[0]}"),
            lambda lab, h, c: _sh(lab, h, f"sha256sum < {_blob(c)[0]}").stdout.split()[0] == _blob(c)[1]),
 ]
@@ -114,7 +114,7 @@ def site(lab, hub, tmp_path_factory):
 
 
 def stage(inv: Path) -> Report:
-    from sparkprov.staging.transfer import StageOptions, run_stage
+    from sparkprov.staging.plays import StageOptions, run_stage
 
     inventory = load_inventory(inv)
     report = Report(io.StringIO())
@@ -156,15 +156,18 @@ def test_random_damage_is_repaired_reported_and_nothing_else_changes(lab, site, 
     print(f"repair runs: {time.monotonic() - t0:.1f}s")
     assert not problems(prov) and not problems(staged), (seed, problems(prov), problems(staged))
 
-    want_prov = {(h, d.task) for d, h in picks if d.task != "receive"}
+    want_prov = {(h, d.task) for d, h in picks if d.task != "send"}
     got_prov = changed(prov)
     assert set(got_prov) == want_prov, (seed, got_prov)
-    stage_hosts = {h for d, h in picks if d.task == "receive"}
+    # a damaged shard: the source sends it again, the damaged host publishes it; nothing else moves
+    stage_hosts = {h for d, h in picks if d.task == "send"}
     got_stage = changed(staged)
-    assert {h for h, _ in got_stage} == stage_hosts, (seed, got_stage)
+    assert {h for h, t in got_stage if t.startswith("publish")} == stage_hosts, (seed, got_stage)
+    sends = " | ".join(m for (h, t), m in got_stage.items() if t.startswith("send"))
+    assert {h for h, t in got_stage if not t.startswith(("publish", "send"))} == set(), (seed, got_stage)
     for d, h in picks:
-        if d.task == "receive":
-            assert d.fragment in got_stage[(h, "receive")], (seed, got_stage)
+        if d.task == "send":
+            assert d.fragment in sends and f"to {h} " in sends, (seed, got_stage)
         else:
             assert d.fragment in got_prov[(h, d.task)], (seed, d.name, got_prov[(h, d.task)])
         assert d.repaired(lab, h, site), f"seed {seed}: {d.name} on {h} not repaired"

@@ -45,7 +45,7 @@ def hub():
 
 
 def _stage(inv: Path, report: Report) -> dict:
-    from sparkprov.staging.transfer import StageOptions, run_stage
+    from sparkprov.staging.plays import StageOptions, run_stage
 
     inventory = load_inventory(inv)
     return run_stage(inventory, list(inventory.hosts), MODEL, StageOptions(image=IMAGE, streams=2), report)
@@ -132,10 +132,10 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     assert summary["source"] == "spark1" and summary["hosts"]["spark2"]["fabric_address"] == addr, summary
     res = {(r.host, r.task): r for r in report.results}
     assert report.hosts["spark1"].failed == 0 and report.hosts["spark2"].failed >= 1, report.results
-    assert res[("spark1", "download from hub")].status == "changed"
-    recv = res[("spark2", "receive")]
+    assert res[("spark1", f"download {MODEL}")].status == "changed"
+    recv = res[("spark2", f"publish {MODEL}")]
     assert recv.status == "failed" and f"rsync spark1 -> spark2 ({addr}) failed" in recv.msg, recv.msg
-    assert "failed verification" not in recv.msg and "kept for the next run to resume" in recv.msg, recv.msg
+    assert "files still missing" in recv.msg and "partial files are kept" in recv.msg, recv.msg
     assert len(recv.msg.splitlines()) == 1
 
     # what spark2 kept: whole files (published or staged) and partial ones
@@ -159,8 +159,8 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     sent = _tx(lab, "spark1", iface) - before_tx
     assert again.exit_code() == 0, problems(again)
     msg = {(r.host, r.task): r.msg for r in again.results if r.status == "changed"}
-    assert set(msg) <= {("spark2", "receive"), ("spark2", "verify store")}, msg
-    assert "from spark1 " in msg[("spark2", "receive")] and f"over {addr}" in msg[("spark2", "receive")], msg
+    assert set(msg) <= {("spark1", f"send {MODEL}"), ("spark2", f"publish {MODEL}"), ("spark2", f"store {MODEL}")}, msg
+    assert "to spark2 " in msg[("spark1", f"send {MODEL}")] and f"over {addr}" in msg[("spark1", f"send {MODEL}")], msg
     assert not [r for r in server.state.log[before_log:] if "/resolve/" in r["path"]], "nothing fetched again"
     print(f"rerun sent {sent / MiB:.1f} MiB over {iface} for {missing / MiB:.1f} MiB missing: {msg}")
     assert sent <= missing * 1.08 + 1 * MiB, (sent, missing, kept)   # the finished bytes were not sent again

@@ -166,17 +166,19 @@ def test_download_program_carries_no_token_and_the_job():
 def test_docker_download_script_keeps_the_token_out_of_argv_and_env():
     from types import SimpleNamespace
 
-    from sparkprov.staging.transfer import Stage
+    from sparkprov.modules.weights_download import Args, WeightsDownload
 
-    st = object.__new__(Stage)
-    st.endpoint, st.image, st.token = "http://10.77.0.1:8080", "vllm/vllm-openai:cu130-nightly", "hf_SECRETtoken123"
-    node = SimpleNamespace(local=False, name="spark1", facts=StoreFacts(store="/home/nvidia/vllm", uid=1000, gid=1001,
-                                                                        tools={"docker"}, image="present"))
-    script, become = Stage._download_script(st, node, {"endpoint": st.endpoint, "store": "/home/nvidia/vllm",
-                                                       "files": [], "refs": {}})
-    assert not become and script.count(st.token) == 1
+    token, endpoint = "hf_SECRETtoken123", "http://10.77.0.1:8080"
+    args = Args(model="m", items=[{"repo": "o/m", "revision": "main", "commit": "c" * 40, "path": "config.json",
+                                   "size": 2, "oid": "a" * 40, "sha256": None}],
+                endpoint=endpoint, hosts=["spark1"], source="spark1", image="vllm/vllm-openai:cu130-nightly")
+    host = SimpleNamespace(name="spark1")
+    facts = StoreFacts(store="/home/nvidia/vllm", uid=1000, gid=1001, tools={"docker"}, image="present")
+    script, become = WeightsDownload._script(args, host, facts, {"endpoint": endpoint, "store": "/home/nvidia/vllm",
+                                                                 "files": [], "refs": {}}, token)
+    assert not become and script.count(token) == 1
     lines = script.splitlines()
-    at = lines.index(st.token)
+    at = lines.index(token)
     assert lines[at - 1].endswith("<<'SPARKPROV_TOKEN'") and "umask 077" in lines[at - 1]
     run = next(line for line in lines if line.startswith("docker run"))
     assert "--user 1000:1001" in run and "--network host" in run and "HF_TOKEN" not in run
@@ -190,7 +192,7 @@ def test_control_machine_sends_to_fabric_only_when_on_that_link():
     import json
     import subprocess
 
-    from sparkprov.staging.transfer import on_local_link
+    from sparkprov.modules.weights_send import on_local_link
 
     ifaces = json.loads(subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout)
     own = [a["local"] for i in ifaces for a in i.get("addr_info", [])

@@ -1,0 +1,149 @@
+"""weights_download: the files that some host of the stage needs and no host holds, downloaded
+once, on the source, from the hub (huggingface_hub's downloader, resuming from the bytes on disk;
+published only after the sha256 / git blob id matches the hub's).
+
+On a Spark the downloader runs in the serving image as the login user (G23), with the token in a
+0600 file mounted read-only (never in argv or the container's config); on the control machine
+(a host with `connection: local`) in sparkprov's own environment. Exports nothing new: the
+verify step re-reads the store, and the send play reads what the source holds from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+from pydantic import Field
+
+from sparkprov.engine.module import Change, FactView, HostContext, Module, Plan
+from sparkprov.modules.weights_store import EXPORT, Args as StoreArgs, items_of, store_fact
+from sparkprov.staging import fetch
+from sparkprov.staging.facts import DOWNLOADER_PREFIX
+from sparkprov.staging.hub import endpoint_env, resolve_token
+from sparkprov.staging.plan import Status, human, plan_host
+from sparkprov.transport.shell import cmd, quote
+
+
+HELD = "stage_held"  # what the source holds once the download is done
+
+
+class Args(StoreArgs):
+    endpoint: str
+    hosts: list[str] = Field(min_length=1)   # every host of the stage (whose needs count)
+    workers: int = Field(default=4, ge=1, le=64)
+
+
+def to_download(args, host: HostContext, own) -> list:
+    """Items some host needs that no host holds (the source's own fresh state counts for it)."""
+    held: set[str] = set(r for r, f in own.files.items() if f.status is Status.OK)
+    needed: set[str] = set(f.item.rel for f in own.to_fetch)
+    for h in args.hosts:
+        if h == host.name:
+            continue
+        ex = (host.exports.get(h) or {}).get(EXPORT) or {}
+        held |= set(ex.get("ok") or [])
+        needed |= set(ex.get("need") or [])
+    out, seen = [], set()
+    for i in items_of(args):
+        if i.rel in needed - held and i.rel not in seen:
+            seen.add(i.rel)
+            out.append(i)
+    return out
+
+
+class WeightsDownload(Module):
+    name = "weights_download"
+    Args = Args
+    doc = "Download, once and on the source, what no host of the stage holds (stage-weights)."
+
+    def needs(self, args: Args, host: HostContext):
+        return {"store": store_fact(args, host)}
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        sf = facts.store
+        own = plan_host(host.name, items_of(args), sf)
+        todo = to_download(args, host, own)
+        held = {HELD: sorted(r for r, f in own.files.items() if f.status is Status.OK)}
+        if not todo:
+            return Plan(msg="nothing to download: every file is on some host", exports=held)
+        links = [i for i in items_of(args) if i.link and i.rel in {t.rel for t in todo}]
+        job = {"endpoint": args.endpoint, "store": sf.store, "workers": args.workers,
+               "files": [{"repo": i.repo, "path": i.path, "commit": i.commit, "size": i.size, "large": i.large,
+                          "digest": i.digest, "rel": i.rel, "link": i.link, "link_target": i.link_target}
+                         for i in todo], "refs": own.refs}
+        resume = sum(own.files[i.rel].have for i in todo if i.rel in own.files)
+        token, _ = resolve_token()
+        try:
+            script, become = self._script(args, host, sf, job, token)
+        except ValueError as exc:
+            return Plan.fail(f"{host.name}: {exc}")
+        total = sum(i.size for i in todo)
+
+        def outcome(out: str) -> str | None:
+            results = {}
+            for line in out.splitlines():
+                if line.startswith("SPARKPROV-FETCH "):
+                    msg = json.loads(line[len("SPARKPROV-FETCH "):])
+                    if "file" in msg:
+                        results[msg["file"]["rel"]] = msg["file"]
+            bad = [i for i in todo if not results.get(i.rel, {}).get("ok")]
+            if bad:
+                return (f"{len(bad)} of {len(todo)} files failed: "
+                        + "; ".join(f"{i.path}: {results.get(i.rel, {}).get('error', 'no result')}" for i in bad[:3]))
+            return None
+
+        from sparkprov.staging import verify
+
+        publish_links = verify.script(sf.store, [], links=links) if links else ""
+        return Plan([Change(f"download {len(todo)} files ({human(total)}) from {args.endpoint}"
+                            + (f", resuming {human(resume)} on disk" if resume else ""), script,
+                            touches=[facts.fact("store")], become=become, timeout=7 * 24 * 3600, outcome=outcome)]
+                    + ([Change(f"link {len(links)} snapshot paths", publish_links, touches=[facts.fact("store")])]
+                       if links else []), exports=held)
+
+    @staticmethod
+    def _script(args: Args, host: HostContext, sf, job: dict, token: str | None) -> tuple[str, bool]:
+        env = {**endpoint_env(args.endpoint), "HF_HOME": sf.store, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
+        lines = ["set -e", f"S={quote(sf.store)}", "T=$(mktemp -d)", "trap 'rm -rf \"$T\"' EXIT INT TERM HUP"]
+        token_file = ("(umask 077; cat > \"$T/token\") <<'SPARKPROV_TOKEN'\n" + token + "\nSPARKPROV_TOKEN") if token else ""
+        become = False
+        if host.name in args.local_hosts:
+            lines += ['mkdir -p "$S/.sparkprov"'] + ([token_file] if token else [])
+            envs = " ".join(f"{k}={quote(v)}" for k, v in env.items())
+            runner = f"{envs} SPARKPROV_TOKEN_FILE=\"$T/token\" {quote(sys.executable)} -"
+        else:
+            if not args.image:
+                raise ValueError("no image to run huggingface_hub in (fix: --image, or a catalog alias)")
+            if "docker" not in sf.tools:
+                raise ValueError("docker is not installed (fix: invoke provision first)")
+            state = sf.image or ""
+            if state.startswith("error") and "permission denied" in state.lower():
+                become = True  # docker needs root here: the store is still written as the login user
+            elif state.startswith("error"):
+                raise ValueError(f"docker: {state[len('error: '):]} (fix: check dockerd on the host)")
+            owner = f"{sf.uid}:{sf.gid}"
+            if become:
+                lines += [f'[ -d "$S" ] || {{ mkdir -p "$S" && chown {owner} "$S"; }}',
+                          f'[ -d "$S/.sparkprov" ] || {{ mkdir -p "$S/.sparkprov" && chown {owner} "$S/.sparkprov"; }}']
+            else:
+                lines.append('mkdir -p "$S/.sparkprov"')
+            if token:
+                lines.append(token_file)
+                if become:
+                    lines.append(f'chown {owner} "$T" "$T/token"')
+            name = DOWNLOADER_PREFIX + hashlib.sha1(sf.store.encode()).hexdigest()[:12]
+            lines.append(cmd("docker", "rm", "-f", name) + " >/dev/null 2>&1 </dev/null || true")
+            if state != "present":
+                lines.append(cmd("docker", "pull", "-q", args.image) + " </dev/null >&2")
+            argv = ["docker", "run", "--rm", "-i", "--name", name, "--network", "host", "--user", owner,
+                    "--entrypoint", "python3", "-v", f"{sf.store}:{sf.store}"]
+            for k, v in env.items():
+                argv += ["-e", f"{k}={v}"]
+            runner = cmd(*argv) + (f' -v "$T/token":{fetch.TOKEN_MOUNT}:ro' if token else "") + " " + cmd(args.image, "-")
+        if host.name in args.local_hosts:
+            job = {**job, "watch_pid": os.getpid()}
+        lines.append(f"{runner} <<'SPARKPROV_FETCH'\n{fetch.program(job)}\nSPARKPROV_FETCH")
+        return "\n".join(lines) + "\n", become

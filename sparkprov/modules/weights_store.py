@@ -1,0 +1,105 @@
+"""weights_store: a model's files in this host's store, as the hub lists them, verified.
+
+Reads the store (StoreState) and plans each file against the hub's listing (staging/plan.py):
+published and verified (ok), published but not known good or complete in staging (hash it:
+good ones are published, bad ones removed), partial or missing (to fetch). Snapshot links and
+refs are made for what is there. Phase `check` (before any transfer) also fails a host without
+the space for what it lacks; phase `publish` (after the fan-out) fails a host that still lacks
+files, naming them. Exports what it holds and needs for the download and send plays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from sparkprov.defaults import host_setting
+from sparkprov.engine.module import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.hardware import FabricInfo
+from sparkprov.staging import verify
+from sparkprov.staging.facts import StoreState
+from sparkprov.staging.plan import Item, Status, check_disk, human, plan_host
+
+EXPORT = "stage"
+SENT_TO = "stage_sent_to"  # the send play: which hosts a host sent files to
+SEND_ERRORS = "stage_send_errors"  # ... and why sending to some of them failed
+
+
+class Args(ModuleArgs):
+    phase: Literal["check", "publish"] = "check"
+    model: str
+    items: list[dict[str, Any]] = Field(min_length=1)
+    rehash: bool = False
+    source: str = ""           # the host that downloads
+    image: str = ""            # the downloader's image (read on the source: present or not)
+    local_hosts: list[str] = Field(default_factory=list)  # hosts that are the control machine
+
+
+def items_of(args) -> list[Item]:
+    return [Item(**i) for i in args.items]
+
+
+def store_fact(args, host: HostContext) -> StoreState:
+    """The host's store (its model_store var) as these items need it; on a source that downloads
+    in a container, whether the image is there."""
+    items = items_of(args)
+    image = args.image if host.name == args.source and host.name not in args.local_hosts else ""
+    return StoreState(str(host_setting(host.vars, "model_store")), tuple(sorted({i.repo for i in items if i.dest is None})),
+                      tuple(sorted({i.dest for i in items if i.dest is not None})), image)
+
+
+class WeightsStore(Module):
+    name = "weights_store"
+    Args = Args
+    doc = "A model's files in the host's store, verified against the hub's listing (stage-weights)."
+
+    def needs(self, args: Args, host: HostContext):
+        return {"store": store_fact(args, host), "fabric": FabricInfo()}
+
+    def stale(self, args: Args, host: HostContext):
+        """After the send play, a host that was sent files reads its store again."""
+        sent = any(host.name in ((ex or {}).get(SENT_TO) or []) for ex in host.exports.values())
+        return [store_fact(args, host)] if args.phase == "publish" and sent else []
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        sf = facts.store
+        hp = plan_host(host.name, items_of(args), sf, rehash=args.rehash and args.phase == "check")
+        fabric = str(host.vars.get("fabric_address") or (facts.fabric or {}).get("node_ip") or "") or None
+        exports = {EXPORT: {"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
+                                                                                        Status.STAGED)),
+                            "need": sorted(f.item.rel for f in hp.to_fetch), "store": sf.store, "user": sf.user,
+                            "fabric": fabric, "image": sf.image}}
+        if args.phase == "check":
+            problem = check_disk(hp, sf.store)
+            if problem:
+                return Plan.fail(problem.message())
+        elif hp.to_fetch and host.check:
+            return Plan([Change(f"hash and publish {len(hp.to_fetch)} files as they arrive", ":",
+                                touches=[facts.fact("store")])], exports=exports)
+        elif hp.to_fetch:
+            left = [f.item.path for f in hp.to_fetch]
+            why = [e for ex in host.exports.values() if (e := ((ex or {}).get(SEND_ERRORS) or {}).get(host.name))]
+            return Plan.fail("; ".join(why + [f"{len(left)} files still missing after the transfer: "]) + ", ".join(left[:5])
+                             + (" (partial files are kept: a rerun resumes them)"
+                                if any(f.status is Status.PARTIAL for f in hp.to_fetch) else ""))
+        if hp.complete:
+            return Plan(msg=f"complete: {len(hp.files)} files, {human(hp.total_bytes)} verified in {sf.store}",
+                        exports=exports)
+        changes = []
+        checks = [verify.Check("staged" if f.status is Status.STAGED else "published", f.item) for f in hp.to_verify]
+        if checks or hp.links or hp.refs:
+            # links of files still to fetch are made when those arrive (publish phase)
+            links = [i for i in hp.links if i.rel not in {f.item.rel for f in hp.to_fetch}]
+            what = []
+            if checks:
+                what.append(f"hash {len(checks)} files ({human(sum(c.item.size for c in checks))}) and publish the good ones")
+            if links or hp.refs:
+                what.append(f"link {len(links)} snapshot paths" + (f", write {len(hp.refs)} refs" if hp.refs else ""))
+            if checks or links or hp.refs:
+                changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=hp.refs,
+                                                                      parallel=4),
+                                      touches=[facts.fact("store")], timeout=24 * 3600))
+        msg = (f"{hp.summary()}; needs {human(hp.need_bytes)}" + (f", {human(hp.free)} free" if hp.free is not None
+                                                                   else "")) if hp.to_fetch else ""
+        return Plan(changes, msg=msg, exports=exports)
