@@ -59,6 +59,9 @@ class Change:
     # stateful steps whose result is an answer, not a state: a smoke test, a benchmark.
     outcome: Callable[[str], str | None] | None = None
     exports: dict[str, Any] = field(default_factory=dict)  # what it found out, for other hosts and plays
+    # What it changes is not known beyond `touches` (an arbitrary command): the tasks after it
+    # plan against the host as it really is after it, so the engine applies it before planning them.
+    opaque: bool = False
     last_output: str = ""  # set by the engine: what the script printed (for outcome)
 
 

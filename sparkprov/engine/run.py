@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
+import secrets
 import stat
 import sys
 import threading
@@ -46,6 +48,7 @@ class RunOptions:
     # that host except through `touches` (the serving and staging plays are built that way), so
     # that a run with nothing to do costs one remote call per host.
     gather_ahead: bool = False
+    verbose: bool = False  # say where the engine splits a play's apply, and why
 
 
 class BecomePassword:
@@ -173,6 +176,11 @@ class Runner:
         return out
 
     # -- one host, one play ---------------------------------------------------------------
+    # A play costs at most three round trips per host: one gather, one call applying every change
+    # the play plans (each task planned against what the earlier ones predict, as in check mode),
+    # one re-read of the touched facts to verify. The engine splits the apply only where it must:
+    # a task reading a fact an earlier change touched without predicting it, a change that needs
+    # another user (become), a new login (reconnect). --verbose names each split.
     def _play_host(self, play: Play, hr: HostRun, play_hosts: list[str]) -> None:
         name = hr.host.name
         try:
@@ -183,13 +191,15 @@ class Runner:
             become = play.become or any(t.become for t in tasks)
             ahead = self._later_facts(play, hr) if self.options.gather_ahead and not hr.info else []
             self._gather(play, hr, tasks, become=become, extra=ahead, play_hosts=play_hosts)
+            batch = _Batch()
             for task in tasks:
-                if not self._run_task(play, hr, task, play_hosts):
+                if not self._plan_task(play, hr, task, play_hosts, batch):
                     return
             for handler in play.handlers:
                 if handler.name in hr.notified:
-                    if not self._run_task(play, hr, handler, play_hosts):
+                    if not self._plan_task(play, hr, handler, play_hosts, batch):
                         return
+            self._flush(play, hr, play_hosts, batch)
             hr.notified.clear()
         except Unreachable as exc:
             hr.dead = True
@@ -197,25 +207,6 @@ class Runner:
         except SparkprovError as exc:
             hr.dead = True
             self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line()))
-
-    def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
-        """The facts the host's tasks in the plays after `play` will read, as far as they can be
-        known before those plays run (a task whose arguments need exports is left to its play)."""
-        plays = self.playbook.plays
-        later = plays[plays.index(play) + 1:]
-        info = self._pre_info(hr)
-        out: list[Fact] = []
-        for p in later:
-            targets = self.inventory.resolve(p.hosts, where=p.where, what="play hosts")
-            if hr.host.name not in targets:
-                continue
-            live = [h for h in targets if h in self.runs]
-            for task in self._selected_tasks(p):
-                try:
-                    out += self._task_facts(p, hr, task, info, live) or []
-                except (SparkprovError, KeyError, ValueError):
-                    continue
-        return out
 
     def _pre_info(self, hr: HostRun) -> dict[str, str]:
         if hr.info:
@@ -293,8 +284,9 @@ class Runner:
     def _settle_become(self, hr: HostRun, how: str | None, password: str | None) -> None:
         settle_become(hr, how, password, self.password)
 
-    def _run_task(self, play: Play, hr: HostRun, task: Task, play_hosts: list[str]) -> bool:
-        """Run one task on one host; False when the host must stop."""
+    def _plan_task(self, play: Play, hr: HostRun, task: Task, play_hosts: list[str], batch: "_Batch") -> bool:
+        """Plan one task against what the host holds plus what the batch's changes predict; queue
+        its changes (or record its result). False when the host must stop."""
         name = hr.host.name
         module = modules.registry()[task.module]()
         result = TaskResult(name, play.name, task.name, task.module, "ok")
@@ -302,13 +294,23 @@ class Runner:
         try:
             if task.when is not None and not evaluate(task.when, variables):
                 result.status, result.msg = "skipped", f"condition false: {task.when}"
-                self.report.record(result)
-                return True
+                return self._finish_task(hr, task, result, batch)
             args = render_args(task, variables)
             ctx = self._ctx(play, hr, task, play_hosts)
             become = self._become(play, task)
             facts = module.facts(args, ctx)
-            for f in module.stale(args, ctx):
+            stale = module.stale(args, ctx)
+            unknown = [f for f in facts + stale if f.key in batch.unknown]
+            if batch.items and not ctx.check and (unknown or batch.opaque):
+                # this task reads what an earlier change made and did not predict: apply first
+                self._note(hr, f"{task.name}: needs what earlier changes made ("
+                           + (", ".join(str(f) for f in unknown) or "a command's effects") + "): applying them first")
+                opaque = batch.opaque
+                if not self._flush(play, hr, play_hosts, batch):
+                    return False
+                if opaque:  # anything may have changed: read again what this task reads
+                    stale = stale + facts
+            for f in stale:
                 hr.values.pop(f.key, None)
                 hr.errors.pop(f.key, None)
             if any(f.key not in hr.values and f.key not in hr.errors for f in facts):
@@ -319,14 +321,21 @@ class Runner:
             plan = module.plan(args, module.view(args, FactView(hr.values, hr.errors), ctx), ctx)
             self._fill(result, plan, task)
             if plan.failed is None and plan.skipped is None and plan.changes:
-                if ctx.check:
-                    for change in plan.changes:
-                        for fact, value in change.predicts:
-                            hr.values[fact.key] = value
-                            hr.errors.pop(fact.key, None)
-                else:
-                    plan = self._apply(play, hr, task, module, args, ctx, plan, become)
-                    self._fill(result, plan, task, applied=True)
+                # what later tasks plan against: the predictions, or "unknown until applied"
+                for change in plan.changes:
+                    predicted = {fact.key for fact, _ in change.predicts}
+                    for fact, value in change.predicts:
+                        hr.values[fact.key] = value
+                        hr.errors.pop(fact.key, None)
+                    if not ctx.check:
+                        batch.unknown |= {f.key for f in change.touches if f.key not in predicted}
+                        batch.opaque = batch.opaque or change.opaque
+                if not ctx.check:
+                    batch.items.append(_Pending(task, module, args, ctx, plan, result, become))
+                    if plan.exports:
+                        self.exports[name].update(plan.exports)
+                    hr.notified.update(task.notify)
+                    return True
             if plan.exports and plan.failed is None:
                 self.exports[name].update(plan.exports)
         except (ExprError, Undefined) as exc:
@@ -335,9 +344,18 @@ class Runner:
             result.status, result.msg = "failed", exc.line()
         except FactError as exc:
             result.status, result.msg = "failed", f"could not read state: {exc}"
+        if result.status == "failed" and not task.ignore_errors and batch.items:
+            # what was planned before this failure is applied, as it would have been task by task
+            self._flush(play, hr, play_hosts, batch)
+        return self._finish_task(hr, task, result, batch)
+
+    def _finish_task(self, hr: HostRun, task: Task, result: TaskResult, batch: "_Batch") -> bool:
         if task.no_log:
             result.msg, result.diff = (CENSORED if result.msg else ""), []
-        self.report.record(result)
+        if batch.items:
+            batch.later.append(result)  # reported in task order, after the changes before it
+        else:
+            self.report.record(result)
         if result.status == "changed":
             hr.notified.update(task.notify)
         if result.status == "failed" and not task.ignore_errors:
@@ -359,61 +377,150 @@ class Runner:
         else:
             result.status, result.msg = "ok", plan.msg
 
-    def _apply(self, play: Play, hr: HostRun, task: Task, module, args, ctx: HostContext, plan: Plan,
-               become: bool) -> Plan:
-        """Apply, read back what was touched, and re-plan: the task converged only if the
-        re-plan finds nothing left to do."""
-        for group in _call_groups(plan.changes, become):
-            run_as_root = group[0].become if group[0].become is not None else become
+    def _note(self, hr: HostRun, text: str) -> None:
+        if self.options.verbose:
+            self.report.note(hr.host.name, text)
+
+    def _flush(self, play: Play, hr: HostRun, play_hosts: list[str], batch: "_Batch") -> bool:
+        """Apply every queued change (one call, split only where it must be), read back what was
+        touched (one call) and re-plan each task: it converged only if nothing is left to do.
+        Records the queued tasks' results in order; False when one failed."""
+        items, later = batch.items, batch.later
+        batch.items, batch.later, batch.unknown, batch.opaque = [], [], set(), False
+        if not items:
+            for r in later:
+                self.report.record(r)
+            return True
+        failed_at: int | None = None
+        changes = [(i, c) for i, p in enumerate(items) for c in p.plan.changes]
+        for group in _call_groups(changes, lambda ic: items[ic[0]].become):
+            run_as_root = _as_root(group[0][1], items[group[0][0]].become)
             if run_as_root and hr.transport.become_method is None:
                 # a change that alone needs root, in a task that does not: settle sudo now (one call)
-                self._gather(play, hr, [], become=True, play_hosts=ctx.play_hosts)
-            script = "set -e\n" + "\n".join(c.script for c in group) + "\n"
-            timeout = sum(c.timeout for c in group) if all(c.timeout for c in group) else None
-            res = hr.transport.run_script(script, become=run_as_root, timeout=timeout)
-            group[-1].last_output = res.stdout
-            if res.rc != 0:
-                detail = (res.stderr.strip() or res.stdout.strip()).splitlines()
-                why = detail[-1] if detail else f"exit status {res.rc}"
-                return Plan.fail(f"{group[0].summary}: failed (rc={res.rc}): {why}")
-            if group[-1].outcome is not None:
-                why = group[-1].outcome(res.stdout)
+                self._gather(play, hr, [], become=True, play_hosts=play_hosts)
+            why = self._run_group(hr, group, run_as_root)
+            if why is not None:
+                failed_at, msg = why
+                items[failed_at].plan = Plan.fail(msg)
+                break
+            if any(c.reconnect for _, c in group):
+                hr.transport.close()
+                hr.transport.connect()
+        applied = items if failed_at is None else items[:failed_at]
+        touched = {f.key: f for p in applied for c in p.plan.changes for f in c.touches}
+        for key in touched:
+            hr.values.pop(key, None)
+            hr.errors.pop(key, None)
+        verify = [p for p in applied if all(c.verify for c in p.plan.changes)]
+        if verify:
+            extra = list(touched.values()) + [f for p in verify for f in p.module.facts(p.args, p.ctx)]
+            self._gather(play, hr, [], become=any(p.become for p in verify), extra=extra, play_hosts=play_hosts)
+        for i, p in enumerate(items):
+            if i == failed_at:
+                self._fill(p.result, p.plan, p.task)
+            elif failed_at is not None and i > failed_at:
+                continue  # never ran: the host stops at the failed task, as task by task
+            else:
+                plan = p.plan
+                if p in verify:
+                    again = p.module.plan(p.args, p.module.view(p.args, FactView(hr.values, hr.errors), p.ctx), p.ctx)
+                    if again.failed:
+                        plan = Plan.fail(f"after applying: {again.failed}")
+                    elif again.changes:
+                        plan = Plan.fail("applied, but the host still differs: "
+                                         + "; ".join(c.summary for c in again.changes))
+                    else:
+                        plan.exports = {**plan.exports, **again.exports}
+                for c in plan.changes:
+                    plan.exports.update(c.exports)
+                self._fill(p.result, plan, p.task, applied=True)
+                if plan.failed is None and plan.exports:
+                    self.exports[hr.host.name].update(plan.exports)
+            if p.task.no_log:
+                p.result.msg, p.result.diff = (CENSORED if p.result.msg else ""), []
+            self.report.record(p.result)
+            if p.result.status == "failed" and not p.task.ignore_errors:
+                hr.dead = True
+                return False
+        for r in later:
+            self.report.record(r)
+        return True
+
+    def _run_group(self, hr: HostRun, group: list, as_root: bool) -> tuple[int, str] | None:
+        """One remote call for these (task index, change) pairs, each change in a subshell between
+        markers; the script stops at the first change that fails. (index, message) of a failure."""
+        nonce = secrets.token_hex(6)
+        parts = []
+        for n, (_, c) in enumerate(group):
+            parts.append(f"printf '\\n@@A:{nonce}:{n}:B\\n'\n( set -e\n{c.script}\n)\n__sp_rc=$?\n"
+                         f"printf '\\n@@A:{nonce}:{n}:E:%s\\n' \"$__sp_rc\"\n[ $__sp_rc = 0 ] || exit $__sp_rc\n")
+        timeouts = [c.timeout for _, c in group]
+        timeout = sum(timeouts) if all(timeouts) else None
+        res = hr.transport.run_script("".join(parts), become=as_root, timeout=timeout)
+        outputs = _split_outputs(res.stdout, nonce, len(group))
+        for n, (i, c) in enumerate(group):
+            out, rc = outputs.get(n, ("", None))
+            c.last_output = out
+            if rc is None or rc != 0:
+                detail = (res.stderr.strip() or out.strip()).splitlines()
+                code = rc if rc is not None else res.rc
+                why = detail[-1] if detail else f"exit status {code}"
+                return i, f"{c.summary}: failed (rc={code}): {why}"
+            if c.outcome is not None:
+                why = c.outcome(out)
                 if why:
-                    return Plan.fail(f"{group[-1].summary}: {why}")
-            for c in group:
-                plan.exports.update(c.exports)
-        touched = [f for c in plan.changes for f in c.touches]
-        for f in touched:
-            hr.values.pop(f.key, None)
-            hr.errors.pop(f.key, None)
-        if any(c.reconnect for c in plan.changes):
-            hr.transport.close()
-            hr.transport.connect()
-        if not all(c.verify for c in plan.changes):
-            return plan
-        self._gather(play, hr, [], become=become, extra=module.facts(args, ctx), play_hosts=ctx.play_hosts)
-        again = module.plan(args, module.view(args, FactView(hr.values, hr.errors), ctx), ctx)
-        if again.failed:
-            return Plan.fail(f"after applying: {again.failed}")
-        if again.changes:
-            return Plan.fail("applied, but the host still differs: " + "; ".join(c.summary for c in again.changes))
-        # Keep the summaries and diffs of what was done; take exports from the fresh plan.
-        plan.exports = {**plan.exports, **again.exports}
-        return plan
+                    return i, f"{c.summary}: {why}"
+        return None
+
+def _as_root(change, task_become: bool) -> bool:
+    return change.become if change.become is not None else task_become
 
 
-def _call_groups(changes: list, become: bool) -> list[list]:
-    """Consecutive changes that run as the same user share one remote call; a change whose
-    output is judged (outcome) ends its call, so that it reads its own output."""
+def _call_groups(changes: list, become_of) -> list[list]:
+    """Consecutive changes that run as the same user share one remote call; a change that needs
+    a new login (reconnect) ends its call."""
     groups: list[list] = []
-    for c in changes:
-        as_root = c.become if c.become is not None else become
+    for item in changes:
+        _, c = item
+        as_root = _as_root(c, become_of(item))
         prev = groups[-1] if groups else None
-        if prev and (prev[0].become if prev[0].become is not None else become) == as_root and prev[-1].outcome is None:
-            prev.append(c)
+        if prev and _as_root(prev[0][1], become_of(prev[0])) == as_root and not prev[-1][1].reconnect:
+            prev.append(item)
         else:
-            groups.append([c])
+            groups.append([item])
     return groups
+
+
+def _split_outputs(stdout: str, nonce: str, n: int) -> dict[int, tuple[str, int | None]]:
+    """Each change's own output and exit status from the markers of a combined apply."""
+    out: dict[int, tuple[str, int | None]] = {}
+    for i in range(n):
+        begin = f"\n@@A:{nonce}:{i}:B\n"
+        if begin not in stdout:
+            continue
+        body = stdout.split(begin, 1)[1]
+        m = re.search(rf"\n@@A:{nonce}:{i}:E:(\d+)\n", body)
+        out[i] = (body[:m.start()] if m else body.split(f"\n@@A:{nonce}:", 1)[0], int(m.group(1)) if m else None)
+    return out
+
+
+@dataclass
+class _Pending:
+    task: Task
+    module: Any
+    args: Any
+    ctx: HostContext
+    plan: Plan
+    result: TaskResult
+    become: bool
+
+
+@dataclass
+class _Batch:
+    items: list[_Pending] = field(default_factory=list)
+    later: list[TaskResult] = field(default_factory=list)   # results of tasks planned after queued ones
+    unknown: set = field(default_factory=set)               # facts queued changes touch without predicting
+    opaque: bool = False                                    # a queued change's effects are unknown
 
 
 def become_from_probe(t: Transport, how: str | None, password: str | None) -> bool:

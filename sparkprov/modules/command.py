@@ -40,4 +40,4 @@ class CommandModule(Module):
         script = (cmd("cd", host.path(args.chdir)) + " && " + line) if args.chdir else line
         touched = [PathState(p) for p in (args.creates, args.removes) if p]
         # Without a guard there is nothing to read back: the run itself is the change.
-        return Plan([Change(f"run {line}", script, None, touched, verify=bool(touched))])
+        return Plan([Change(f"run {line}", script, None, touched, verify=bool(touched), opaque=True)])

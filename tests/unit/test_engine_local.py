@@ -1,6 +1,7 @@
 """The engine end to end on the control machine itself (connection: local): converge,
 idempotence, check mode, handlers, tags, no_log, the JSON document and exit codes."""
 
+import io
 import json
 import os
 import stat
@@ -145,3 +146,63 @@ def test_unreachable_exit_code_4(tmp_path):
     report = run(inv)
     assert report.hosts["gone"].unreachable
     assert report.exit_code() == 4
+
+
+def test_a_cold_play_costs_three_calls_whatever_it_changes(setup):
+    """Issue 14: one gather, one apply of every change (handler included), one re-read."""
+    inv, base = setup
+    first = run(inv)
+    assert first.hosts["first"].changed == 5
+    assert first.hosts["first"].remote_calls == 3
+    assert (base / "reloaded").exists() and (base / "first").read_text() == "1\n"
+    assert [r.task for r in first.results] == ["base dir", "config", "secret", "only on the first host", "reload"]
+
+
+def test_a_failing_change_stops_the_batch_where_it_failed(setup, tmp_path):
+    """The combined apply stops at the first failing change: what came before is applied and
+    verified, the failing task is named with its own error, nothing after it runs."""
+    inv, _ = setup
+    book = tmp_path / "mid.yaml"
+    book.write_text(f"""
+- hosts: all
+  tasks:
+    - name: before
+      file: {{path: {tmp_path}/before, content: x}}
+    - name: breaks
+      command: {{argv: [sh, -c, "echo the reason >&2; exit 3"], creates: {tmp_path}/never}}
+    - name: after
+      file: {{path: {tmp_path}/after, content: y}}
+""")
+    report = run(inv, playbook=book)
+    got = [(r.task, r.status) for r in report.results]
+    assert got == [("before", "changed"), ("breaks", "failed")], got
+    msg = next(r.msg for r in report.results if r.task == "breaks")
+    assert "rc=3" in msg and "the reason" in msg, msg
+    assert (tmp_path / "before").read_text() == "x" and not (tmp_path / "after").exists()
+    assert report.hosts["first"].remote_calls == 3  # gather, the apply that stopped, the re-read verifying "before"
+
+
+def test_a_task_needing_an_unpredicted_result_splits_the_apply(setup, tmp_path):
+    """A command's effect is not predicted; a later task reading the same path plans against the
+    real result: the engine applies first, and says so with verbose."""
+    inv, _ = setup
+    target = tmp_path / "made-by-command"
+    book = tmp_path / "split.yaml"
+    book.write_text(f"""
+- hosts: all
+  tasks:
+    - name: make it
+      command: {{argv: [sh, -c, "printf 'port = 1\\\\n' > {target}"], creates: {target}}}
+    - name: then own it
+      file: {{path: {target}, content: "port = 1\\n", mode: "0600"}}
+""")
+    buf = io.StringIO()
+    report = Report(buf)
+    inventory = load_inventory(inv)
+    Runner(inventory, load_playbook(book), list(inventory.hosts), RunOptions(verbose=True), report).run()
+    statuses = {r.task: (r.status, r.msg) for r in report.results}
+    assert statuses["make it"][0] == "changed"
+    # planned against the real file: only the mode changes, not the content
+    assert statuses["then own it"][0] == "changed" and "content" not in statuses["then own it"][1], statuses
+    assert "applying them first" in buf.getvalue(), buf.getvalue()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
