@@ -321,6 +321,9 @@ def parse_ping(text: str) -> dict[str, Any]:
     return {"sent": sent, "received": got, "ok": got > 0 and got == sent, "error": err}
 
 
+SSH_AT_ONCE = 4  # logins one host runs at once (MaxStartups is 10 per sshd by default)
+
+
 @dataclass(frozen=True)
 class MeshProbe(Fact):
     """From this host: unfragmented jumbo pings (`ping -M do -s SIZE -I SRC ADDR`) for every
@@ -333,18 +336,41 @@ class MeshProbe(Fact):
     ssh_targets: tuple[str, ...] = ()
 
     def command(self, sh: ShellCtx) -> str:
-        lines = [ping_targets_script(self.pings, self.size)] if self.pings else []
+        # Every probe runs at once (pings) or a few at a time (logins), each into its own file,
+        # printed in order afterwards: the wall time is that of the slowest probe, not the sum.
+        jobs = []
+        for src, addr in self.pings:
+            jobs.append((f"@ping {src} {addr}", cmd("ping", "-n", "-M", "do", "-s", self.size, "-c", "2", "-i", "0.2",
+                                                       "-W", "2", "-I", src, addr)))
+        logins = []
         for addr in self.ssh_targets:
             login = cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                         "-o", "ConnectTimeout=5", f"{self.ssh_user}@{addr}", "true")
-            # When every node checks every peer at once, a peer's sshd sheds connections beyond
-            # its MaxStartups (10 unauthenticated by default) before the key exchange: retry
-            # those, never an authentication or host-key failure.
-            lines.append(f"printf '@ssh %s\\n' {quote(addr)}; for t in 1 2 3 4; do o=$({login} 2>&1); r=$?; "
-                         "case \"$o\" in *kex_exchange_identification*|*'Connection reset'*|*'Connection closed'*) "
-                         "[ $r -eq 255 ] && [ $t -lt 4 ] && { sleep $t; continue; } ;; esac; break; done; "
-                         "printf '%s\\n' \"$o\" | tail -n 2; echo \"@rc=$r\"")
-        return "\n".join(lines) or ":"
+            # An sshd sheds connections beyond its MaxStartups (10 unauthenticated by default)
+            # before the key exchange: the targets come in an order rotated per host (so that at
+            # any moment the hosts log in to different peers), at most SSH_AT_ONCE at a time, and
+            # a shed connection is retried, never an authentication or host-key failure.
+            logins.append((f"@ssh {addr}", f"for t in 1 2 3 4; do o=$({login} 2>&1); r=$?; "
+                           "case \"$o\" in *kex_exchange_identification*|*'Connection reset'*|*'Connection closed'*) "
+                           "[ $r -eq 255 ] && [ $t -lt 4 ] && { sleep $t; continue; } ;; esac; break; done; "
+                           "printf '%s\\n' \"$o\"; exit $r"))
+        if not jobs and not logins:
+            return ":"
+        lines = ['__mp=$(mktemp -d)', "trap 'rm -rf \"$__mp\"' EXIT"]
+
+        def run(n: int, body: str) -> str:
+            return f"( {body} ) > \"$__mp/{n}\" 2>&1; echo $? > \"$__mp/{n}.rc\""
+
+        for n, (_, body) in enumerate(jobs):
+            lines.append(f"{run(n, body)} &")
+        lines.append("wait")
+        for k in range(0, len(logins), SSH_AT_ONCE):
+            for n in range(k, min(k + SSH_AT_ONCE, len(logins))):
+                lines.append(f"{run(len(jobs) + n, logins[n][1])} &")
+            lines.append("wait")
+        for n, (head, _) in enumerate(jobs + logins):
+            lines.append(f"printf '%s\\n' {quote(head)}; tail -n 3 \"$__mp/{n}\"; echo \"@rc=$(cat \"$__mp/{n}.rc\")\"")
+        return "\n".join(lines)
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         pings, ssh = {}, {}

@@ -361,3 +361,27 @@ def test_ssh_mesh_only_public_keys_and_pins_fabric_addresses():
     assert "Host 192.168.100.12\n    IdentityFile ~/.ssh/id_ed25519_sparkprov" in cfg.diff.after
     assert all("PRIVATE" not in c.script for c in p.changes)
     assert ssh_mesh.config_after(cfg.diff.after, ["192.168.100.12"], "~/.ssh/id_ed25519_sparkprov") == cfg.diff.after
+
+
+def test_mesh_logins_one_per_peer_in_an_order_rotated_per_host():
+    """Issue 14: at 16 hosts every node checks every peer at once; each logs in once per peer
+    (pings prove each rail) and starts at its own place in the ring, so that at any moment the
+    logins go to different peers' sshd instead of all to the first one."""
+    names = [f"spark{i}" for i in range(1, 17)]
+
+    def fab(n):
+        rails = [{"iface": iface, "address": f"192.168.{100 + r}.{10 + n}", "prefix": 24,
+                  "subnet": f"192.168.{100 + r}.0/24", "hca": "x", "mtu": 9000, "up": True}
+                 for r, iface in enumerate(("enp1s0f1np1", "enP2p1s0f1np1"))]
+        return {"rails": rails, **hw.nccl_settings(rails), "converged": True}
+
+    exports = {n: {"fabric": fab(i + 1), "ssh_mesh": {"converged": True}} for i, n in enumerate(names)}
+    firsts = []
+    for i, n in enumerate(names):
+        probe = fabric_mesh._probe(fabric_mesh.Args(), ctx(name=n, exports=exports, play_hosts=tuple(names)))
+        assert len(probe.ssh_targets) == 15 and len(probe.pings) == 30  # one login per peer, a ping per rail
+        assert all(t.startswith("192.168.100.") for t in probe.ssh_targets)
+        firsts.append(probe.ssh_targets[0])
+        assert probe.ssh_targets[0] == f"192.168.100.{10 + (i + 1) % 16 + 1}"
+    # at the first step, the 16 hosts log in to 16 different peers
+    assert len(set(firsts)) == 16
