@@ -1,0 +1,74 @@
+"""A deployment's container as a systemd service, as the seed notes run them on real Sparks
+(002 §2): the page cache dropped as root before each start (G15), restart on failure, a start
+timeout long enough for a cold load (G20), the container in the foreground so that systemd sees
+it die. Rendered from the same ContainerSpec as `docker run -d`; `systemd-analyze verify` checks
+it in the tests. (The lab has no systemd: there docker's restart policy brings containers back.)
+"""
+
+from __future__ import annotations
+
+from sparkprov.serving.spec import ContainerSpec
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def unit_name(spec: ContainerSpec) -> str:
+    return f"{spec.name}.service"
+
+
+def _word(arg: str) -> str:
+    """One argument for ExecStart=: systemd's own quoting (not a shell's): backslash and double
+    quote escaped, `$` and `%` doubled so that systemd expands neither."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%") + '"'
+
+
+def foreground_argv(spec: ContainerSpec) -> list[str]:
+    """The spec's `docker run` for systemd: no -d and no docker restart policy (systemd restarts
+    it), --rm (each start is a fresh container of the same name)."""
+    argv = list(spec.argv)
+    out, i = [], 0
+    while i < len(argv):
+        w = argv[i]
+        if w == "-d":
+            i += 1
+            continue
+        if w == "--restart":
+            i += 2
+            continue
+        if w.startswith("--restart="):
+            i += 1
+            continue
+        out.append(w)
+        i += 1
+    return out[:2] + ["--rm"] + out[2:]
+
+
+def render(spec: ContainerSpec, *, user: str, start_timeout_s: int = 900, docker: str = "/usr/bin/docker") -> str:
+    name = spec.name
+    argv = foreground_argv(spec)
+    exec_start = " ".join(_word(w) for w in [docker] + argv[1:])
+    return "\n".join([
+        "[Unit]",
+        f"Description=sparkprov {spec.deployment}: {spec.role} of {spec.launch.alias} (recipe {spec.hash})",
+        "After=docker.service network-online.target",
+        "Wants=network-online.target",
+        "Requires=docker.service",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"User={user}",
+        "Restart=on-failure",
+        "RestartSec=30",
+        f"TimeoutStartSec={start_timeout_s}",
+        "TimeoutStopSec=120",
+        # "+": these run as root although the service runs as the login user (the notes'
+        # PermissionsStartOnly, which systemd deprecated)
+        f"ExecStartPre=+{docker} rm -f {_word(name)}",
+        "ExecStartPre=+/bin/sh -c \"sync && echo 3 > /proc/sys/vm/drop_caches\"",
+        f"ExecStart={exec_start}",
+        f"ExecStop={docker} stop -t 60 {_word(name)}",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ])
