@@ -82,7 +82,7 @@ def clean(tmp: Path, inv: Path) -> None:
 def stage(inv: Path, model: str, streams: int) -> tuple[float, dict, dict]:
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.staging.plays import StageOptions, run_stage
+    from sparkprov.plays.stage import StageOptions, run_stage
 
     i = load_inventory(inv)
     report = Report(io.StringIO())

@@ -1,5 +1,5 @@
 """`invoke cluster-up`, `cluster-down`, `status`, `nccl-check`: parse options, build the plays
-(sparkprov.cluster.plays), run them on the engine, print what they found.
+(sparkprov/plays/serve.py), run them on the engine, print what they found.
 
 Registered in tasks.py:
 
@@ -181,7 +181,7 @@ def cluster_up(c, model=None, tp=None, pp=1, hosts=None, name=None, executor=Non
     import time
 
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cluster import plays
+    from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
 
@@ -278,7 +278,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
     import re
 
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cluster import plays
+    from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
 
@@ -304,7 +304,7 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, ac
     import io
 
     from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
-    from sparkprov.cluster import plays
+    from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.modules.deployment_health import deployments_led_by, health
@@ -373,7 +373,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
     import re
 
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cluster import plays
+    from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.errors import InputError, SparkprovError

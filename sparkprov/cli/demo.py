@@ -38,7 +38,7 @@ def main() -> int:
     from sparkprov.cli import cluster as cluster_cli
     from sparkprov.cli.common import REPO, playbook_path, run_playbook
     from sparkprov.cli.stage import stage_weights
-    from sparkprov.cluster import plays
+    from sparkprov.plays import serve as plays
     from sparkprov.engine.report import Report
     from sparkprov.serving.playbook import load_serve_playbook
     from sparkprov.data.inventory import load_inventory

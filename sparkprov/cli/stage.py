@@ -35,7 +35,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.engine.run import DEFAULT_FORKS
-    from sparkprov.staging.plays import StageOptions, run_stage
+    from sparkprov.plays.stage import StageOptions, run_stage
 
     try:
         streams = int(streams)

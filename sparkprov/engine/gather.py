@@ -1,19 +1,120 @@
-"""Gather facts from hosts without running a playbook (`invoke facts`): one call per host."""
+"""The gather: one script that reads many facts on a host in one remote call (sections framed
+with a per-run nonce, stderr base64'd, the sudo probe inside the same script), and `invoke facts`
+(gather_facts: facts from hosts without a playbook).
+"""
 
 from __future__ import annotations
 
+import base64
+import re
+import secrets
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
 
-from sparkprov.data.inventory import Inventory
-from sparkprov.engine.facts import Fact, ShellCtx, build_gather, parse_gather
-from sparkprov.engine.run import make_transport
 from sparkprov.errors import SparkprovError
+from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.transport.shell import quote
+
+if TYPE_CHECKING:
+    from sparkprov.data.inventory import Inventory
+
+# -- the gather script ----------------------------------------------------------------------
+
+_PREAMBLE = r"""__sp_n=%(nonce)s
+__sp_home=$(getent passwd "$(id -un)" 2>/dev/null | cut -d: -f6)
+[ -n "$__sp_home" ] || __sp_home=$HOME
+exec 3>&1
+__sp_sec() {
+  printf '\n@@SP:%%s:%%s:B\n' "$__sp_n" "$1"
+  __sp_err=$( { "$2"; } 2>&1 1>&3 ); __sp_rc=$?
+  printf '\n@@SP:%%s:%%s:E:%%s\n' "$__sp_n" "$1" "$__sp_rc"
+  printf '%%s' "$__sp_err" | base64 | tr -d '\n'; printf '\n'
+}
+"""
+
+# How the script becomes root for the facts that need it; prints how it did on request.
+_ROOT = r"""if [ "$(id -u)" = 0 ]; then __sp_how=root; __sp_root() { "$@"; }
+elif ! command -v sudo >/dev/null 2>&1; then __sp_how=nosudo; __sp_root() { echo "sudo is not installed" >&2; return 97; }
+elif sudo -n true 2>/dev/null; then __sp_how=nopasswd; __sp_root() { sudo -n -H "$@"; }
+elif [ -n "${__sp_has_pw:-}" ]; then
+  if __sp_pw | sudo -k -S -p '' true 2>/dev/null; then __sp_how=password-ok; __sp_root() { __sp_pw | sudo -k -S -p '' -H "$@"; }
+  else __sp_how=password-bad; __sp_root() { echo "sudo password rejected" >&2; return 97; }; fi
+else __sp_how=password-needed; __sp_root() { echo "sudo needs a password" >&2; return 97; }
+fi
+"""
+
+_SECTION_RE = r"\n@@SP:{n}:(\d+):B\n(.*?)\n@@SP:{n}:\1:E:(\d+)\n([A-Za-z0-9+/=]*)\n"
+
+
+@dataclass
+class GatherScript:
+    script: str
+    nonce: str
+    facts: list[Fact]
+    probe_become: bool
+
+
+def build_gather(facts: Iterable[Fact], sh: ShellCtx, *, become: bool, password: str | None,
+                 probe_become: bool) -> GatherScript:
+    """One script that reads every fact. `become`: facts marked needs_root run as root."""
+    nonce = secrets.token_hex(8)
+    facts = list(facts)
+    parts = [_PREAMBLE % {"nonce": nonce}]
+    if become or probe_become:
+        if password is not None:
+            # printf is a shell builtin: the password never appears in any argv.
+            parts.append(f"__sp_has_pw=1\n__sp_pw() {{ printf '%s\\n' {quote(password)}; }}\n")
+        parts.append(_ROOT)
+    for i, fact in enumerate(facts):
+        body = fact.command(sh)
+        if fact.needs_root and become:
+            # sudo resets the environment: hand the login user's home to the root shell as $1.
+            body = "__sp_root sh -c " + quote('__sp_home=$1\n' + body) + ' sh "$__sp_home"'
+
+        parts.append(f"__sp_f{i}() {{\n{body}\n}}\n__sp_sec {i} __sp_f{i}\n")
+    if probe_become:
+        parts.append("printf '\\n@@SP:%s:become:%s\\n' \"$__sp_n\" \"$__sp_how\"\n")
+    return GatherScript("".join(parts), nonce, facts, probe_become)
+
+
+@dataclass
+class GatherResult:
+    values: dict[tuple, Any]
+    errors: dict[tuple, str]
+    become: str | None
+
+
+def parse_gather(gs: GatherScript, stdout: str) -> GatherResult:
+    values: dict[tuple, Any] = {}
+    errors: dict[tuple, str] = {}
+    found: dict[int, tuple[str, int, str]] = {}
+    for m in re.finditer(_SECTION_RE.format(n=re.escape(gs.nonce)), stdout, re.S):
+        err = base64.b64decode(m.group(4)).decode(errors="replace") if m.group(4) else ""
+        found[int(m.group(1))] = (m.group(2), int(m.group(3)), err)
+    for i, fact in enumerate(gs.facts):
+        if i not in found:
+            errors[fact.key] = "no output (the gather script stopped early)"
+            continue
+        out, rc, err = found[i]
+        try:
+            values[fact.key] = fact.parse(out, err, rc)
+        except FactError as exc:
+            errors[fact.key] = str(exc)
+        except (ValueError, KeyError, IndexError) as exc:
+            errors[fact.key] = f"cannot parse {fact}: {exc}"
+    how = None
+    if gs.probe_become:
+        m = re.search(rf"\n@@SP:{re.escape(gs.nonce)}:become:([a-z-]+)\n", stdout)
+        how = m.group(1) if m else None
+    return GatherResult(values, errors, how)
 
 
 def gather_facts(inventory: Inventory, hosts: list[str], facts: dict[str, Fact], *, forks: int = 32,
                  accept_new_host_keys: bool = False) -> dict[str, dict[str, Any]]:
     """host -> {"ok": bool, "facts": {section: value}, "errors": {section: msg}, "remote_calls": n}"""
+
+    from sparkprov.engine.run import make_transport
 
     def one(name: str) -> tuple[str, dict[str, Any]]:
         transport = make_transport(inventory.hosts[name], accept_new_host_keys)

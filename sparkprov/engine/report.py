@@ -86,7 +86,7 @@ class Report:
         for w in result.warnings:
             lines.append(f"{result.host:<{self._width}} | {self._paint('warning ', 'warning')} | {w}")
         if self.show_diff:
-            from sparkprov.engine.module import Diff
+            from sparkprov.modules.base import Diff
 
             for d in result.diff:
                 text = Diff(d["label"], d["before"], d["after"]).unified()

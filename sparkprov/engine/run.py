@@ -23,8 +23,9 @@ from sparkprov import modules
 from sparkprov.data.inventory import Host, Inventory
 from sparkprov.data.playbook import Play, Playbook, Task, render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
-from sparkprov.engine.facts import Fact, FactError, HostInfo, ShellCtx, build_gather, parse_gather
-from sparkprov.engine.module import FactView, HostContext, Plan
+from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.engine.gather import build_gather, parse_gather
+from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.engine.report import CENSORED, Report, TaskResult
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.transport.shell import quote
 
 

@@ -6,7 +6,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx
 
 MAX_CONTENT = 256 * 1024  # larger files are compared by hash only
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.transport.shell import cmd, quote
 
 # ---------------------------------------------------------------------------------------------

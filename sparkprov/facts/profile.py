@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkprov.engine.facts import Fact, HostInfo
+from sparkprov.facts.base import Fact, HostInfo
 
 
 def host_profile() -> dict[str, Fact]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts import probe
-from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.transport.shell import cmd, quote
 
 MANAGED = "sparkprov.managed"

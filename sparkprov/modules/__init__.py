@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from functools import lru_cache
 
-from sparkprov.engine.module import Module
+from sparkprov.modules.base import Module
 
 
 @lru_cache(maxsize=None)

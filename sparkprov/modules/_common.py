@@ -7,7 +7,7 @@ import re
 
 from pydantic import field_validator
 
-from sparkprov.engine.module import ModuleArgs
+from sparkprov.modules.base import ModuleArgs
 from sparkprov.transport.shell import cmd
 
 _OWNER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$|^[0-9]+$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkprov.engine.module import HostContext
+from sparkprov.modules.base import HostContext
 from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 

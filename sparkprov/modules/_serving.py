@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkprov.engine.module import HostContext, ModuleArgs
+from sparkprov.modules.base import HostContext, ModuleArgs
 from sparkprov.serving.playbook import DeploymentArgs
 
 PREFLIGHT = "serve_preflight"  # the export key the preflight writes per host

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sparkprov.engine.module import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import FabricInfo
 from sparkprov.facts.serving import ImageId
 from sparkprov.transport.shell import cmd, heredoc_bytes

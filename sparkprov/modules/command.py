@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from sparkprov.engine.module import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.transport.shell import cmd
 

@@ -5,7 +5,7 @@ Reads what serve_status exported from every host in the play before; degraded fa
 
 from __future__ import annotations
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.modules._common import OwnedPathArgs, ownership_script
 from sparkprov.transport.shell import cmd

@@ -19,7 +19,7 @@ import re
 
 from pydantic import field_validator
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
 from sparkprov.facts.hardware import DockerDaemon, DockerSmoke, DockerState
 from sparkprov.modules._provision import setting

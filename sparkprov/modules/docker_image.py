@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sparkprov.engine.module import FactView, HostContext, ModuleArgs, Module, Plan, Change
+from sparkprov.modules.base import FactView, HostContext, ModuleArgs, Module, Plan, Change
 from sparkprov.facts.serving import ImageId
 from sparkprov.modules._serving import preflight_export
 from sparkprov.transport.shell import cmd

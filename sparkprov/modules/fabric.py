@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.hardware import Ibdev2netdev, NetState, iface_order, nccl_settings
 from sparkprov.modules._provision import cluster_order, setting, write_file_script

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import MeshProbe
 from sparkprov.modules._provision import play_exports
 

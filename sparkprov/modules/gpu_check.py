@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import KernelCmdline, MemInfo, NvidiaSmi, driver_at_least, gib, version_tuple
 from sparkprov.modules._provision import setting
 

@@ -7,7 +7,7 @@ them a failure): NCCL, Ray and one image across nodes want one stack (G34).
 
 from __future__ import annotations
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules._provision import play_exports
 
 

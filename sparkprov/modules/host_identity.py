@@ -8,7 +8,7 @@ Exports `identity`: {hostname, arch, kernel, os, os_version, dgx_name, dgx_ota_v
 
 from __future__ import annotations
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 
 SPARK_NAME = "DGX Spark"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import MemInfo, OllamaState, gib
 from sparkprov.transport.shell import cmd
 

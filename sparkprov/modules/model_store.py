@@ -15,7 +15,7 @@ Exports `model_store`: {hf_home, compile_cache, free_bytes, container: {env: {HF
 
 from __future__ import annotations
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import StoreState, gib
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd

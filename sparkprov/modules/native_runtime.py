@@ -10,7 +10,7 @@ variable), else skipped (vLLM runs in containers there).
 
 from __future__ import annotations
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.hardware import CudaToolkit
 from sparkprov.modules._provision import setting, write_file_script

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ManagedContainers
 from sparkprov.transport.shell import cmd
 

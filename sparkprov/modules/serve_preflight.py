@@ -9,7 +9,7 @@ and rail network for the plays after it.
 
 from __future__ import annotations
 
-from sparkprov.engine.module import FactView, HostContext, Module, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, Plan
 from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules._serving import PREFLIGHT, ServeArgs

@@ -4,7 +4,7 @@ Exports it all as `serving_status` for the play after it (deployment_health)."""
 
 from __future__ import annotations
 
-from sparkprov.engine.module import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ServingStatus
 
 

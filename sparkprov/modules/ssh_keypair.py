@@ -15,7 +15,7 @@ import posixpath
 
 from pydantic import field_validator
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.hardware import AuthorizedKeys, SshIdentity
 from sparkprov.transport.shell import cmd

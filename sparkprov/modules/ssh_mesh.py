@@ -15,7 +15,7 @@ and every rail. Exports `ssh_mesh`: {peers: {host: [addresses]}, converged}.
 
 from __future__ import annotations
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.hardware import AuthorizedKeys
 from sparkprov.modules._provision import write_file_script

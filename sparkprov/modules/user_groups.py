@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
 from sparkprov.transport.shell import cmd
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from sparkprov.engine.module import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
 from sparkprov.facts.hardware import FabricInfo, NvidiaSmi, OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sparkprov.engine.module import Change, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.facts import probe
 from sparkprov.facts.hardware import FabricInfo
 from sparkprov.facts.serving import SMOKE_DIR, ServeReady

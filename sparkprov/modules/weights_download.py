@@ -17,7 +17,7 @@ import sys
 
 from pydantic import Field
 
-from sparkprov.engine.module import Change, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_store import EXPORT, Args as StoreArgs, items_of, store_fact
 from sparkprov.staging import fetch
 from sparkprov.staging.facts import DOWNLOADER_PREFIX

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from sparkprov.engine.module import Change, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_download import HELD
 from sparkprov.modules.weights_store import EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of, store_fact
 from sparkprov.staging.plan import STAGING, human, split_streams, streams_per_pair

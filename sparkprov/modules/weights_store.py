@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from sparkprov.defaults import host_setting
-from sparkprov.engine.module import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import FabricInfo
 from sparkprov.staging import verify
 from sparkprov.staging.facts import StoreState

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkprov.engine.facts import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.staging.plan import STAGING, VERIFIED, Entry, StoreFacts, parse_mtime, parse_verified, repo_dir
 from sparkprov.transport.shell import quote
 

@@ -69,7 +69,7 @@ def env(lab, hub, tmp_path_factory):
                         hosts=None, as_json=True) == 0
     for n in lab.names:
         lab.ssh(n, f"docker rm -f {FOREIGN} >/dev/null 2>&1; rm -rf {STORE}")
-    from sparkprov.staging.plays import StageOptions, run_stage
+    from sparkprov.plays.stage import StageOptions, run_stage
 
     loaded = load_inventory(inv)
     saved = os.environ.get("HF_TOKEN")

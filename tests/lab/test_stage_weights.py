@@ -22,7 +22,7 @@ import pytest
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
-from sparkprov.staging.plays import StageOptions, run_stage
+from sparkprov.plays.stage import StageOptions, run_stage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HUB_IP = "10.77.0.1"

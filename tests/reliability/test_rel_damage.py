@@ -114,7 +114,7 @@ def site(lab, hub, tmp_path_factory):
 
 
 def stage(inv: Path) -> Report:
-    from sparkprov.staging.plays import StageOptions, run_stage
+    from sparkprov.plays.stage import StageOptions, run_stage
 
     inventory = load_inventory(inv)
     report = Report(io.StringIO())

@@ -45,7 +45,7 @@ def hub():
 
 
 def _stage(inv: Path, report: Report) -> dict:
-    from sparkprov.staging.plays import StageOptions, run_stage
+    from sparkprov.plays.stage import StageOptions, run_stage
 
     inventory = load_inventory(inv)
     return run_stage(inventory, list(inventory.hosts), MODEL, StageOptions(image=IMAGE, streams=2), report)

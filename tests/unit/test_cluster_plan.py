@@ -320,7 +320,7 @@ def test_docker_unreachable_reason_is_dockers_own_line(tmp_path):
     import subprocess
 
     from sparkprov.facts.serving import ManagedContainers, parse_containers
-    from sparkprov.engine.facts import ShellCtx
+    from sparkprov.facts.base import ShellCtx
 
     fake = tmp_path / "docker"
     fake.write_text("#!/bin/sh\nprintf '\\nServer:\\nERROR: Cannot connect to the Docker daemon at "

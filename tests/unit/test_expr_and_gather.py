@@ -3,7 +3,8 @@
 import pytest
 
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, render
-from sparkprov.engine.facts import Fact, FactError, HostInfo, ShellCtx, build_gather, parse_gather
+from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.engine.gather import build_gather, parse_gather
 from sparkprov.transport.local import LocalTransport
 from dataclasses import dataclass
 

@@ -33,8 +33,8 @@ from sparkprov.cli.common import run_playbook
 from sparkprov.data.inventory import load_inventory
 from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.expr import ExprError, evaluate
-from sparkprov.engine.facts import ShellCtx
-from sparkprov.engine.module import FactView, HostContext
+from sparkprov.facts.base import ShellCtx
+from sparkprov.modules.base import FactView, HostContext
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
 from sparkprov.errors import InputError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkprov.engine.module import FactView, HostContext
+from sparkprov.modules.base import FactView, HostContext
 from sparkprov.facts import hardware as hw
 from sparkprov.facts.accounts import GroupInfo, UserInfo
 from sparkprov.facts.files import PathState

@@ -6,7 +6,7 @@ import hashlib
 import os
 import subprocess
 
-from sparkprov.engine.facts import ShellCtx
+from sparkprov.facts.base import ShellCtx
 from sparkprov.staging import fetch, verify
 from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import (Entry, Item, Record, Status, StoreFacts, assign, check_disk, format_mtime,

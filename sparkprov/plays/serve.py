@@ -21,21 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Play, Playbook, Task
+from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
-from sparkprov.engine.run import Runner, RunOptions
+from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
 from sparkprov.serving.playbook import Deployment, DeploymentArgs
-
-
-def task(name: str, module: str, args: dict[str, Any], where: tuple, *, become: bool | None = None) -> Task:
-    return Task(name=name, module=module, args=args, tags=[], when=None, notify=[], check_mode=None, no_log=False,
-                become=become, ignore_errors=False, where=where)
-
-
-def play(name: str, hosts: list[str], tasks: list[Task], *, become: bool = False, where: tuple = ("", None, None)) -> Play:
-    return Play(name, list(hosts), become, {}, tasks, [], where)
 
 
 @dataclass
@@ -99,13 +89,6 @@ def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
         play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where)]),
         play("nccl-check: all-reduce", hosts, [task("all-reduce", "allreduce", {**common, "phase": "run"}, where)]),
     ])
-
-
-def run_book(inventory: Inventory, book: Playbook, hosts: list[str], options: RunOptions, report: Report) -> Runner:
-    """Run a built playbook on the engine; the Runner (its exports) is what the command reads after."""
-    runner = Runner(inventory, book, hosts, options, report)
-    runner.run()
-    return runner
 
 
 def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:

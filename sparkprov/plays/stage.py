@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.cluster.plays import play, run_book, task
+from sparkprov.plays.book import play, run_book, task
 from sparkprov.data.inventory import Inventory
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report

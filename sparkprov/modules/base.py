@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from sparkprov.engine.facts import Fact, FactError
+from sparkprov.facts.base import Fact, FactError
 
 
 class ModuleArgs(BaseModel):
