@@ -19,7 +19,7 @@ from pydantic import Field
 
 from sparkprov.catalog.models import (NESTED, REQUIRED, DockerOpts, Image, Recipe, ResolvedRecipe, SmokeSpec, Source,
                                       Startup, Strict)
-from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
 
 RECIPES_DIR = Path(__file__).with_name("recipes")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkprov.data.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov import modules
-from sparkprov.data.yamlpos import Positions, load_yaml, parse_model, validation_error
-from sparkprov.engine.expr import ExprError, Undefined, check_condition, has_template, render
+from sparkprov.yamlpos import Positions, load_yaml, parse_model
+from sparkprov.engine.args import render_args  # noqa: F401 (callers validate a task's arguments here)
+from sparkprov.engine.expr import ExprError, check_condition, has_template
 from sparkprov.errors import InputError
 
 TASK_KEYWORDS = {"name", "tags", "when", "notify", "check_mode", "no_log", "become", "ignore_errors"}
@@ -165,17 +166,3 @@ def load_playbook(path: str | Path) -> Playbook:
         book.plays.append(Play(play.name or f"play {i + 1}", play.hosts, play.become, play.vars, tasks, handlers,
                                (file, line, col)))
     return book
-
-
-def render_args(task: Task, variables: dict[str, Any]) -> Any:
-    """The task's arguments for one host, validated. Raises InputError at the task's position."""
-    try:
-        args = render(task.args, variables)
-    except Undefined as exc:
-        raise task.error(f"task {task.name!r}: {exc}", fix="define it in the inventory vars or the play's vars") from None
-    module_cls = modules.registry()[task.module]
-    try:
-        return module_cls.Args.model_validate(args)
-    except ValidationError as exc:
-        err = validation_error(exc, Positions(task.where[0], {(): task.where[1:]}))
-        raise task.error(f"task {task.name!r}: {err.message}", fix=err.fix) from None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from sparkprov.errors import SparkprovError
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.transport.connect import make_transport
 from sparkprov.transport.shell import quote
 
 if TYPE_CHECKING:
@@ -113,8 +114,6 @@ def parse_gather(gs: GatherScript, stdout: str) -> GatherResult:
 def gather_facts(inventory: Inventory, hosts: list[str], facts: dict[str, Fact], *, forks: int = 32,
                  accept_new_host_keys: bool = False) -> dict[str, dict[str, Any]]:
     """host -> {"ok": bool, "facts": {section: value}, "errors": {section: msg}, "remote_calls": n}"""
-
-    from sparkprov.engine.run import make_transport
 
     def one(name: str) -> tuple[str, dict[str, Any]]:
         transport = make_transport(inventory.hosts[name], accept_new_host_keys)

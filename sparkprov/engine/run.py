@@ -19,17 +19,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from sparkprov import modules
-from sparkprov.data.inventory import Host, Inventory
-from sparkprov.data.playbook import Play, Playbook, Task, render_args
+from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
-from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
 from sparkprov.engine.gather import build_gather, parse_gather
-from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.engine.report import CENSORED, Report, TaskResult
 from sparkprov.errors import InputError, SparkprovError
+from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
+from sparkprov.transport.connect import make_transport  # noqa: F401 (the commands' one connect path)
 from sparkprov.transport.shell import quote
+
+if TYPE_CHECKING:
+    from sparkprov.data.inventory import Host, Inventory
+    from sparkprov.data.playbook import Play, Playbook, Task
 
 DEFAULT_FORKS = 32
 
@@ -100,18 +106,6 @@ class HostRun:
 
     def shell_ctx(self) -> ShellCtx:
         return ShellCtx(self.info.get("home"))
-
-
-def make_transport(host: Host, accept_new_host_keys: bool) -> Transport:
-    if host.connection == "local":
-        from sparkprov.transport.local import LocalTransport
-
-        return LocalTransport(host.name)
-    from sparkprov.transport.ssh import SSHTransport
-
-    return SSHTransport(host.name, host.address, user=host.user, port=host.port, key_file=host.ssh_key,
-                        known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys,
-                        connect_timeout=host.connect_timeout)
 
 
 class Runner:

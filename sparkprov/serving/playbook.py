@@ -24,14 +24,16 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkprov.data.inventory import Inventory
 from sparkprov.defaults import MASTER_PORT, RAY_PORT
-from sparkprov.data.yamlpos import load_yaml, parse_model
 from sparkprov.errors import InputError
+from sparkprov.yamlpos import load_yaml, parse_model
+
+if TYPE_CHECKING:
+    from sparkprov.data.inventory import Inventory
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
