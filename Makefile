@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: deps venv demo test test-unit test-lab clean lab-down
+.PHONY: deps venv demo test test-unit test-lab clean lab-down lint
 
 deps:  ## system packages the lab needs (Debian; run as root)
 	@bash .ci/apt-deps.sh
@@ -21,8 +21,12 @@ venv: $(STAMP)
 demo: deps venv
 	$(BIN)/python -m sparkprov.cli.demo
 
-test: deps venv
+test: deps venv lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: venv  ## ruff and the import contracts (.importlinter)
+	$(BIN)/ruff check sparkprov tests tasks.py bench
+	$(BIN)/lint-imports
 
 test-unit: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

@@ -60,10 +60,10 @@ def on_local_link(address: str) -> bool:
     return False
 
 
-def routes(args, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Where to send to `receiver`, best first, with the ssh options for each."""
+def routes(args, sender: str, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Where `sender` sends to `receiver`, best first, with the ssh options for each."""
     fabric, addr = export.get("fabric"), args.addresses.get(receiver, receiver)
-    if not host.name in args.local_hosts:
+    if sender not in args.local_hosts:
         return [(fabric or addr, SSH_BASE)]
     opts = SSH_BASE + args.ssh_options.get(receiver, [])
     out = []
@@ -113,7 +113,7 @@ class WeightsSend(Module):
         for r, items in jobs.items():
             ex = (host.exports.get(r) or {}).get(EXPORT) or {}
             user = ex.get("user") or "nvidia"
-            rts = routes(args, r, ex)
+            rts = routes(args, host.name, r, ex)
             via[r] = rts[0][0]
             words = []
             for addr, ssh in rts:
