@@ -16,6 +16,7 @@ SERVE_PORT = 8000                               # var serve_port
 SERVE_BIND = "0.0.0.0"                          # var serve_bind
 RAY_PORT = 6379                                 # Ray head's GCS port
 MASTER_PORT = 29501                             # vLLM native multi-node rendezvous (--master-port)
+RAY_VERSION = "2.60.0"  # baked into a derived image when a deployment's image ships no Ray (never pip at start)
 
 HOST_VAR_DEFAULTS: dict[str, Any] = {
     "model_store": MODEL_STORE,

@@ -444,6 +444,13 @@ class Runner:
     def _run_group(self, hr: HostRun, group: list, as_root: bool) -> tuple[int, str] | None:
         """One remote call for these (task index, change) pairs, each change in a subshell between
         markers; the script stops at the first change that fails. (index, message) of a failure."""
+        first = group[0][1]
+        if first.prepare is not None:
+            try:
+                for local, remote in first.prepare():
+                    hr.transport.put(local, remote)
+            except (OSError, ValueError, SparkprovError) as exc:
+                return group[0][0], f"{first.summary}: failed to prepare: {exc}"
         nonce = secrets.token_hex(6)
         parts = []
         for n, (_, c) in enumerate(group):
@@ -473,13 +480,14 @@ def _as_root(change, task_become: bool) -> bool:
 
 def _call_groups(changes: list, become_of) -> list[list]:
     """Consecutive changes that run as the same user share one remote call; a change that needs
-    a new login (reconnect) ends its call."""
+    a new login (reconnect) ends its call, one that prepares files on the control machine starts one."""
     groups: list[list] = []
     for item in changes:
         _, c = item
         as_root = _as_root(c, become_of(item))
         prev = groups[-1] if groups else None
-        if prev and _as_root(prev[0][1], become_of(prev[0])) == as_root and not prev[-1][1].reconnect:
+        if prev and _as_root(prev[0][1], become_of(prev[0])) == as_root and not prev[-1][1].reconnect \
+                and c.prepare is None:
             prev.append(item)
         else:
             groups.append([item])

@@ -223,3 +223,22 @@ class ServingStatus(Fact):
                     c["ray"] = parse_ray_status(c.pop("ray_text"))
                 c["metrics"] = probe.metrics(c.pop("metrics_text", None))
         return doc
+
+
+@dataclass(frozen=True)
+class ImageLabel(Fact):
+    """An image's ID and the value of one of its labels (None when the daemon does not have it)."""
+
+    image: str
+    label: str
+
+    def command(self, sh: ShellCtx) -> str:
+        fmt = "{{.Id}} {{index .Config.Labels " + json.dumps(self.label) + "}}"
+        return f"{cmd('docker', 'image', 'inspect', '--format', fmt, self.image)} 2>/dev/null || echo absent"
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        words = out.split()
+        if not words or words[0] == "absent":
+            return {"id": None, "label": None}
+        value = words[1] if len(words) > 1 and words[1] != "<no" else None
+        return {"id": words[0], "label": value}

@@ -62,6 +62,9 @@ class Change:
     # What it changes is not known beyond `touches` (an arbitrary command): the tasks after it
     # plan against the host as it really is after it, so the engine applies it before planning them.
     opaque: bool = False
+    # Run on the control machine right before this change's call (never in check mode); the
+    # (local file, path under the login user's home) pairs it returns are uploaded first.
+    prepare: Callable[[], list[tuple[str, str]]] | None = None
     last_output: str = ""  # set by the engine: what the script printed (for outcome)
 
 

@@ -57,6 +57,14 @@ class ServePreflight(Module):
         else:
             notes.append(f"driver {smi.get('driver_version')}")
         exports = {}
+        info = node.image_info(dep)
+        if dep.cluster and info is not None:
+            if dep.executor == "native" and info.native_multinode is False:
+                fails.append(f"{h}: {info.ref} carries vLLM {info.vllm_version}, which has no native multi-node "
+                             "(--nnodes/--node-rank/--headless) (fix: executor ray, or an image with a newer vLLM)")
+            if dep.executor == "ray" and info.has_ray is None:
+                warns.append(f"{h}: whether {info.ref} ships Ray is not known; if it does not, its Ray head exits "
+                             "with 'ray: command not found' (fix: set ray: in the catalog's image entry, or executor native)")
         if dep.cluster:
             ip = launch.env_value("VLLM_HOST_IP")
             problem, net = node.rail_problem(h, facts.fabric, ip, "correct fabric_ip in the inventory, or remove it "

@@ -23,6 +23,7 @@ from typing import Any
 
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
+from sparkprov.modules.ray_image import derived_tag
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
 from sparkprov.serving.playbook import Deployment, DeploymentArgs
@@ -55,6 +56,18 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
                                                              "peers": d.hosts, "deployment": d.name}, where)], where=where),
         ]
+        if node.needs_ray_image(dep):
+            # the image ships no Ray: rank 0 builds one with Ray baked in, the others copy it
+            derived = derived_tag(image)
+            book.plays += [
+                play(f"{d.name}: ray image", d.hosts[:1], [task(f"{d.name}: ray image", "ray_image", {"base": image},
+                                                                where)], where=where),
+                play(f"{d.name}: ray image copies", d.hosts[1:], [task(
+                    f"{d.name}: ray image", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
+                                                             "deployment": d.name}, where)], where=where),
+            ]
+            args = {"deployment": {**args["deployment"], "image": derived}}
+            pre = {**pre, "deployment": args["deployment"]}
         # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous
         # with), then the other ranks, which name rank 0's container (replaced with it)
         start = [d.hosts[:1], d.hosts[1:]] if d.cluster else [d.hosts]

@@ -88,7 +88,20 @@ def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str,
         if var not in host_vars:
             extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
-    return render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat)
+    out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat)
+    return out.model_copy(update={"image": dep.image}) if dep.image else out
+
+
+def image_info(dep: DeploymentArgs):
+    """The catalog's record of the deployment's image (None: not in the catalog)."""
+    cat = catalog_for(dep)
+    return cat.image(cat.get(dep.model).image)
+
+
+def needs_ray_image(dep: DeploymentArgs) -> bool:
+    """A Ray cluster on an image the catalog knows ships no Ray: sparkprov derives one with Ray."""
+    info = image_info(dep)
+    return dep.cluster and dep.executor == "ray" and info is not None and info.has_ray is False
 
 
 def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None,

@@ -135,6 +135,7 @@ class DeploymentArgs(BaseModel):
     ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     recipe_files: list[str] = Field(default_factory=list)
+    image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
 
     @property
     def nodes(self) -> int:

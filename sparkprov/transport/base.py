@@ -56,6 +56,19 @@ class Transport:
     def close(self) -> None:
         """Release the connection."""
 
+    def _put(self, local: str, remote: str) -> None:
+        raise NotImplementedError
+
+    # -- the primitives -----------------------------------------------------
+    def put(self, local: str, remote: str) -> None:
+        """Copy a control-machine file to `remote` (a path relative to the login user's home):
+        for payloads too large for a script (a build context of wheels). Counted as a call."""
+        if remote.startswith("/") or ".." in remote.split("/"):
+            raise SparkprovError(f"{self.name}: upload target {remote!r} must be relative to the home directory")
+        with self._lock:
+            self.remote_calls += 1
+        self._put(local, remote)
+
     # -- the primitive ------------------------------------------------------
     def run_script(self, script: str, *, become: bool = False, timeout: float | None = None) -> ExecResult:
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 
 from sparkprov.transport.base import ExecResult, Transport
@@ -16,3 +18,8 @@ class LocalTransport(Transport):
             return ExecResult(124, (exc.stdout or b"").decode(errors="replace"), "timed out")
         return ExecResult(proc.returncode, proc.stdout.decode(errors="replace"),
                           proc.stderr.decode(errors="replace"))
+
+    def _put(self, local: str, remote: str) -> None:
+        dest = os.path.join(os.path.expanduser("~"), remote)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(local, dest)

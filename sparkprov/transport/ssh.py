@@ -23,6 +23,7 @@ import paramiko
 
 from sparkprov.errors import HostKeyError
 from sparkprov.transport.base import ExecResult, Transport, Unreachable
+from sparkprov.transport.shell import quote
 
 
 # paramiko's transport thread logs connection failures with tracebacks; we report them ourselves
@@ -151,6 +152,17 @@ class SSHTransport(Transport):
                 self.conn = None
 
     # -- running --------------------------------------------------------------
+    def _put(self, local: str, remote: str) -> None:
+        if self.conn is None:
+            raise Unreachable(f"{self.name}: not connected")
+        folder = remote.rsplit("/", 1)[0] if "/" in remote else ""
+        if folder:
+            self._exec("mkdir -p " + quote(folder), b"", 60)
+        try:
+            self.conn.put(local, remote=remote)  # SFTP on the same connection, relative to home
+        except (OSError, paramiko.SSHException) as exc:
+            raise Unreachable(f"{self.name}: upload of {remote} failed: {exc}") from None
+
     def _exec(self, command: str, stdin: bytes, timeout: float | None) -> ExecResult:
         if self.conn is None:
             self.connect()
