@@ -422,3 +422,72 @@ def test_nccl_check_over_the_fabric(env):
     for h in lab.names:  # nothing left running
         assert lab.ssh(h, "docker ps -aq --filter name=sparkprov-nccl-check").stdout == ""
         assert ns_processes(h, ("torch.distributed.run", "allreduce_bench")) == []
+
+
+def test_native_executor_serves_without_ray(env):
+    """executor native: vLLM's own multi-node, one container per node, rank 0 serving the API and
+    the other ranks --headless, bound to the fabric; no Ray in any container."""
+    lab = env["lab"]
+    rc, doc, out = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native",
+                      "--name", "nat")
+    assert rc == 0, out
+    assert containers(lab, "spark1") == ["sparkprov-nat-rank0"] and containers(lab, "spark2") == ["sparkprov-nat-rank1"]
+    assert "42" in chat(env, doc["cluster"], "nat")
+    args = lab.ssh("spark2", "docker inspect --format '{{join .Args \" \"}}' sparkprov-nat-rank1").stdout
+    assert "--headless" in args and "--node-rank 1" in args and "--master-addr 192.168.100.11" in args, args
+    assert ray_processes(lab, "spark1") == [] and ray_processes(lab, "spark2") == []
+    rc, st, out = cli(env, "status")
+    assert rc == 0 and st["hosts"]["spark1"]["deployments"]["nat"]["joined_nodes"] == 2, out
+    down(env, "--model", TP_MODEL, "--name", "nat")
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+def _smoke_until(env, endpoint, model, key, bound):
+    """Ask the smoke question until the right answer comes back; seconds it took (None: never)."""
+    import time
+
+    body = json.dumps({"model": model, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": False},
+                       "messages": [{"role": "user", "content": "What is 21*2?"}]}).encode()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        req = urllib.request.Request(endpoint + "/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with opener.open(req, timeout=20) as r:
+                if "42" in json.loads(r.read())["choices"][0]["message"]["content"]:
+                    return time.monotonic() - t0
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(3)
+    return None
+
+
+@pytest.mark.parametrize("executor,victim", [("ray", "spark2"), ("ray", "spark1"), ("native", "spark2")])
+def test_power_cycle_of_a_node_comes_back_by_itself(env, executor, victim):
+    """A node of a TP 2 deployment reboots (every process killed, live network reset, booted from
+    what is persisted); with no sparkprov command in between, the deployment answers the smoke
+    question again within the bound, and status is healthy after."""
+    import time
+
+    lab = env["lab"]
+    rc, doc, out = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2", "--executor", executor,
+                      "--name", f"pc-{executor}")
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"][f"pc-{executor}"]
+    host, path = d["api_key_file"].split(":", 1)
+    key = lab.ssh(host, f"cat {path}").stdout.strip()
+    t0 = time.monotonic()
+    res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    booted = time.monotonic() - t0
+    rc, st, _ = cli(env, "status")
+    degraded = rc
+    secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
+    print(f"\n[recovery] {executor}, {victim} rebooted: boot {booted:.1f}s, answering again {secs}s after the boot; "
+          f"status right after the boot exited {degraded}")
+    assert secs is not None, f"{executor} deployment did not come back within 480 s after {victim} rebooted"
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
+    down(env, "--model", TP_MODEL, "--name", f"pc-{executor}")
