@@ -484,32 +484,36 @@ class DockerDaemon(Fact):
                 "error": text or err.strip() or f"docker info failed (rc={rc})"}
 
 
+SMOKE_DIR = "~/.cache/sparkprov/gpu-smoke"  # passed GPU smoke tests, one file per what they depend on
+
+
 @dataclass(frozen=True)
-class DockerSmoke(Fact):
-    """`docker run --rm --gpus all IMAGE COMMAND` as the login user, when the image is local
-    and the user can reach the daemon. Pulling is the module's change, not this read."""
+class GpuSmokeRecord(Fact):
+    """Whether `docker run --rm --gpus all IMAGE COMMAND` passed for this image build, docker
+    server and driver (a record the smoke change writes): a read, never a container. The key
+    changes with any of them, so a new driver or image is smoke-tested again."""
 
     image: str
     command_argv: tuple[str, ...] = ()
     gpus: bool = True
 
     def command(self, sh: ShellCtx) -> str:
-        run = ["docker", "run", "--rm"] + (["--gpus", "all"] if self.gpus else []) + [self.image, *self.command_argv]
         return ("docker info >/dev/null 2>&1 || { echo @noaccess; exit 0; }\n"
-                f"{cmd('docker', 'image', 'inspect', '--format', '{{.Id}}', self.image)} >/dev/null 2>&1 || {{ echo @absent; exit 0; }}\n"
-                f"echo @ran; o=$(timeout 120 {cmd(*run)} 2>&1); r=$?\n"
-                "printf '%s\\n' \"$o\" | tail -n 5; echo \"@rc=$r\"")
+                f"i=$({cmd('docker', 'image', 'inspect', '--format', '{{.Id}}', self.image)} 2>/dev/null) || {{ echo @absent; exit 0; }}\n"
+                "v=$(docker version --format '{{.Server.Version}}' 2>/dev/null)\n"
+                "d=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)\n"
+                f"k=$(printf '%s|%s|%s|%s|%s' \"$i\" \"$v\" \"$d\" {quote(' '.join(self.command_argv))} {int(self.gpus)} "
+                "| sha256sum | cut -c1-32)\n"
+                f"echo \"@key $k\"; f={sh.path(SMOKE_DIR)}/\"$k\"; [ -f \"$f\" ] && echo @passed; true")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         text = out.strip()
-        if text == "@noaccess":
-            return {"state": "noaccess"}
-        if text == "@absent":
-            return {"state": "absent"}
-        m = re.search(r"@ran\n(.*)@rc=(\d+)", out, re.S)
+        if text in ("@noaccess", "@absent"):
+            return {"state": text[1:], "key": None, "passed": False}
+        m = re.search(r"@key ([0-9a-f]{32})", out)
         if not m:
-            raise FactError(f"unexpected docker run output: {text[:200]!r}")
-        return {"state": "ran", "rc": int(m.group(2)), "output": m.group(1).strip()}
+            raise FactError(f"unexpected smoke record output: {text[:200]!r}")
+        return {"state": "present", "key": m.group(1), "passed": "@passed" in out}
 
 
 # ---------------------------------------------------------------------------------------------

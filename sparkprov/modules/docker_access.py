@@ -8,7 +8,9 @@
 - a smoke test: `docker run --rm --gpus all IMAGE COMMAND` as the login user (image pulled when
   absent), with `smoke_image` / `smoke_command` from the arguments or the inventory variables of
   the same names (e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 and [nvidia-smi]); without an
-  image the smoke test is skipped and the message says why.
+  image the smoke test is skipped and the message says why. Running a container is a change, not
+  a read: the test runs once per image build, docker server and driver, and its pass is recorded
+  (GpuSmokeRecord), so a run with nothing to do starts no container and check mode never does.
 
 Exports `docker`: {server_version, runtimes, toolkit, smoke}.
 """
@@ -21,7 +23,7 @@ from pydantic import field_validator
 
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
-from sparkprov.facts.hardware import DockerDaemon, DockerSmoke, DockerState
+from sparkprov.facts.hardware import SMOKE_DIR, DockerDaemon, DockerState, GpuSmokeRecord
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd
 
@@ -59,7 +61,7 @@ class DockerAccessModule(Module):
         out = [DockerState(), DockerDaemon(), GroupInfo(args.group), UserInfo(host.user)]
         if image:
             out.append(DockerDaemon(image))
-            out.append(DockerSmoke(image, command, args.gpus))
+            out.append(GpuSmokeRecord(image, command, args.gpus))
         return out
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
@@ -67,7 +69,7 @@ class DockerAccessModule(Module):
         image, command = _smoke(args, host)
         state, daemon = facts[DockerState()], facts[DockerDaemon()]
         grp, uinfo = facts[GroupInfo(group)], facts[UserInfo(user)]
-        smoke_facts = [DockerDaemon(image), DockerSmoke(image, command, args.gpus)] if image else []
+        smoke_facts = [DockerDaemon(image), GpuSmokeRecord(image, command, args.gpus)] if image else []
         every = [DockerState(), DockerDaemon(), GroupInfo(group), UserInfo(user)] + smoke_facts
         if not state["cli"]:
             return Plan.fail(f"{h}: docker is not installed. Fix: install Docker Engine (DGX OS ships it: "
@@ -116,12 +118,20 @@ class DockerAccessModule(Module):
         parts = [f"docker {state['server_version']} running; {user} reaches it in a new session (group {group})",
                  "NVIDIA container toolkit " + (tk["ctk"] or tk["package"] or "hook " + (tk["hook"] or ""))]
         if image:
-            smoke = facts[DockerSmoke(image, command, args.gpus)]
+            record = GpuSmokeRecord(image, command, args.gpus)
+            smoke = facts[record]
             run = "docker run --rm" + (" --gpus all " if args.gpus else " ") + " ".join([image, *command])
-            if smoke["state"] != "ran":
+            if smoke["state"] != "present":
                 return Plan.fail(f"{h}: GPU smoke test could not run ({smoke['state']})")
-            if smoke["rc"] != 0:
-                return Plan.fail(f"{h}: `{run}` failed (rc={smoke['rc']}): {smoke['output'][-300:]}. Fix: {TOOLKIT_FIX}")
+            if not smoke["passed"]:
+                argv = ["docker", "run", "--rm"] + (["--gpus", "all"] if args.gpus else []) + [image, *command]
+                script = (f"o=$(timeout 120 {cmd(*argv)} 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 5\n"
+                          f"[ $r = 0 ] || {{ echo \"smoke test failed (rc=$r)\" >&2; exit $r; }}\n"
+                          f"f={SMOKE_DIR.replace('~', '$HOME', 1)}/{smoke['key']}; mkdir -p \"$(dirname \"$f\")\"; "
+                          "printf '%s\\n' \"$o\" > \"$f\"")
+                return Plan([Change(f"GPU smoke test: `{run}` (once for this image, docker and driver)", script,
+                                    touches=[record], predicts=[(record, {**smoke, "passed": True})])],
+                            exports={"docker": exports})
             exports["smoke"] = {"image": image, "command": list(command), "ok": True}
             parts.append(f"`{run}` passed")
         else:

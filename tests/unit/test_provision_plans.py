@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkprov.facts.base import ShellCtx
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.facts import hardware as hw
 from sparkprov.facts.accounts import GroupInfo, UserInfo
@@ -153,7 +154,7 @@ def test_G36_toolkit_off_path_gets_profile_and_missing_toolkit_fails_when_requir
 
 # -- docker -------------------------------------------------------------------------------
 
-def docker_facts(groups=("nvidia", "adm"), access=False, group_exists=True, image=None):
+def docker_facts(groups=("nvidia", "adm"), access=False, group_exists=True, image=None, passed=True):
     st = {"cli": "/usr/bin/docker", "session_groups": list(groups), "socket": {"path": "/var/run/docker.sock",
           "owner": "root", "group": "docker", "mode": 0o660}, "access": access, "server_version": "29.2.1",
           "default_runtime": "runc", "runtimes": ["runc"], "error": None if access else "permission denied",
@@ -164,7 +165,7 @@ def docker_facts(groups=("nvidia", "adm"), access=False, group_exists=True, imag
                                  "groups": list(groups)})]
     if image:
         out += [(hw.DockerDaemon(image), {"running": True, "version": "29.2.1", "error": None, "image": "present"}),
-                (hw.DockerSmoke(image, (), True), {"state": "ran", "rc": 0, "output": ""})]
+                (hw.GpuSmokeRecord(image, (), True), {"state": "present", "key": "k" * 32, "passed": passed})]
     return out
 
 
@@ -182,6 +183,16 @@ def test_docker_membership_proven_by_docker_info_in_session():
               docker_facts(("nvidia", "docker"), access=True, image="img:1"), ctx())
     assert ok.failed is None and "--gpus all img:1` passed" in ok.msg
 
+
+def test_gpu_smoke_test_is_a_change_recorded_once_never_a_read():
+    """A gather never runs a container: the smoke test runs as a change when no pass is recorded
+    for this image, docker and driver, and writes the record; check mode only says it would."""
+    p = plan(docker_access.DockerAccessModule, {"smoke_image": "img:1"},
+             docker_facts(("nvidia", "docker"), access=True, image="img:1", passed=False), ctx())
+    (change,) = p.changes
+    assert "GPU smoke test" in change.summary and "docker run --rm --gpus all img:1" in change.script
+    assert "k" * 32 in change.script and change.predicts[0][1]["passed"] is True
+    assert "docker run" not in hw.GpuSmokeRecord("img:1", (), True).command(ShellCtx("/home/nvidia"))
 
 def test_docker_smoke_skipped_with_reason_and_toolkit_missing_fails():
     p = plan(docker_access.DockerAccessModule, {}, docker_facts(("nvidia", "docker"), access=True), ctx())
