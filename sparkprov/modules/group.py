@@ -31,12 +31,12 @@ class GroupModule(Module):
     Args = Args
     doc = "A group exists (created with groupadd) or is absent."
 
-    def facts(self, args: Args, host: HostContext):
-        return [GroupInfo(args.name)]
+    def needs(self, args: Args, host: HostContext):
+        return {"group": GroupInfo(args.name)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        fact = GroupInfo(args.name)
-        grp = facts[fact]
+        fact = facts.fact("group")
+        grp = facts.group
         if args.state == "absent":
             if grp is None:
                 return Plan(msg=f"group {args.name} absent")
