@@ -28,13 +28,18 @@ class CommandModule(Module):
     Args = Args
     doc = "Run a command given as an argv list; `creates`/`removes` make it idempotent."
 
-    def facts(self, args: Args, host: HostContext):
-        return [PathState(p) for p in (args.creates, args.removes) if p]
+    def needs(self, args: Args, host: HostContext):
+        named = {}
+        if args.creates:
+            named["creates"] = PathState(args.creates)
+        if args.removes:
+            named["removes"] = PathState(args.removes)
+        return named
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        if args.creates and facts[PathState(args.creates)]["exists"]:
+        if args.creates and facts.creates["exists"]:
             return Plan(msg=f"{args.creates} exists")
-        if args.removes and not facts[PathState(args.removes)]["exists"]:
+        if args.removes and not facts.removes["exists"]:
             return Plan(msg=f"{args.removes} does not exist")
         line = cmd(*args.argv)
         script = (cmd("cd", host.path(args.chdir)) + " && " + line) if args.chdir else line

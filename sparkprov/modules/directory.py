@@ -19,13 +19,13 @@ class DirectoryModule(Module):
     Args = Args
     doc = "A directory with the given mode, owner and group."
 
-    def facts(self, args: Args, host: HostContext):
-        return [PathState(args.path)]
+    def needs(self, args: Args, host: HostContext):
+        return {"path": PathState(args.path)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         path = host.path(args.path)
-        fact = PathState(args.path)
-        state = facts[fact]
+        fact = facts.fact("path")
+        state = facts.path
         if args.state == "absent":
             if not state["exists"]:
                 return Plan(msg=f"{path} absent")

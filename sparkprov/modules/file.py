@@ -20,13 +20,13 @@ class FileModule(Module):
     Args = Args
     doc = "A file with the given content, mode, owner and group; written atomically."
 
-    def facts(self, args: Args, host: HostContext):
-        return [PathState(args.path, with_content=args.content is not None)]
+    def needs(self, args: Args, host: HostContext):
+        return {"path": PathState(args.path, with_content=args.content is not None)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         path = host.path(args.path)
-        fact = PathState(args.path, with_content=args.content is not None)
-        state = facts[fact]
+        fact = facts.fact("path")
+        state = facts.path
         if args.state == "absent":
             if not state["exists"]:
                 return Plan(msg=f"{path} absent")

@@ -68,11 +68,11 @@ class GpuCheckModule(Module):
     Args = Args
     doc = "nvidia-smi works, GPU and compute capability, driver >= minimum, CUDA version, memory from /proc/meminfo."
 
-    def facts(self, args: Args, host: HostContext):
-        return [NvidiaSmi(), MemInfo(), KernelCmdline()]
+    def needs(self, args: Args, host: HostContext):
+        return {"smi": NvidiaSmi(), "mem": MemInfo(), "cmdline": KernelCmdline()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        smi, mem, kcmd = facts[NvidiaSmi()], facts[MemInfo()], facts[KernelCmdline()]
+        smi, mem, kcmd = facts.smi, facts.mem, facts.cmdline
         images = catalog_drivers()
         need, source = min_driver_for(args.min_driver, images, setting(None, host, "min_driver"))
         h = host.name

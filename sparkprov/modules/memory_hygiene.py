@@ -33,11 +33,11 @@ class MemoryHygieneModule(Module):
     Args = Args
     doc = "Report MemAvailable; unload Ollama models and drop the page cache when asked."
 
-    def facts(self, args: Args, host: HostContext):
-        return [MemInfo(), OllamaState(args.ollama_url)]
+    def needs(self, args: Args, host: HostContext):
+        return {"mem": MemInfo(), "ollama": OllamaState(args.ollama_url)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        mem, ollama = facts[MemInfo()], facts[OllamaState(args.ollama_url)]
+        mem, ollama = facts.mem, facts.ollama
         avail, total, cached = mem.get("MemAvailable", 0), mem["MemTotal"], mem.get("Cached", 0)
         models = ollama["models"]
         changes: list[Change] = []

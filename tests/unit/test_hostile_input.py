@@ -437,7 +437,7 @@ def test_fabric_settings_that_do_not_parse_fail_the_task_with_a_message(var, val
                        {"user": "nvidia", "home": "/home/nvidia"}, check=False, exports={"spark1": {}, "spark2": {}},
                        play_hosts=["spark1", "spark2"], become=True)
     m = fabric.FabricModule()
-    plan = m.plan(m.Args(), FactView(facts, {}), host)
+    plan = m.plan(m.Args(), m.view(m.Args(), FactView(facts, {}), host), host)
     assert plan.failed and want in plan.failed and "\n" not in plan.failed, plan.failed
 
 

@@ -30,7 +30,8 @@ def view(pairs):
 
 def plan(module, args, facts, host):
     m = module()
-    return m.plan(m.Args.model_validate(args), view(facts), host)
+    a = m.Args.model_validate(args)
+    return m.plan(a, m.view(a, view(facts), host), host)
 
 
 # -- identity -----------------------------------------------------------------------------
@@ -339,11 +340,11 @@ def test_G32_mesh_jumbo_ping_failure_names_both_ends():
     res = {"ping": {"192.168.100.11 192.168.100.12": {"ok": False, "sent": 2, "received": 0,
                                                       "error": "ping: local error: message too long, mtu=1500"}},
            "ssh": {"192.168.100.12": {"ok": True, "error": None}}}
-    p = m.plan(args, view([(probe, res)]), host)
+    p = m.plan(args, m.view(args, view([(probe, res)]), host), host)
     assert "spark1 -> spark2 on enp1s0f1np1" in p.failed and "message too long" in p.failed
     ok = {"ping": {"192.168.100.11 192.168.100.12": {"ok": True, "sent": 2, "received": 2, "error": None}},
           "ssh": {"192.168.100.12": {"ok": True, "error": None}}}
-    good = m.plan(args, view([(probe, ok)]), host)
+    good = m.plan(args, m.view(args, view([(probe, ok)]), host), host)
     assert good.exports["nccl"]["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1" and good.exports["fabric_verified"]
 
 
