@@ -154,6 +154,10 @@ class NamedFacts:
     def fact(self, name: str) -> Fact:
         return self._named[name]
 
+    def named(self, name: str) -> Any:
+        """A fact whose name is not an identifier (e.g. "group docker")."""
+        return self._view[self._named[name]]
+
 
 class Module:
     """Declare the facts a module reads once, by name, in `needs`; `plan` then reads them as

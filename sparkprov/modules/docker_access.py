@@ -56,21 +56,19 @@ class DockerAccessModule(Module):
     Args = Args
     doc = "Docker running, NVIDIA container toolkit present, login user in the docker group (new session), GPU smoke test."
 
-    def facts(self, args: Args, host: HostContext):
+    def needs(self, args: Args, host: HostContext):
         image, command = _smoke(args, host)
-        out = [DockerState(), DockerDaemon(), GroupInfo(args.group), UserInfo(host.user)]
+        out = {"state": DockerState(), "daemon": DockerDaemon(), "group": GroupInfo(args.group), "user": UserInfo(host.user)}
         if image:
-            out.append(DockerDaemon(image))
-            out.append(GpuSmokeRecord(image, command, args.gpus))
+            out.update(image=DockerDaemon(image), smoke=GpuSmokeRecord(image, command, args.gpus))
         return out
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h, user, group = host.name, host.user, args.group
         image, command = _smoke(args, host)
-        state, daemon = facts[DockerState()], facts[DockerDaemon()]
-        grp, uinfo = facts[GroupInfo(group)], facts[UserInfo(user)]
-        smoke_facts = [DockerDaemon(image), GpuSmokeRecord(image, command, args.gpus)] if image else []
-        every = [DockerState(), DockerDaemon(), GroupInfo(group), UserInfo(user)] + smoke_facts
+        state, daemon, grp, uinfo = facts.state, facts.daemon, facts.group, facts.user
+        smoke_facts = [facts.fact("image"), facts.fact("smoke")] if image else []
+        every = [facts.fact(n) for n in ("state", "daemon", "group", "user")] + smoke_facts
         if not state["cli"]:
             return Plan.fail(f"{h}: docker is not installed. Fix: install Docker Engine (DGX OS ships it: "
                              "`sudo apt install docker-ce docker-ce-cli containerd.io`)")
@@ -104,7 +102,7 @@ class DockerAccessModule(Module):
                                   Diff(f"groups of {user}", " ".join(sorted(uinfo["groups"])) + "\n", after + "\n"),
                                   every, reconnect=True,
                                   predicts=[(UserInfo(user), {**uinfo, "groups": sorted(set(uinfo["groups"]) | {group})})]))
-        if image and facts[DockerDaemon(image)].get("image") == "absent":
+        if image and facts.image.get("image") == "absent":
             changes.append(Change(f"pull {image} for the GPU smoke test", cmd("docker", "pull", "-q", image) + " >/dev/null",
                                   Diff("docker images", "", image + "\n"), smoke_facts))
         if changes:
@@ -118,8 +116,8 @@ class DockerAccessModule(Module):
         parts = [f"docker {state['server_version']} running; {user} reaches it in a new session (group {group})",
                  "NVIDIA container toolkit " + (tk["ctk"] or tk["package"] or "hook " + (tk["hook"] or ""))]
         if image:
-            record = GpuSmokeRecord(image, command, args.gpus)
-            smoke = facts[record]
+            record = facts.fact("smoke")
+            smoke = facts.smoke
             run = "docker run --rm" + (" --gpus all " if args.gpus else " ") + " ".join([image, *command])
             if smoke["state"] != "present":
                 return Plan.fail(f"{h}: GPU smoke test could not run ({smoke['state']})")

@@ -120,12 +120,12 @@ class FabricModule(Module):
     Args = Args
     doc = "Address the Up ConnectX-7 twins (one subnet each), MTU 9000, live with iproute2 and persisted with netplan."
 
-    def facts(self, args: Args, host: HostContext):
-        return [Ibdev2netdev(), NetState(), PathState(args.netplan_file, with_content=True)]
+    def needs(self, args: Args, host: HostContext):
+        return {"ib": Ibdev2netdev(), "net": NetState(), "netplan": PathState(args.netplan_file, with_content=True)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
-        ib, net = facts[Ibdev2netdev()], facts[NetState()]
+        ib, net = facts.ib, facts.net
         links = net["links"]
         hca_of = {d["iface"]: d["hca"] for d in ib["devices"]}
         configured = setting(args.rails, host, "fabric_rails")
@@ -211,8 +211,8 @@ class FabricModule(Module):
                 changes.append(Change(f"{ifc}: " + ", ".join(notes), "\n".join(script),
                                       Diff(f"rail {ifc}", _rail_text(ifc, link), after), touched))
         warnings = []
-        pfact = PathState(args.netplan_file, with_content=True)
-        pst = facts[pfact]
+        pfact = facts.fact("netplan")
+        pst = facts.netplan
         text = netplan_text(desired, args.mtu)
         before = (pst.get("content") or b"").decode(errors="replace") if pst["exists"] else ""
         if not pst["exists"] or before != text or pst.get("mode") != 0o600 or pst.get("owner") != "root":

@@ -62,9 +62,9 @@ class FabricMeshModule(Module):
     Args = Args
     doc = "Verify the full mesh: jumbo pings (-M do -s 8972) and BatchMode SSH to every peer on every rail."
 
-    def facts(self, args: Args, host: HostContext):
+    def needs(self, args: Args, host: HostContext):
         probe = _probe(args, host)
-        return [probe] if probe else []
+        return {"probe": probe} if probe else {}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
@@ -91,7 +91,7 @@ class FabricMeshModule(Module):
         if pending:
             return Plan.skip(f"check mode: fabric/ssh changes pending on {', '.join(pending)}; the mesh is verified "
                              "once they are applied")
-        probe = facts[_probe(args, host)]
+        probe = facts.probe
         peers = {r["address"]: (p, r["iface"]) for p, f in fabrics.items() if p != h for r in f["rails"]}
         for key, res in sorted(probe["ping"].items()):
             src, dst = key.split()

@@ -48,9 +48,9 @@ class ModelStoreModule(Module):
     Args = Args
     doc = "HF_HOME store (hub layout) and compile cache owned by the login user; root-owned leftovers fixed; free space."
 
-    def facts(self, args: Args, host: HostContext):
+    def needs(self, args: Args, host: HostContext):
         store, cache = _paths(args, host)
-        return [StoreState(store, host.user, ("hub",)), StoreState(cache, host.user)]
+        return {"store": StoreState(store, host.user, ("hub",)), "cache": StoreState(cache, host.user)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         store_arg, cache_arg = _paths(args, host)
@@ -58,8 +58,8 @@ class ModelStoreModule(Module):
         if bad:
             return Plan.fail(f"{host.name}: {bad}")
         user = host.user
-        sfact, cfact = StoreState(store_arg, user, ("hub",)), StoreState(cache_arg, user)
-        store, cache = facts[sfact], facts[cfact]
+        sfact, cfact = facts.fact("store"), facts.fact("cache")
+        store, cache = facts.store, facts.cache
         spath, cpath = host.path(store_arg), host.path(cache_arg)
         changes: list[Change] = []
         for label, path, st, fact, subs in (("model store (HF_HOME)", spath, store, sfact, ["hub"]),

@@ -39,11 +39,11 @@ class NativeRuntimeModule(Module):
     Args = Args
     doc = "CUDA 13 nvcc/ptxas on a login shell's PATH and TRITON_PTXAS_PATH set, for vLLM outside containers."
 
-    def facts(self, args: Args, host: HostContext):
-        return [CudaToolkit(), PathState(args.profile_file, with_content=True)]
+    def needs(self, args: Args, host: HostContext):
+        return {"toolkit": CudaToolkit(), "profile": PathState(args.profile_file, with_content=True)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        tk = facts[CudaToolkit()]
+        tk = facts.toolkit
         required = bool(setting(args.required, host, "native_runtime", False))
         want = args.cuda_major
         ok_nvcc = _major(tk["nvcc_version"]) == want
@@ -63,8 +63,8 @@ class NativeRuntimeModule(Module):
                              f"mode, about 1 tok/s (G36). Fix: sudo apt install cuda-toolkit-{want}-0")
         bindir = kits[0]["bin"]
         text = profile_text(bindir)
-        fact = PathState(args.profile_file, with_content=True)
-        state = facts[fact]
+        fact = facts.fact("profile")
+        state = facts.profile
         before = (state.get("content") or b"").decode(errors="replace") if state["exists"] else ""
         if state["exists"] and before == text and state.get("mode") == 0o644:
             # the file is right, yet a login shell still misses it: something later overrides PATH

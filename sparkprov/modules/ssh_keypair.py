@@ -34,10 +34,10 @@ class Args(ModuleArgs):
         return v
 
 
-def mesh_files(host: HostContext) -> list:
-    """The files ssh_mesh reads (same fact keys here and there)."""
-    return [AuthorizedKeys(host.user), PathState("~/.ssh/known_hosts", with_content=True),
-            PathState("~/.ssh/config", with_content=True)]
+def mesh_files(host: HostContext) -> dict:
+    """The files ssh_mesh reads (read here too, so that they come in the same gather)."""
+    return {"authorized_keys": AuthorizedKeys(host.user), "known_hosts": PathState("~/.ssh/known_hosts", with_content=True),
+            "config": PathState("~/.ssh/config", with_content=True)}
 
 
 class SshKeypairModule(Module):
@@ -45,12 +45,12 @@ class SshKeypairModule(Module):
     Args = Args
     doc = "A node-local ed25519 key pair for the SSH mesh; exports only public keys."
 
-    def facts(self, args: Args, host: HostContext):
-        return [SshIdentity(args.key), PathState("~/.ssh")] + mesh_files(host)
+    def needs(self, args: Args, host: HostContext):
+        return {"identity": SshIdentity(args.key), "ssh_dir": PathState("~/.ssh"), **mesh_files(host)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         user = host.user
-        ident, sshdir = facts[SshIdentity(args.key)], facts[PathState("~/.ssh")]
+        ident, sshdir = facts.identity, facts.ssh_dir
         key = host.path(args.key)
         d = posixpath.dirname(key)
         touched = [SshIdentity(args.key), PathState("~/.ssh")]

@@ -88,7 +88,7 @@ class SshMeshModule(Module):
     Args = Args
     doc = "Authorize peers' public keys, pin their host keys for their fabric addresses, use the mesh key for them."
 
-    def facts(self, args: Args, host: HostContext):
+    def needs(self, args: Args, host: HostContext):
         return mesh_files(host)
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
@@ -112,9 +112,7 @@ class SshMeshModule(Module):
             pins[",".join(addrs)] = ssh["host_keys"]
         if pending and not host.check:
             return Plan.fail(f"{host.name}: peers {', '.join(pending)} have no mesh key after ssh_keypair")
-        ak = facts[AuthorizedKeys(user)]
-        kh = facts[PathState("~/.ssh/known_hosts", with_content=True)]
-        cf = facts[PathState("~/.ssh/config", with_content=True)]
+        ak, kh, cf = facts.authorized_keys, facts.known_hosts, facts.config
         changes = []
         before = ak["content"]
         after = authorized_after(before, pubs)

@@ -33,17 +33,17 @@ class UserGroupsModule(Module):
     Args = Args
     doc = "The user is a member of each listed group (state: present) or of none (absent)."
 
-    def facts(self, args: Args, host: HostContext):
-        return [UserInfo(args.user or host.user)] + [GroupInfo(g) for g in args.groups]
+    def needs(self, args: Args, host: HostContext):
+        return {"user": UserInfo(args.user or host.user), **{f"group {g}": GroupInfo(g) for g in args.groups}}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         args = args.model_copy(update={"user": args.user or host.user})
         if not _NAME.fullmatch(args.user):
             return Plan.fail(f"{args.user!r} is not a valid user name")
-        user = facts[UserInfo(args.user)]
+        user = facts.user
         if user is None:
             return Plan.fail(f"user {args.user} does not exist on {host.name}")
-        missing = [g for g in args.groups if facts[GroupInfo(g)] is None]
+        missing = [g for g in args.groups if facts.named(f"group {g}") is None]
         if missing and args.state == "present":
             return Plan.fail(f"group(s) {', '.join(missing)} do not exist on {host.name} "
                              f"(create them first with the group module)")
