@@ -160,29 +160,27 @@ class NamedFacts:
 
 
 class Module:
-    """Declare the facts a module reads once, by name, in `needs`; `plan` then reads them as
-    `facts.NAME` (the engine hands it NamedFacts). Older modules override `facts` and read
-    `facts[Fact(...)]` instead."""
+    """A module declares the facts it reads once, by name, in `needs`; `plan` reads them as
+    `facts.NAME` (the engine hands it NamedFacts through `view`). `facts` is what the engine
+    gathers: the same declaration."""
 
     name: ClassVar[str]
     Args: ClassVar[type[ModuleArgs]]
     doc: ClassVar[str] = ""
 
-    def needs(self, args: Any, host: HostContext) -> dict[str, Fact] | None:
-        return None
+    def needs(self, args: Any, host: HostContext) -> dict[str, Fact]:
+        return {}
 
     def facts(self, args: Any, host: HostContext) -> list[Fact]:
-        named = self.needs(args, host)
-        return list(named.values()) if named else []
+        return list(self.needs(args, host).values())
 
     def stale(self, args: Any, host: HostContext) -> list[Fact]:
         """Facts of this host that another host's task may have changed since they were read
         (bytes another host sent here): the engine reads them again before planning."""
         return []
 
-    def view(self, args: Any, facts: FactView, host: HostContext) -> "FactView | NamedFacts":
-        named = self.needs(args, host)
-        return facts if named is None else facts.bind(named)
+    def view(self, args: Any, facts: FactView, host: HostContext) -> "NamedFacts":
+        return facts.bind(self.needs(args, host))
 
     def plan(self, args: Any, facts: FactView, host: HostContext) -> Plan:  # pragma: no cover
         raise NotImplementedError
