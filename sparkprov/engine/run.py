@@ -296,7 +296,7 @@ class Runner:
             facts = module.facts(args, ctx)
             stale = module.stale(args, ctx)
             unknown = [f for f in facts + stale if f.key in batch.unknown]
-            if batch.items and not ctx.check and (unknown or batch.opaque):
+            if batch.items and not ctx.check and (unknown or batch.opaque or task.ignore_errors):
                 # this task reads what an earlier change made and did not predict: apply first
                 self._note(hr, f"{task.name}: needs what earlier changes made ("
                            + (", ".join(str(f) for f in unknown) or "a command's effects") + "): applying them first")
@@ -326,10 +326,13 @@ class Runner:
                         batch.unknown |= {f.key for f in change.touches if f.key not in predicted}
                         batch.opaque = batch.opaque or change.opaque
                 if not ctx.check:
-                    batch.items.append(_Pending(task, module, args, ctx, plan, result, become))
+                    batch.entries.append(_Pending(task, module, args, ctx, plan, result, become))
                     if plan.exports:
                         self.exports[name].update(plan.exports)
                     hr.notified.update(task.notify)
+                    if task.ignore_errors:
+                        # the tasks after it plan against what it really did, failed or not
+                        return self._flush(play, hr, play_hosts, batch)
                     return True
             if plan.exports and plan.failed is None:
                 self.exports[name].update(plan.exports)
@@ -348,7 +351,7 @@ class Runner:
         if task.no_log:
             result.msg, result.diff = (CENSORED if result.msg else ""), []
         if batch.items:
-            batch.later.append(result)  # reported in task order, after the changes before it
+            batch.entries.append(result)  # reported in task order, once the changes before it are applied
         else:
             self.report.record(result)
         if result.status == "changed":
@@ -380,10 +383,11 @@ class Runner:
         """Apply every queued change (one call, split only where it must be), read back what was
         touched (one call) and re-plan each task: it converged only if nothing is left to do.
         Records the queued tasks' results in order; False when one failed."""
-        items, later = batch.items, batch.later
-        batch.items, batch.later, batch.unknown, batch.opaque = [], [], set(), False
+        entries = batch.entries
+        batch.entries, batch.unknown, batch.opaque = [], set(), False
+        items = [e for e in entries if isinstance(e, _Pending)]
         if not items:
-            for r in later:
+            for r in entries:
                 self.report.record(r)
             return True
         failed_at: int | None = None
@@ -410,11 +414,16 @@ class Runner:
         if verify:
             extra = list(touched.values()) + [f for p in verify for f in p.module.facts(p.args, p.ctx)]
             self._gather(play, hr, [], become=any(p.become for p in verify), extra=extra, play_hosts=play_hosts)
-        for i, p in enumerate(items):
+        for entry in entries:
+            if not isinstance(entry, _Pending):
+                self.report.record(entry)
+                continue
+            p = entry
+            i = items.index(p)
+            if failed_at is not None and i > failed_at:
+                break  # never ran: the host stops at the failed task, as it would task by task
             if i == failed_at:
                 self._fill(p.result, p.plan, p.task)
-            elif failed_at is not None and i > failed_at:
-                continue  # never ran: the host stops at the failed task, as task by task
             else:
                 plan = p.plan
                 if p in verify:
@@ -437,8 +446,6 @@ class Runner:
             if p.result.status == "failed" and not p.task.ignore_errors:
                 hr.dead = True
                 return False
-        for r in later:
-            self.report.record(r)
         return True
 
     def _run_group(self, hr: HostRun, group: list, as_root: bool) -> tuple[int, str] | None:
@@ -520,10 +527,13 @@ class _Pending:
 
 @dataclass
 class _Batch:
-    items: list[_Pending] = field(default_factory=list)
-    later: list[TaskResult] = field(default_factory=list)   # results of tasks planned after queued ones
-    unknown: set = field(default_factory=set)               # facts queued changes touch without predicting
-    opaque: bool = False                                    # a queued change's effects are unknown
+    entries: list = field(default_factory=list)  # queued tasks (_Pending) and finished results, in task order
+    unknown: set = field(default_factory=set)    # facts queued changes touch without predicting
+    opaque: bool = False                         # a queued change's effects are unknown
+
+    @property
+    def items(self) -> list[_Pending]:
+        return [e for e in self.entries if isinstance(e, _Pending)]
 
 
 def become_from_probe(t: Transport, how: str | None, password: str | None) -> bool:

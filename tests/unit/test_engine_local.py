@@ -206,3 +206,27 @@ def test_a_task_needing_an_unpredicted_result_splits_the_apply(setup, tmp_path):
     assert statuses["then own it"][0] == "changed" and "content" not in statuses["then own it"][1], statuses
     assert "applying them first" in buf.getvalue(), buf.getvalue()
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_batched_results_keep_task_order_and_ignore_errors_goes_on(setup, tmp_path):
+    inv, _ = setup
+    (tmp_path / "there").write_text("x")
+    book = tmp_path / "order.yaml"
+    book.write_text(f"""
+- hosts: all
+  tasks:
+    - name: one
+      file: {{path: {tmp_path}/one, content: "1"}}
+    - name: already there
+      file: {{path: {tmp_path}/there, content: x}}
+    - name: may fail
+      command: {{argv: [sh, -c, "exit 4"], creates: {tmp_path}/never}}
+      ignore_errors: true
+    - name: two
+      file: {{path: {tmp_path}/two, content: "2"}}
+""")
+    report = run(inv, playbook=book)
+    got = [(r.task, r.status) for r in report.results]
+    assert got == [("one", "changed"), ("already there", "ok"), ("may fail", "failed"), ("two", "changed")], got
+    assert (tmp_path / "two").read_text() == "2"
+    assert report.exit_code() == 2
