@@ -1,0 +1,188 @@
+"""The serving modules' plans on literal facts: what cluster-up, cluster-down and status decide,
+before any host is touched (the lab suite runs the same modules on hosts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkprov.facts import hardware as hw
+from sparkprov.facts.serving import ImageId, Listeners, ManagedContainers, ServeReady
+from sparkprov.modules import (allreduce, deployment_health, docker_image, serve_absent, serve_preflight,
+                               vllm_container, vllm_ready)
+from sparkprov.modules.base import FactView, HostContext
+from sparkprov.serving import node
+from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.staging.facts import StoreState
+from sparkprov.staging.plan import StoreFacts
+
+HOME = "/home/nvidia"
+DEP = {"name": "tp", "model": "llama-3.3-70b", "hosts": ["spark1", "spark2"], "tp": 2}
+RAILS = {h: [{"iface": "enp1s0f1np1", "address": f"192.168.100.1{i}", "prefix": 24, "subnet": "192.168.100.0/24",
+              "hca": "rocep1s0f1", "mtu": 9000, "up": True}] for i, h in ((1, "spark1"), (2, "spark2"))}
+SMI = {"present": True, "gpus": [{"name": "NVIDIA GB10"}], "driver_version": "580.95.05", "cuda_version": "13.0",
+       "error": None}
+MEM = {"MemTotal": 128 * 2**30, "MemAvailable": 120 * 2**30, "Cached": 2 * 2**30}
+
+
+def ctx(host="spark1", exports=None, check=False):
+    return HostContext(host, {}, {"user": "nvidia", "home": HOME}, check=check, exports=exports or {},
+                       play_hosts=["spark1", "spark2"], become=False)
+
+
+def run(module_cls, args, values, host):
+    m = module_cls()
+    a = m.Args.model_validate(args)
+    facts = {f.key: values[name] for name, f in m.needs(a, host).items() if name in values}
+    return m.plan(a, m.view(a, FactView(facts, {}), host), host)
+
+
+def fabric(host):
+    return {"rails": RAILS[host], **hw.nccl_settings(RAILS[host])}
+
+
+def staged_store():
+    """A store holding the deployment's weights, verified (as stage-weights leaves it)."""
+    from sparkprov.staging.plan import Entry, Record
+
+    dep = DeploymentArgs.model_validate(DEP)
+    (repo, rev), = node.repos(dep)
+    base = "hub/models--" + repo.replace("/", "--")
+    commit = "c" * 40
+    entries, verified = {}, {}
+    for name in ("config.json", "model.safetensors"):
+        blob = f"{base}/blobs/{name}-sha"
+        entries[blob] = Entry("f", 10, 1, "")
+        entries[f"{base}/snapshots/{commit}/{name}"] = Entry("l", 0, 1, f"../../blobs/{name}-sha")
+        verified[blob] = Record(10, 1, "sha256:x")
+    return StoreFacts(store=f"{HOME}/vllm", entries=entries, verified=verified, refs={f"{base}/refs/{rev}": commit})
+
+
+def containers(*items):
+    return {"access": True, "error": None, "containers": list(items)}
+
+
+def preflight_values(host, **kw):
+    return {"smi": SMI, "fabric": fabric(host), "mem": MEM, "ollama": {"models": []}, "containers": containers(),
+            "listening": [], "store": staged_store(), **kw}
+
+
+def test_preflight_passes_and_exports_the_fabric_address():
+    p = run(serve_preflight.ServePreflight, {"deployment": DEP}, preflight_values("spark1"), ctx())
+    assert p.failed is None, p.failed
+    assert p.exports == {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}
+
+
+def test_preflight_names_missing_weights_a_busy_port_and_no_rail():
+    empty = StoreFacts(store=f"{HOME}/vllm")
+    p = run(serve_preflight.ServePreflight, {"deployment": DEP},
+            preflight_values("spark1", store=empty, listening=[8000], fabric={"rails": []}), ctx())
+    assert "weights not staged" in p.failed and "stage-weights llama-3.3-70b" in p.failed
+    assert "port 8000 is already in use" in p.failed and "G32" in p.failed
+
+
+def test_image_present_is_exported_absent_is_pulled_then_copied_from_a_peer():
+    args = {"image": "img:1", "peers": ["spark1", "spark2"], "deployment": "tp"}
+    ok = run(docker_image.DockerImage, args, {"image": {"id": "sha256:abc", "error": None}}, ctx())
+    assert not ok.changes and ok.exports == {"images": {"img:1": "sha256:abc"}}
+    exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11"}}}}
+    p = run(docker_image.DockerImage, args, {"image": {"id": None, "error": None}}, ctx("spark2", exports))
+    (change,) = p.changes
+    assert "docker pull -q img:1" in change.script
+    assert "nvidia@192.168.100.11 docker save img:1 | docker load" in change.script  # over the fabric, from the peer
+    assert "spark2" not in change.script.split("docker pull")[1]  # never from itself
+
+
+def test_container_started_with_the_cache_drop_as_root_then_a_noop():
+    exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}}
+    values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark1")}
+    p = run(vllm_container.VllmContainer, {"deployment": DEP}, values, ctx(exports=exports))
+    drop, start = p.changes
+    assert drop.become is True and "drop_caches" in drop.script
+    assert start.become is None and "docker run -d --name sparkprov-tp-head" in start.script
+    labels = start.predicts[0][1]["containers"][0]["labels"]
+    running = {"name": "sparkprov-tp-head", "id": "h" * 64, "status": "running", "labels": labels}
+    again = run(vllm_container.VllmContainer, {"deployment": DEP}, {**values, "containers": containers(running)},
+                ctx(exports=exports))
+    assert not again.changes and again.exports["containers"]["tp"]["id"] == "h" * 64
+
+
+def test_a_worker_follows_rank0s_container():
+    base = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
+            "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.100.12", "rail_net": "192.168.100.0/24"}}}}
+    values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
+    hashes = []
+    for rank0 in ("a" * 64, "b" * 64):
+        exports = {**base, "spark1": {**base["spark1"], "containers": {"tp": {"id": rank0}}}}
+        p = run(vllm_container.VllmContainer, {"deployment": DEP, "drop_caches": False}, values, ctx("spark2", exports))
+        hashes.append(p.changes[0].predicts[0][1]["containers"][0]["labels"]["sparkprov.recipe_hash"])
+    assert hashes[0] != hashes[1]
+
+
+def test_worker_on_another_subnet_fails_naming_G33():
+    exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
+               "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.200.12", "rail_net": "192.168.200.0/24"}}}}
+    values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
+    p = run(vllm_container.VllmContainer, {"deployment": DEP}, values, ctx("spark2", exports))
+    assert "rank 0's subnet" in p.failed and "G33" in p.failed
+
+
+def ready(status="running", health=200, smoke=None):
+    return {"ready": {"id": "c" * 64, "status": status, "restarts": 0, "health": health, "models": ["m"],
+                      "smoke": smoke, "logs": "engine died: lost rank 1"}, "fabric": fabric("spark1")}
+
+
+def test_ready_smoke_tests_once_per_container_and_judges_the_answer():
+    p = run(vllm_ready.VllmReady, {"deployment": DEP}, ready(health=None), ctx())
+    (change,) = p.changes
+    assert change.outcome is not None and "ray_gpus" in change.script and change.timeout > 300
+    ok = run(vllm_ready.VllmReady, {"deployment": DEP},
+             ready(smoke={"status": 200, "content": "12*17 = 204", "finish": "stop"}), ctx())
+    assert not ok.changes and ok.failed is None and "smoke test passed" in ok.msg
+    bad = run(vllm_ready.VllmReady, {"deployment": DEP},
+              ready(smoke={"status": 200, "content": "!!!!!!!!", "finish": "length"}), ctx())
+    assert bad.failed and "smoke test" in bad.failed
+    dead = run(vllm_ready.VllmReady, {"deployment": DEP}, ready(status="exited"), ctx())
+    assert "is exited" in dead.failed and "lost rank 1" in dead.failed
+
+
+def test_absent_removes_only_sparkprov_containers_of_the_named_deployment():
+    cs = containers({"name": "sparkprov-tp-head", "labels": {"sparkprov.deployment": "tp"}},
+                    {"name": "sparkprov-one", "labels": {"sparkprov.deployment": "one"}})
+    p = run(serve_absent.ServeAbsent, {"deployments": ["tp"]}, {"containers": cs}, ctx())
+    (change,) = p.changes
+    assert "sparkprov-tp-head" in change.script and "sparkprov-one" not in change.script
+
+
+@pytest.mark.parametrize("worker_status,ray_nodes,want", [("running", 2, []), ("exited", 1, ["exited", "Ray sees 1/2"])])
+def test_health_counts_members_and_ray_nodes(worker_status, ray_nodes, want):
+    head = {"name": "sparkprov-tp-head", "status": "running", "exit_code": 0, "health": 200, "port": 8000,
+            "labels": {"sparkprov.deployment": "tp", "sparkprov.role": "ray-head", "sparkprov.nodes": "2"},
+            "ray": {"nodes": ray_nodes, "gpus": float(ray_nodes)}}
+    worker = {"name": "sparkprov-tp-worker", "status": worker_status, "exit_code": 137,
+              "labels": {"sparkprov.deployment": "tp", "sparkprov.role": "ray-worker"}}
+    exports = {"spark1": {"serving_status": {"containers": [head]}}, "spark2": {"serving_status": {"containers": [worker]}}}
+    r = deployment_health.health("tp", head, "spark1", exports)
+    assert all(any(w in p for p in r["problems"]) for w in want) and bool(r["problems"]) == bool(want), r
+    p = run(deployment_health.DeploymentHealth, {}, {}, ctx(exports=exports))
+    assert (p.failed is not None) == bool(want)
+
+
+def test_allreduce_needs_the_gpu_unless_gloo_and_fails_below_the_threshold():
+    args = {"phase": "run", "hosts": ["spark1", "spark2"], "image": "img:1"}
+    exports = {"spark1": {"allreduce_addr": "192.168.100.11"}}
+    p = run(allreduce.Allreduce, args, {"fabric": fabric("spark1"), "image": {"id": "sha256:x"}}, ctx(exports=exports))
+    (change,) = p.changes
+    assert "--gpus all" in change.script and "--backend nccl" in change.script
+    assert "cannot see the GPU" in change.outcome("sparkprov: no CUDA device is visible in this container")
+    doc = ('{"allreduce": {"backend": "gloo", "largest": {"busbw_gbs": 1.5, "algbw_gbs": 1.5, "bytes": 67108864}, '
+           '"peak_busbw_gbs": 1.6, "ranks": [{"ifname": "enp1s0f1np1", "address": "192.168.100.11"}]}}')
+    assert "below the threshold" in change.outcome(doc)
+    g = run(allreduce.Allreduce, {**args, "backend": "gloo", "threshold": 1.0},
+            {"fabric": fabric("spark1"), "image": {"id": "sha256:x"}}, ctx(exports=exports))
+    assert "--gpus" not in g.changes[0].script and g.changes[0].outcome(doc) is None
+
+
+def test_check_mode_plans_the_same_changes_and_applies_nothing_here():
+    """(The engine never applies in check mode; the plans say what would happen.)"""
+    p = run(vllm_ready.VllmReady, {"deployment": DEP}, ready(status="absent", health=None), ctx(check=True))
+    assert p.changes and p.failed is None
