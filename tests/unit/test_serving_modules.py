@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 
 from sparkprov.facts import hardware as hw
-from sparkprov.facts.serving import ImageId, Listeners, ManagedContainers, ServeReady
 from sparkprov.modules import (allreduce, deployment_health, docker_image, serve_absent, serve_preflight,
                                vllm_container, vllm_ready)
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.serving import node
 from sparkprov.serving.playbook import DeploymentArgs
-from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import StoreFacts
 
 HOME = "/home/nvidia"
