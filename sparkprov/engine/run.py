@@ -175,7 +175,7 @@ class Runner:
     # the play plans (each task planned against what the earlier ones predict, as in check mode),
     # one re-read of the touched facts to verify. The engine splits the apply only where it must:
     # a task reading a fact an earlier change touched without predicting it, a change that needs
-    # another user (become), a new login (reconnect). --verbose names each split.
+    # another user (become) or files from the control machine. --verbose names each split.
     def _play_host(self, play: Play, hr: HostRun, play_hosts: list[str]) -> None:
         name = hr.host.name
         try:
@@ -402,10 +402,12 @@ class Runner:
                 failed_at, msg = why
                 items[failed_at].plan = Plan.fail(msg)
                 break
-            if any(c.reconnect for _, c in group):
-                hr.transport.close()
-                hr.transport.connect()
         applied = items if failed_at is None else items[:failed_at]
+        if any(c.reconnect for p in applied for c in p.plan.changes):
+            # a membership counts only in a new login: verify from one (the tasks that read what
+            # it touched waited for this apply, as those facts were unknown until it ran)
+            hr.transport.close()
+            hr.transport.connect()
         touched = {f.key: f for p in applied for c in p.plan.changes for f in c.touches}
         for key in touched:
             hr.values.pop(key, None)
@@ -486,15 +488,14 @@ def _as_root(change, task_become: bool) -> bool:
 
 
 def _call_groups(changes: list, become_of) -> list[list]:
-    """Consecutive changes that run as the same user share one remote call; a change that needs
-    a new login (reconnect) ends its call, one that prepares files on the control machine starts one."""
+    """Consecutive changes that run as the same user share one remote call; a change that prepares
+    files on the control machine starts one."""
     groups: list[list] = []
     for item in changes:
         _, c = item
         as_root = _as_root(c, become_of(item))
         prev = groups[-1] if groups else None
-        if prev and _as_root(prev[0][1], become_of(prev[0])) == as_root and not prev[-1][1].reconnect \
-                and c.prepare is None:
+        if prev and _as_root(prev[0][1], become_of(prev[0])) == as_root and c.prepare is None:
             prev.append(item)
         else:
             groups.append([item])
