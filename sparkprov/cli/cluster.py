@@ -46,7 +46,9 @@ DOWN_HELP = {
     "check": "Say what would be removed, remove nothing",
 }
 STATUS_HELP = {**COMMON, "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)",
-               "limit": "Further limit the hosts (pattern)", "forks": "How many hosts to work on at once (default 32)"}
+               "limit": "Further limit the hosts (pattern)", "forks": "How many hosts to work on at once (default 32)",
+               "watch": "Refresh every this many seconds until interrupted (Ctrl-C)",
+               "count": "With --watch: stop after this many refreshes"}
 NCCL_HELP = {
     **COMMON,
     "check": "Check the hosts (fabric, image) and say what would run; run nothing",
@@ -298,40 +300,64 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
     finish(report.exit_code())
 
 
-def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, accept_new_host_keys=False):
-    """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, spec-decode acceptance;
-    per deployment: expected vs joined nodes. Exit 2 when a deployment is degraded, 4 when a host is unreachable."""
-    import io
+def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, watch=None, count=None,
+           accept_new_host_keys=False):
+    """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, requests, spec-decode
+    acceptance, unified memory, GPU temperature and power; per deployment: expected vs joined nodes.
+    Exit 2 when a deployment is degraded, 4 when a host is unreachable."""
+    import time
 
     from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
-    from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.report import Report
-    from sparkprov.modules.deployment_health import deployments_led_by, health
 
     with user_errors():
+        watch = _float("watch", watch, 0, 86400) if watch is not None else None
+        count = _int("count", count, 1, 10**6) if count is not None else None
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        report = Report(io.StringIO(), quiet=True)
-        runner = plays.run_book(inv, plays.status_book(targets), targets,
-                                _engine_options(accept_new_host_keys=accept_new_host_keys, forks=forks), report)
+        shown = 0
+        while True:
+            st, code = read_status(inv, targets, forks=forks, accept_new_host_keys=accept_new_host_keys)
+            if json:
+                print(_json.dumps({"ok": code == 0, "hosts": st}, indent=2, default=str), flush=True)
+            else:
+                if watch is not None and sys.stdout.isatty():
+                    print("\x1b[H\x1b[2J", end="")
+                print_status(st)
+                if watch is not None:
+                    print(f"refreshed {time.strftime('%H:%M:%S')}, every {watch:g}s (Ctrl-C stops)", flush=True)
+            shown += 1
+            if watch is None or (count is not None and shown >= count):
+                break
+            time.sleep(watch)
+    finish(code)
+
+
+def read_status(inv, targets, *, forks=None, accept_new_host_keys=False):
+    """One status play on the engine: per host what serves and its health; the exit code."""
+    import io
+
+    from sparkprov.engine.report import Report
+    from sparkprov.modules.deployment_health import deployments_led_by, health
+    from sparkprov.plays import serve as plays
+
+    report = Report(io.StringIO(), quiet=True)
+    runner = plays.run_book(inv, plays.status_book(targets), targets,
+                            _engine_options(accept_new_host_keys=accept_new_host_keys, forks=forks), report)
     st = {}
     for h in targets:
         ex = runner.exports.get(h) or {}
         tally = report.hosts[h]
         unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
+        failed = next((r.msg for r in report.results if r.host == h and r.status == "failed"), None)
         doc = ex.get("serving_status") or {}
         st[h] = {"reachable": not tally.unreachable, "error": unreachable or doc.get("error"),
                  "docker": bool(doc.get("access")), "containers": doc.get("containers") or [],
+                 "host": doc.get("host") or {},
                  "deployments": {d: health(d, lead, h, runner.exports)
                                  for d, lead in deployments_led_by(h, runner.exports).items()},
-                 "remote_calls": tally.remote_calls}
-    if json:
-        print(_json.dumps({"ok": report.exit_code() == 0, "hosts": st,
-                           "results": [r.as_dict() for r in report.results]}, indent=2, default=str))
-    else:
-        print_status(st)
-    finish(report.exit_code())
+                 "problem": failed, "remote_calls": tally.remote_calls}
+    return st, report.exit_code()
 
 
 def print_status(st) -> None:
@@ -339,15 +365,27 @@ def print_status(st) -> None:
     from rich.table import Table
 
     con = Console(highlight=False, width=160)
+    hosts = Table(title="hosts")
+    for col in ("host", "MemAvailable", "swap used", "GPU temp", "GPU power"):
+        hosts.add_column(col)
+    for host, h in st.items():
+        m = h.get("host") or {}
+        gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else ""  # noqa: E731
+        hosts.add_row(host, (gib(m.get("mem_available")) + f" of {gib(m.get('mem_total'))}") if m.get("mem_total") else "",
+                      gib(m.get("swap_used")) if m.get("swap_total") else "no swap",
+                      f"{m['temperature_c']:g} C" if m.get("temperature_c") is not None else "n/a",
+                      f"{m['power_w']:g} W" if m.get("power_w") is not None else "n/a")
+    con.print(hosts)
     t = Table(title="sparkprov serving status")
-    for col in ("host", "container", "deployment", "role", "state", "ray", "health", "models", "KV cache", "spec accept"):
+    for col in ("host", "container", "deployment", "role", "state", "ray", "health", "models", "KV cache", "requests",
+                "spec accept"):
         t.add_column(col, overflow="fold")
     for host, h in st.items():
         if not h.get("reachable"):
-            t.add_row(host, "-", "-", "-", "UNREACHABLE", "", "", "", "", h.get("error") or "")
+            t.add_row(host, "-", "-", "-", "UNREACHABLE", "", "", "", "", "", h.get("error") or "")
             continue
         if not h["containers"]:
-            t.add_row(host, "(none)", "", "", "docker ok" if h["docker"] else f"docker: {h['error']}", "", "", "", "", "")
+            t.add_row(host, "(none)", "", "", "docker ok" if h["docker"] else f"docker: {h['error']}", "", "", "", "", "", "")
         for c in h["containers"]:
             ray = c.get("ray")
             m = c.get("metrics") or {}
@@ -358,6 +396,7 @@ def print_status(st) -> None:
                       str(c.get("health", "")) if c.get("port") else "",
                       ", ".join(c.get("served_models") or []),
                       f"{100 * m['kv_cache_usage']:.1f}%" if "kv_cache_usage" in m else "",
+                      f"{m['running']:g} running, {m['waiting']:g} waiting" if "running" in m and "waiting" in m else "",
                       f"{100 * acc:.1f}%" if acc is not None else ("" if "spec_acceptance" not in m else "no drafts yet"))
     con.print(t)
     for host, h in st.items():

@@ -146,6 +146,35 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
+def _sensor(text: str) -> float | None:
+    text = text.strip().removesuffix("W").strip()
+    try:
+        return float(text)
+    except ValueError:
+        return None  # [N/A], Not Supported
+
+
+def parse_gpu_sensors(out: str) -> dict[str, float | None]:
+    """`nvidia-smi --query-gpu=temperature.gpu,power.draw --format=csv,noheader` (GB10: "39, 3.74 W")."""
+    line = next((ln for ln in out.splitlines() if ln.strip()), "")
+    if not line or line.startswith("@absent"):
+        return {"temperature_c": None, "power_w": None}
+    parts = [p.strip() for p in line.split(",")] + ["", ""]
+    return {"temperature_c": _sensor(parts[0]), "power_w": _sensor(parts[1])}
+
+
+@dataclass(frozen=True)
+class GpuSensors(Fact):
+    """GPU temperature and power draw where nvidia-smi reports them (None where it prints [N/A])."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return ("nvidia-smi --query-gpu=temperature.gpu,power.draw --format=csv,noheader 2>/dev/null "
+                "| head -n 1 || echo @absent")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, float | None]:
+        return parse_gpu_sensors(out)
+
+
 @dataclass(frozen=True)
 class MemInfo(Fact):
     """/proc/meminfo in bytes: on GB10 the only place free memory can be read (G16)."""

@@ -1,11 +1,14 @@
 """serve_status: what serves on this host (read-only): sparkprov's containers with their state,
-health, models, KV-cache use and speculative-decoding acceptance, Ray's view on a Ray head.
+health, models, KV-cache use, running and waiting requests and speculative-decoding acceptance,
+Ray's view on a Ray head; and the host's unified memory (MemAvailable, swap: on GB10 the only
+place free memory can be read, G16), GPU temperature and power where nvidia-smi reports them.
 Exports it all as `serving_status` for the play after it (deployment_health)."""
 
 from __future__ import annotations
 
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
+from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
 
 
 class Args(ModuleArgs):
@@ -18,10 +21,14 @@ class ServeStatus(Module):
     doc = "Read sparkprov's containers on the host: state, health, models, metrics, Ray (changes nothing)."
 
     def needs(self, args: Args, host: HostContext):
-        return {"status": ServingStatus()}
+        return {"status": ServingStatus(), "mem": MemInfo(), "sensors": GpuSensors()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        st = facts.status
+        mem = facts.mem
+        st = {**facts.status, "host": {
+            "mem_total": mem.get("MemTotal"), "mem_available": mem.get("MemAvailable"),
+            "swap_total": mem.get("SwapTotal"), "swap_used": (mem.get("SwapTotal") or 0) - (mem.get("SwapFree") or 0),
+            **facts.sensors}}
         if not st["access"]:
             return Plan.fail(f"{host.name}: docker: {st['error']}", exports={"serving_status": st})
         running = sum(1 for c in st["containers"] if c["status"] == "running")

@@ -170,3 +170,10 @@ def test_G23_store_state_foreign_owned():
 def test_driver_version_compare():
     assert hw.driver_at_least("580.95.05", "580") and hw.driver_at_least("590.44.01", "590.44")
     assert not hw.driver_at_least("580.126.09", "590.44") and not hw.driver_at_least("580.82.09", "580.95.05")
+
+
+def test_gpu_sensors_from_gb10_output():
+    """gb10-outputs.md: `NVIDIA GB10, [N/A], [N/A], [N/A], 39, 3.74 W` (temperature.gpu, power.draw last)."""
+    assert hw.parse_gpu_sensors("39, 3.74 W\n") == {"temperature_c": 39.0, "power_w": 3.74}
+    assert hw.parse_gpu_sensors("[N/A], [N/A]\n") == {"temperature_c": None, "power_w": None}
+    assert hw.parse_gpu_sensors("@absent\n") == {"temperature_c": None, "power_w": None}
