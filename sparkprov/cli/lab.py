@@ -52,7 +52,9 @@ def status(c, json_=False):
               + f"\n         {fab}")
 
 
-@task(help={"action": "one of: " + ", ".join(sorted(_faults.ACTIONS)),
+@task(help={"action": "one of: " + ", ".join(sorted(_faults.ACTIONS)) + " (reboot: a power "
+                      "cycle: every process killed, live network settings lost, booted again "
+                      "from what is persisted: netplan, sshd, dockerd, restart policies)",
             "host": "lab host (spark1, ...)",
             "iface": "fabric interface (cut-link, restore-link, slow-link, unslow-link, "
                      "reset-mtu); default enp1s0f1np1",

@@ -79,7 +79,11 @@ def unslow_link(host: str, iface: str = "enp1s0f1np1") -> str:
 
 
 def kill_dockerd(host: str) -> str:
-    """SIGKILL the host's dockerd (as a crash would); `lab.up` or start_dockerd restarts it."""
+    """SIGKILL the host's dockerd (as a crash would); `lab.up` or start_dockerd restarts it.
+
+    Not a reboot: the containers live on under their shims, and a dockerd started again (no
+    live-restore) shuts them down (Exited (137)) and does not restart them, whatever their
+    restart policy (docker 20.10's restore). Use `reboot` for a power cycle."""
     return f"{host}: dockerd " + ("killed" if dockerd.stop_dockerd(host, sig="KILL", wait=5)
                                   else "was not running")
 
@@ -106,7 +110,16 @@ ACTIONS = {
     "kill-dockerd": lambda h, **k: kill_dockerd(h),
     "start-dockerd": lambda h, **k: start_dockerd(h),
     "reset-mtu": lambda h, iface, mtu, **k: reset_mtu(h, iface, mtu),
+    "reboot": lambda h, **k: reboot(h),
 }
+
+
+def reboot(host: str, down_seconds: float = 2.0) -> str:
+    """Power-cycle the host: every process killed, live network settings reset, then booted
+    from what is persisted (netplan, sshd, dockerd; containers by their restart policy).
+    See sparkprov.lab.boot."""
+    from . import boot
+    return boot.describe(host, boot.reboot(host, down_seconds))
 
 
 def apply(action: str, host: str, *, iface: str = "enp1s0f1np1", rate: str = "100mbit",

@@ -1,14 +1,22 @@
 """The lab serving image, built without a running dockerd and pushed straight to the lab registry.
 
-Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout):
+Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout); a serving image
+is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alone:
 
 * **base** (keyed by :data:`BASE_RECIPE`): ``debootstrap --variant=minbase`` of Debian bookworm
   plus a venv at ``/opt/venv`` (created by the rootfs's own ``/usr/bin/python3``, in a chroot)
   holding ``ray`` (core) and ``huggingface_hub``. Minutes cold; free once cached.
 * **engine** (keyed by a hash of the files of ``sparkprov/lab/engine/``): the lab vLLM stand-in
-  at ``/opt/labvllm/sparkprov/lab/engine`` (importable from the venv through a ``.pth`` file),
-  ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparkprov.lab.engine "$@"``) and
-  ``/usr/local/bin/ray`` -> ``/opt/venv/bin/ray``. Milliseconds; deterministic.
+  at ``/opt/labvllm/sparkprov/lab/engine`` (importable from the venv through a ``.pth`` file) and
+  ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparkprov.lab.engine "$@"``). The last
+  layer of every serving image. Milliseconds; deterministic.
+* **ray** or **no-ray** (see below): ``/usr/local/bin/ray`` -> ``/opt/venv/bin/ray``, or
+  whiteouts of every path the ``ray`` distribution installed in the venv (from its RECORD: the
+  package, its dist-info, the ``ray``/``serve``/``tune`` scripts). Tiny; deterministic.
+* **version** (where the catalog knows the image's vLLM): ``image_version`` beside the engine,
+  so ``vllm --version`` says what the real image would (0.19.0 for NGC 26.04) and the engine
+  accepts, and lists in ``vllm serve --help=all``, only the flags that version has (native
+  multi-node from 0.12.0). Without it the engine claims its default (0.19.0).
 * **torch** (keyed by the base layer and the torch wheel): torch (CPU) in ``/opt/venv``, for
   ``invoke nccl-check`` (Gloo on CPU). Installed from the torch wheel found in pip's
   ``find-links`` on this machine (:func:`find_torch_wheel`; PyTorch's own index is not needed),
@@ -20,16 +28,43 @@ Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout):
 * **smoke**: a static busybox (taken from the base rootfs) and its applet links, for
   ``docker run --gpus all`` smoke tests (:data:`SMOKE_IMAGE`).
 
-The image is pushed (Docker Registry HTTP API v2: blob uploads, image config JSON, schema2
-manifest) under every name the catalog uses. Names of Docker Hub go to the path a
-``registry-mirrors`` client asks for (``vllm/vllm-openai``; official images get ``library/``);
-names of other registries (``nvcr.io/nvidia/vllm``) are stored under their path
-(``nvidia/vllm``) and served by the registry's alias listener (see
+**With Ray and without Ray.** Two lab serving images exist under their own names, and every
+catalog image is pushed as one of them (same layers, plus its version and entrypoint):
+
+=============================  ==========================================================
+``sparkprov/lab-vllm:ray``      WITH Ray (2.60.0, as pinned in BASE_RECIPE): ``ray start``,
+                                ``import ray`` work; the lab engine's ``--distributed-executor-
+                                backend ray`` runs. Label ``org.sparkprov.lab.ray=2.60.0``.
+``sparkprov/lab-vllm:no-ray``   WITHOUT Ray, like stock ``vllm/vllm-openai`` >= v0.19 and NGC's
+                                vLLM images: ``ray`` is "command not found" (exit 127), ``import
+                                ray`` fails, ``vllm serve -tp 2`` across nodes without
+                                ``--nnodes`` fails with "Failed to import Ray". Label
+                                ``org.sparkprov.lab.ray=absent``.
+=============================  ==========================================================
+
+How a catalog image maps (:func:`has_ray`; label ``org.sparkprov.lab.variant`` names the one):
+
+* ``nvcr.io/nvidia/vllm:*`` (NGC) -> **no Ray** (NVIDIA ships none);
+* ``vllm/vllm-openai:*`` -> **no Ray** when the catalog's ``ray`` says so or its vLLM is >= 0.19
+  or unknown (``:nightly``, ``:cu130-nightly``, ``:v0.20.0``, ``:gemma4-cu130``...); **Ray** when
+  older (``:gemma4``, v0.18.2) or the catalog says ``ray: true``;
+* anything else (``ghcr.io/...`` third-party builds, local builds) -> **Ray** unless the catalog
+  says ``ray: false``;
+* ``SPARKPROV_LAB_RAY_IMAGES`` (comma-separated names, or ``all``) forces Ray into named images.
+
+So ``llama-3.3-70b`` (NGC 26.04-py3, vLLM 0.19.0) gets an image without Ray in the lab, as on a
+Spark: a Ray cluster needs an image derived from it with Ray baked in (built by sparkprov).
+
+The images are pushed (Docker Registry HTTP API v2: blob uploads, image config JSON, schema2
+manifest) under every name the catalog uses and the two names above. Names of Docker Hub go to
+the path a ``registry-mirrors`` client asks for (``vllm/vllm-openai``, ``sparkprov/lab-vllm``;
+official images get ``library/``); names of other registries (``nvcr.io/nvidia/vllm``) are stored
+under their path (``nvidia/vllm``) and served by the registry's alias listener (see
 :mod:`sparkprov.lab.registry`).
 
 ``vllm/vllm-openai:*`` images have the entrypoint ``["vllm", "serve"]`` as the real ones do;
-every other serving image (NGC's ``nvcr.io/nvidia/vllm:*``) has none: the container command is
-the whole ``vllm serve MODEL ...``.
+every other serving image (NGC's ``nvcr.io/nvidia/vllm:*``, ``sparkprov/lab-vllm:*``) has none:
+the container command is the whole ``vllm serve MODEL ...``.
 """
 
 from __future__ import annotations
@@ -397,9 +432,9 @@ def ensure_engine_layer(base: Base, engine_dir: Path = ENGINE_DIR,
     files = engine_files(engine_dir)
     key = _hash_obj({"files": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
                      "wrapper": VLLM_WRAPPER, "custom": CUSTOM_SCRIPT, "python": base.python,
-                     "v": 1})[:16]
+                     "v": 2})[:16]
     dest = cache_dir / f"engine-{key}.tar.gz"
-    created_by = f"sparkprov lab: engine {key} at {ENGINE_ROOT}, /usr/local/bin/vllm, ray"
+    created_by = f"sparkprov lab: engine {key} at {ENGINE_ROOT}, /usr/local/bin/vllm"
     metaf = dest.with_suffix(".json")
     if dest.exists() and metaf.exists():
         m = json.loads(metaf.read_text())
@@ -413,7 +448,6 @@ def ensure_engine_layer(base: Base, engine_dir: Path = ENGINE_DIR,
     tb.file(f"{VENV}/lib/python{base.python}/site-packages/sparkprov-labvllm.pth",
             f"{ENGINE_ROOT}\n".encode())
     tb.file("/usr/local/bin/vllm", VLLM_WRAPPER.encode(), 0o755)
-    tb.symlink("/usr/local/bin/ray", f"{VENV}/bin/ray")
     tb.file(CUSTOM_ENTRYPOINT, CUSTOM_SCRIPT.encode(), 0o755)
     cache_dir.mkdir(parents=True, exist_ok=True)
     layer = tb.write(dest, created_by)
@@ -442,6 +476,132 @@ def smoke_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     tb.file("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
     tb.file("/etc/group", b"root:x:0:\n")
     return tb.write(dest, "sparkprov lab: busybox-static smoke image")
+
+
+# --------------------------------------------------------------------------- Ray or no Ray, vLLM version
+
+RAY_VERSION = next(p.split("==", 1)[1] for p in BASE_RECIPE["pip"] if p.startswith("ray=="))
+
+
+def ray_layer(cache_dir: Path = CACHE_DIR) -> Layer:
+    """The with-Ray variant: ``/usr/local/bin/ray`` -> the venv's ray (Ray is in the base)."""
+    dest = cache_dir / f"ray-{_hash_obj({'ray': RAY_VERSION, 'venv': VENV})[:16]}.tar.gz"
+    tb = _TarBuilder()
+    tb.symlink("/usr/local/bin/ray", f"{VENV}/bin/ray")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return tb.write(dest, f"sparkprov lab: Ray {RAY_VERSION} (ray on PATH)")
+
+
+def _ray_paths(base: Base) -> list[str]:
+    """Top-level paths (in the image) of everything pip installed for the `ray` distribution in
+    the base venv, from its RECORD; cached per base layer."""
+    cachef = base.dir / "ray-paths.json"
+    if cachef.exists():
+        return json.loads(cachef.read_text())
+    site = f"opt/venv/lib/python{base.python}/site-packages"
+    record = None
+    with tarfile.open(base.layer.path, "r:gz") as tar:
+        for ti in tar:
+            n = ti.name.lstrip("./")
+            if n.startswith(f"{site}/ray-") and n.endswith(".dist-info/RECORD"):
+                record = tar.extractfile(ti).read().decode()
+                break
+    if record is None:
+        raise ImageError(f"the base layer has no ray RECORD under /{site}")
+    tops: set[str] = set()
+    for line in record.splitlines():
+        rel = line.split(",", 1)[0]
+        if not rel:
+            continue
+        full = os.path.normpath(f"{site}/{rel}")
+        if full.startswith(f"{site}/"):
+            tops.add(f"{site}/{full[len(site) + 1:].split('/', 1)[0]}")
+        else:
+            tops.add(full)  # scripts: opt/venv/bin/ray, serve, tune, ...
+    out = sorted(t for t in tops if not t.endswith("__pycache__"))
+    cachef.write_text(json.dumps(out))
+    return out
+
+
+def noray_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
+    """The without-Ray variant: whiteouts of every path the `ray` distribution installed (its
+    package, dist-info and console scripts), so ``ray`` is "command not found" (exit 127) and
+    ``import ray`` fails, as in the stock images since vLLM v0.19 and in NGC's vLLM images.
+    Ray's dependencies stay (vLLM needs most of them too)."""
+    paths = _ray_paths(base)
+    dest = cache_dir / f"noray-{_hash_obj({'base': base.layer.digest, 'paths': paths})[:16]}.tar.gz"
+    tb = _TarBuilder()
+    for p in paths:
+        head, _, name = p.rpartition("/")
+        tb.file(f"{head}/.wh.{name}", b"")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return tb.write(dest, f"sparkprov lab: no Ray (whiteouts of {len(paths)} ray paths)")
+
+
+VERSION_FILE = f"{ENGINE_ROOT}/sparkprov/lab/engine/image_version"
+
+
+def version_layer(version: str, cache_dir: Path = CACHE_DIR) -> Layer:
+    """The vLLM version the engine claims in this image (``vllm --version``; which flags it knows)."""
+    dest = cache_dir / f"version-{_hash_obj({'v': version, 'f': VERSION_FILE})[:16]}.tar.gz"
+    tb = _TarBuilder()
+    tb.file(VERSION_FILE, (version + "\n").encode())
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return tb.write(dest, f"sparkprov lab: vLLM version {version}")
+
+
+def catalog_version(vllm: str | None) -> str | None:
+    """The version a lab image of a catalog image claims: "0.19.0" as is, "0.23" -> "0.23.0",
+    a floor ">=0.21" -> "0.21.0", a ceiling "<0.15.1" -> "0.15.0" (the release below it, patch
+    counted down to 0); None (unknown) -> None (the engine's default)."""
+    if not vllm:
+        return None
+    v = vllm.lstrip(">=<")
+    nums = [int(x) for x in v.split(".")] + [0, 0]
+    nums = nums[:3]
+    if vllm.startswith("<"):
+        if nums[2] > 0:
+            nums[2] = 0
+        elif nums[1] > 0:
+            nums[1] -= 1
+    return ".".join(map(str, nums))
+
+
+# The two lab serving images under their own names (what every catalog image maps to).
+RAY_IMAGE = "sparkprov/lab-vllm:ray"
+NORAY_IMAGE = "sparkprov/lab-vllm:no-ray"
+NO_RAY_SINCE = "0.19"   # stock vllm/vllm-openai images ship no Ray from v0.19 on (vllm#33445)
+
+
+def has_ray(ref: "Ref", catalog=None) -> bool:
+    """Whether the lab image of `ref` has Ray, as the real image does:
+
+    * ``sparkprov/lab-vllm:ray`` yes, ``sparkprov/lab-vllm:no-ray`` no;
+    * NGC vLLM images (``nvcr.io/nvidia/vllm:*``): no (NVIDIA ships none);
+    * stock ``vllm/vllm-openai:*``: no when the catalog's vLLM is >= 0.19 or unknown (moving and
+      custom tags are newer than that), yes when it is older (e.g. ``:gemma4``, v0.18.2);
+    * anything else (third-party builds: ``ghcr.io/...``, local builds): yes, their builders
+      bake Ray in.
+
+    SPARKPROV_LAB_RAY_IMAGES (comma-separated names, or "all") forces Ray into the named lab
+    images, e.g. while a product path still needs Ray in a stock image."""
+    forced = {x.strip() for x in os.environ.get("SPARKPROV_LAB_RAY_IMAGES", "").split(",") if x.strip()}
+    name = ref.name.split("@", 1)[0]
+    if "all" in forced or name in forced:
+        return True
+    if name == NORAY_IMAGE:
+        return False
+    if name == RAY_IMAGE:
+        return True
+    img = catalog.image(ref.name) if catalog is not None else None
+    if img is not None and getattr(img, "ray", None) is not None:
+        return bool(img.ray)          # the catalog records it
+    if ref.host == "nvcr.io" and ref.path == "nvidia/vllm":
+        return False
+    if ref.host == "docker.io" and ref.path == "vllm/vllm-openai":
+        newer = img.vllm_at_least(NO_RAY_SINCE) if img is not None else None
+        return newer is False
+    return True
 
 
 # --------------------------------------------------------------------------- torch (CPU) layer
@@ -719,7 +879,7 @@ def default_images(catalog=None) -> list[str]:
     """Every image the catalog uses (FALLBACK_IMAGES without a catalog), plus the smoke image."""
     catalog = catalog if catalog is not None else _load_catalog()
     names = list(FALLBACK_IMAGES) if catalog is None else list(catalog.images())
-    return sorted(set(names) | {SMOKE_IMAGE})
+    return sorted(set(names) | {SMOKE_IMAGE, RAY_IMAGE, NORAY_IMAGE})
 
 
 def _config_blob(kind: str, layers: list[Layer], created: str, labels: dict) -> bytes:
@@ -790,12 +950,28 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
                   "org.sparkprov.lab.entrypoint": kind}
         if kind == "smoke":
             layers = [smoke]
-        elif torch.layer is not None:
-            layers = [base.layer, torch.layer, engine]
-            labels["org.sparkprov.lab.torch"] = torch.version
         else:
-            layers = [base.layer, engine]
-            labels["org.sparkprov.lab.torch"] = "absent: " + torch.why_absent
+            # base, [torch], Ray or no Ray, [vLLM version], engine (last: it changes most often)
+            if torch.layer is not None:
+                layers = [base.layer, torch.layer]
+                labels["org.sparkprov.lab.torch"] = torch.version
+            else:
+                layers = [base.layer]
+                labels["org.sparkprov.lab.torch"] = "absent: " + torch.why_absent
+            if has_ray(ref, catalog):
+                layers.append(ray_layer(cache_dir))
+                labels["org.sparkprov.lab.ray"] = RAY_VERSION
+                labels["org.sparkprov.lab.variant"] = RAY_IMAGE
+            else:
+                layers.append(noray_layer(base, cache_dir))
+                labels["org.sparkprov.lab.ray"] = "absent"
+                labels["org.sparkprov.lab.variant"] = NORAY_IMAGE
+            img = catalog.image(ref.name) if catalog is not None else None
+            version = catalog_version(img.vllm if img is not None else None)
+            if version:
+                layers.append(version_layer(version, cache_dir))
+            labels["org.sparkprov.lab.vllm"] = version or "engine default"
+            layers.append(engine)
         config = _config_blob(kind, layers, base.created, labels)
         b = Built(ref, kind, layers, config, _manifest_blob(config, layers))
         key = (ref.path, ref.tag)

@@ -461,3 +461,196 @@ def test_allowed_local_media_path(engine_factory, hf_home, tmp_path):
     r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "--allowed-local-media-path",
                  str(tmp_path / "absent")], env_for(hf_home))
     assert r.returncode == 1 and "Invalid `--allowed-local-media-path`" in r.stderr and "does not exist" in r.stderr
+
+
+# ---------------------------------------------------------------- a lost rank kills the engine
+class LoggedEngine:
+    """An engine whose output goes to a file (readable while it runs)."""
+
+    def __init__(self, hf_home, tmp_path, name, args, python=sys.executable, port=None, **env):
+        self.port = port or free_port()
+        self.log = tmp_path / f"{name}.log"
+        self.fh = open(self.log, "w")
+        self.proc = subprocess.Popen([python, "-m", "sparkprov.lab.engine", "serve", "Qwen/Qwen3-0.6B",
+                                      "--host", "127.0.0.1", "--port", str(self.port), *args],
+                                     env=env_for(hf_home, **env), cwd=ROOT, stdout=self.fh,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def health(self):
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return None
+
+    def text(self):
+        return self.log.read_text()
+
+    def wait_for(self, pred, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if pred():
+                return True
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        return pred()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.fh.close()
+
+
+@pytest.fixture
+def logged(hf_home, tmp_path):
+    started = []
+
+    def make(name, *args, **kw):
+        e = LoggedEngine(hf_home, tmp_path, name, args, **kw)
+        started.append(e)
+        return e
+    yield make
+    for e in started:
+        e.stop()
+
+
+def _native(node_rank, nnodes, master_port, *extra):
+    return ("-tp", str(nnodes), "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--master-addr", "127.0.0.1", "--master-port", str(master_port), *extra)
+
+
+NATIVE_ENV = {"GLOO_SOCKET_IFNAME": "lo", "LAB_ENGINE_COLLECTIVE_BYTES": str(1 << 20)}
+
+
+def test_native_multinode_rank0_waits_serves_and_dies_with_a_rank(logged):
+    mport = free_port()
+    r0 = logged("rank0", *_native(0, 2, mport), **NATIVE_ENV)
+    # rank 0 waits for the other node: its API answers, but not healthy
+    assert r0.wait_for(lambda: "Waiting for 1 other node(s) to join" in r0.text(), 30), r0.text()
+    time.sleep(2)
+    assert r0.proc.poll() is None and r0.health() == 503
+    r1 = logged("rank1", *_native(1, 2, mport, "--headless"), **NATIVE_ENV)
+    assert r0.wait_for(lambda: r0.health() == 200, 60), r0.text()
+    out0 = r0.text()
+    assert "Gloo ring all-reduce verified across 2 ranks" in out0
+    assert "node 1 (" in out0 and "joined: ranks [1]" in out0
+    with urllib.request.urlopen(urllib.request.Request(
+            r0.base + "/v1/chat/completions", data=json.dumps(
+                {"messages": [{"role": "user", "content": "What is 17 + 25? /no_think"}]}).encode()),
+            timeout=30) as resp:
+        assert "42" in json.loads(resp.read())["choices"][0]["message"]["content"]
+    # the headless node serves no API, though it was given a port
+    assert r1.wait_for(lambda: "Headless node ready" in r1.text(), 30), r1.text()
+    assert r1.health() is None
+    # a lost rank: rank 0 exits non-zero and /health stops answering
+    r1.proc.kill()
+    t0 = time.monotonic()
+    rc = r0.proc.wait(60)
+    took = time.monotonic() - t0
+    print(f"native: rank 1 killed -> rank 0 exited {rc} after {took:.2f}s")
+    assert rc != 0 and took < 10
+    assert r0.health() is None
+    out0 = r0.text()
+    assert "EngineCore encountered a fatal error." in out0 and "EngineDeadError" in out0
+
+
+def test_native_multinode_headless_dies_with_rank0_and_cannot_rejoin(logged):
+    mport = free_port()
+    r0 = logged("rank0", *_native(0, 2, mport), **NATIVE_ENV)
+    r1 = logged("rank1", *_native(1, 2, mport, "--headless"), **NATIVE_ENV)
+    assert r0.wait_for(lambda: r0.health() == 200, 60), r0.text()
+    assert r1.wait_for(lambda: "Headless node ready" in r1.text(), 30), r1.text()
+    # a second node 1 finds the group formed: it is refused and keeps retrying
+    late = logged("late", *_native(1, 2, mport, "--headless"), **NATIVE_ENV)
+    assert late.wait_for(lambda: "already formed" in late.text(), 30), late.text()
+    assert late.proc.poll() is None and r0.health() == 200
+    late.stop()
+    r0.proc.kill()
+    t0 = time.monotonic()
+    rc = r1.proc.wait(60)
+    print(f"native: rank 0 killed -> headless rank 1 exited {rc} after {time.monotonic() - t0:.2f}s")
+    assert rc == 1
+    assert "EngineCore encountered a fatal error." in r1.text()
+
+
+def test_native_multinode_bad_layouts_fail(hf_home):
+    env = env_for(hf_home, **NATIVE_ENV)
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "-tp", "1", "--nnodes", "2"], env)
+    assert r.returncode == 1 and "must be divisible by nnodes (2)" in r.stderr, r.stderr
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), *_native(1, 2, free_port(), "--headless"),
+                 "--distributed-executor-backend", "ray"], env)
+    assert r.returncode == 1 and "cannot be combined with --distributed-executor-backend ray" in r.stderr
+    # nobody at the master: the node gives up after the rendezvous timeout
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", *_native(1, 2, free_port(), "--headless")],
+                dict(env, LAB_ENGINE_DIST_TIMEOUT="3"))
+    assert r.returncode == 1 and "The client socket has timed out after 3s" in r.stderr, r.stderr
+    # the master alone times out waiting for the others
+    r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), *_native(0, 2, free_port())],
+                dict(env, LAB_ENGINE_DIST_TIMEOUT="3"))
+    assert r.returncode == 1 and "waiting for clients. 1/2 clients joined" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- what an image's vLLM says about itself
+def test_version_and_help_all(hf_home):
+    from sparkprov.lab.engine import VERSION
+    env = env_for(hf_home)
+    r = run_cli(["--version"], env)
+    assert r.returncode == 0 and r.stdout.strip() == VERSION
+    r = run_cli(["serve", "--help=all"], env)
+    assert r.returncode == 0
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--distributed-executor-backend",
+                 "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                 "--max-model-len", "--api-key"):
+        assert flag in r.stdout, flag
+    r = run_cli(["serve", "--help=ParallelConfig"], env)
+    assert r.returncode == 0 and "--nnodes" in r.stdout and "--max-model-len" not in r.stdout
+    r = run_cli(["serve", "--help"], env)
+    assert r.returncode == 0 and "--help=all" in r.stdout and "--nnodes" not in r.stdout
+
+
+def test_an_old_vllm_knows_no_native_multinode(hf_home, tmp_path):
+    # the lab image of an older vLLM carries its version in image_version next to the engine
+    pkg = tmp_path / "pkg"
+    shutil.copytree(ROOT / "sparkprov" / "lab" / "engine", pkg / "sparkprov" / "lab" / "engine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (pkg / "sparkprov", pkg / "sparkprov" / "lab"):
+        (d / "__init__.py").write_text("")
+    (pkg / "sparkprov" / "lab" / "engine" / "image_version").write_text("0.10.2\n")
+    env = env_for(hf_home, PYTHONPATH=str(pkg))
+
+    def old(*args):
+        return subprocess.run([sys.executable, "-m", "sparkprov.lab.engine", *args], env=env, cwd=pkg,
+                              capture_output=True, text=True, timeout=30)
+    r = old("--version")
+    assert r.stdout.strip() == "0.10.2"
+    r = old("serve", "--help=all")
+    assert r.returncode == 0 and "--nnodes" not in r.stdout and "--headless" in r.stdout
+    r = old("serve", "Qwen/Qwen3-0.6B", "--nnodes", "2")
+    assert r.returncode == 2 and "unrecognized arguments: --nnodes 2" in r.stderr
+
+
+@ray_only
+def test_ray_tp2_dies_when_a_rank_is_lost(ray_cluster, hf_home, tmp_path):
+    env = ray_cluster(2)
+    e = LoggedEngine(hf_home, tmp_path, "ray", ("-tp", "2", "--distributed-executor-backend", "ray"),
+                     python=RAY, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")},
+                     LAB_ENGINE_COLLECTIVE_BYTES=str(1 << 20))
+    try:
+        assert e.wait_for(lambda: e.health() == 200, 120), e.text()
+        import re
+        pid = int(re.search(r"rank 1: node \S+ \(ip .*?, pid (\d+)\)", e.text()).group(1))
+        os.kill(pid, 9)   # the rank's worker (its GPU) is gone
+        t0 = time.monotonic()
+        rc = e.proc.wait(60)
+        took = time.monotonic() - t0
+        print(f"ray: rank 1 killed -> rank 0 exited {rc} after {took:.2f}s")
+        assert rc != 0 and took < 15
+        assert e.health() is None
+        assert "EngineCore encountered a fatal error." in e.text()
+    finally:
+        e.stop()

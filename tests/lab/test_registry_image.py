@@ -44,8 +44,13 @@ IMAGES = ["vllm/vllm-openai:cu130-nightly", "nvcr.io/nvidia/vllm:25.12.post1-py3
 # sparkprov/lab/engine/ exists yet; test_real_engine_in_image uses the real one.
 FAKE_MAIN = """\
 import sys
-import ray, huggingface_hub
-print("fake-labvllm", " ".join(sys.argv[1:]), "ray", ray.__version__)
+import huggingface_hub
+try:
+    import ray
+    have = ray.__version__
+except ImportError:
+    have = "absent"
+print("fake-labvllm", " ".join(sys.argv[1:]), "ray", have)
 """
 
 
@@ -296,7 +301,9 @@ def test_torch_is_its_own_cached_layer_over_the_base(fake_engine, tmp_path):
     labels = json.loads(built.config)["config"]["Labels"]
     # no wheel: the images are built without torch, and say why (nccl-check shows it)
     without = image.build_images(IMAGES[:1], engine_dir=fake_engine, find_links=[tmp_path])[0]
-    assert [layer.digest for layer in without.layers] == [base.layer.digest, built.layers[-1].digest]
+    variant = [layer.digest for layer in built.layers[-3:-1]]   # no Ray, vLLM version (catalog)
+    assert [layer.digest for layer in without.layers] == [base.layer.digest, *variant,
+                                                          built.layers[-1].digest]
     no_label = json.loads(without.config)["config"]["Labels"]["org.sparkprov.lab.torch"]
     assert no_label.startswith("absent: no torch wheel for cp311") and str(tmp_path) in no_label
     if wheel is None:
@@ -306,7 +313,7 @@ def test_torch_is_its_own_cached_layer_over_the_base(fake_engine, tmp_path):
           f"{torch.meta['timings_s']}; {torch.layer.size / 1e6:.0f} MB gzip, "
           f"{torch.meta['unpacked_bytes'] / 1e6:.0f} MB unpacked, {torch.meta['paths']} paths")
     assert [layer.digest for layer in built.layers] == [base.layer.digest, torch.layer.digest,
-                                                         built.layers[-1].digest]
+                                                         *variant, built.layers[-1].digest]
     assert labels["org.sparkprov.lab.torch"] == torch.version and torch.version.startswith("2.")
     assert torch.meta["wheel"] == wheel.name
     # built once: the base is untouched, a second build is the cache
@@ -371,19 +378,27 @@ def test_docker_pull_through_mirror_and_alias(ns_dockerd, pushed, ns_state):
     print(f"[size] {IMAGES[0]} in dockerd: {size / 1e6:.0f} MB")
 
     # vllm/vllm-openai: the entrypoint reaches the engine stand-in with "serve ...".
+    # A stock image of vLLM >= 0.19 has no Ray (like the real one).
     out = _docker(sock, "run", "--rm", "--network", "none", IMAGES[0], "--help").stdout
-    assert out.startswith("fake-labvllm serve --help ray 2."), out
+    assert out.startswith("fake-labvllm serve --help ray absent"), out
     # The venv is the rootfs's own python, first on PATH.
     out = _docker(sock, "run", "--rm", "--network", "none", "--entrypoint", "python3", IMAGES[0],
-                  "-c", "import sys, ray; print(sys.executable, sys._base_executable)").stdout
+                  "-c", "import sys; print(sys.executable, sys._base_executable)").stdout
     assert out.split()[0] == "/opt/venv/bin/python3", out
     assert out.split()[1].startswith("/usr/bin/python3"), out
     # NGC name: no entrypoint, a full command.
     out = _docker(sock, "run", "--rm", "--network", "none", IMAGES[1], "vllm", "serve", "m").stdout
     assert out.startswith("fake-labvllm serve m"), out
-    # ray start / status work inside.
-    out = _docker(sock, "run", "--rm", "--network", "none", "--shm-size", "512m", IMAGES[1],
-                  "sh", "-c", "ray start --head --node-ip-address 127.0.0.1 --num-cpus 1 "
+    # NGC's images ship no Ray: `ray` is not found (127) and `import ray` fails.
+    r = subprocess.run([DOCKER, "-H", sock, "run", "--rm", "--network", "none", IMAGES[1], "sh", "-c",
+                        "ray --version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 127 and "not found" in r.stderr, r
+    r = subprocess.run([DOCKER, "-H", sock, "run", "--rm", "--network", "none", IMAGES[1], "python3", "-c",
+                        "import ray"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "No module named 'ray'" in r.stderr, r
+    # A third-party build keeps its Ray: ray start / status work inside.
+    out = _docker(sock, "run", "--rm", "--network", "none", "--shm-size", "512m", "--entrypoint", "sh",
+                  CUSTOM, "-c", "ray start --head --node-ip-address 127.0.0.1 --num-cpus 1 "
                   "--num-gpus 1 --disable-usage-stats >/dev/null && ray status && ray stop",
                   timeout=300).stdout
     assert "GPU" in out, out
@@ -413,3 +428,57 @@ def test_real_engine_in_image(netns, ns_registry, ns_dockerd):
                         "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "usage" in (r.stdout + r.stderr).lower()
+
+
+def test_which_lab_images_have_ray():
+    """Each catalog image maps to the lab image with Ray or the one without, as the real one is."""
+    catalog = image._load_catalog()
+    names = image.default_images(catalog)
+    assert image.RAY_IMAGE in names and image.NORAY_IMAGE in names
+
+    def has(name):
+        return image.has_ray(image.parse_ref(name), catalog)
+    assert has(image.RAY_IMAGE) and not has(image.NORAY_IMAGE)
+    for name in names:
+        ref = image.parse_ref(name)
+        if image.image_kind(ref, catalog) == "smoke":
+            continue
+        img = catalog.image(name)
+        if ref.host == "nvcr.io":
+            assert not has(name), name            # NVIDIA ships no Ray
+        elif ref.path == "vllm/vllm-openai" and img is not None and img.vllm_at_least("0.19") is not False:
+            assert not has(name), name            # stock >= v0.19 (or a newer moving tag)
+    assert not has("nvcr.io/nvidia/vllm:26.04-py3")
+    assert has("ghcr.io/aeon-7/vllm-dflash:latest")
+    old = image.parse_ref("vllm/vllm-openai:gemma4")    # v0.18.2: before Ray became optional
+    assert catalog.image("vllm/vllm-openai:gemma4").vllm == "0.18.2" and image.has_ray(old, catalog)
+
+
+def test_lab_image_versions_follow_the_catalog():
+    assert image.catalog_version("0.19.0") == "0.19.0"
+    assert image.catalog_version("0.23") == "0.23.0"
+    assert image.catalog_version(">=0.21") == "0.21.0"
+    assert image.catalog_version("<0.15.1") == "0.15.0"
+    assert image.catalog_version("<0.15.0") == "0.14.0"
+    assert image.catalog_version(None) is None
+
+
+@heavy
+def test_no_ray_layer_whites_out_exactly_rays_files(fake_engine):
+    base = image.ensure_base()
+    layer = image.noray_layer(base)
+    with tarfile.open(layer.path, "r:gz") as tar:
+        names = sorted(ti.name for ti in tar if ti.isfile())
+    site = f"opt/venv/lib/python{base.python}/site-packages"
+    assert f"{site}/.wh.ray" in names and "opt/venv/bin/.wh.ray" in names
+    assert any(n.startswith(f"{site}/.wh.ray-") and n.endswith(".dist-info") for n in names)
+    # nothing but whiteouts, and none of ray's dependencies
+    assert all(n.rsplit("/", 1)[-1].startswith(".wh.") for n in names)
+    assert not any("msgpack" in n or "protobuf" in n for n in names)
+    built = {b.ref.name: b for b in image.build_images(
+        ["nvcr.io/nvidia/vllm:26.04-py3", image.RAY_IMAGE], engine_dir=fake_engine)}
+    ngc = json.loads(built["nvcr.io/nvidia/vllm:26.04-py3"].config)["config"]["Labels"]
+    assert ngc["org.sparkprov.lab.ray"] == "absent" and ngc["org.sparkprov.lab.vllm"] == "0.19.0"
+    assert layer.digest in [x.digest for x in built["nvcr.io/nvidia/vllm:26.04-py3"].layers]
+    ray = json.loads(built[image.RAY_IMAGE].config)["config"]["Labels"]
+    assert ray["org.sparkprov.lab.ray"] == image.RAY_VERSION

@@ -8,7 +8,18 @@ import os
 import re
 import sys
 
-from . import VERSION
+from . import VERSION, version_tuple
+
+# Flags that appeared in a given vLLM version: an image whose vLLM is older rejects them
+# ("unrecognized arguments") and does not list them in `vllm serve --help=all`.
+# Native multi-node (torch.distributed across nodes, no Ray): vllm-project/vllm#23691, v0.12.0
+# (the version sparkprov.catalog records as NATIVE_MULTINODE_SINCE).
+FLAG_SINCE = {"--headless": (0, 9, 0), "--nnodes": (0, 12, 0), "--node-rank": (0, 12, 0),
+              "--master-addr": (0, 12, 0), "--master-port": (0, 12, 0)}
+
+
+def knows(flag: str, version: str = VERSION) -> bool:
+    return version_tuple(version) >= FLAG_SINCE.get(flag, (0, 0, 0))
 
 REASONING_PARSERS = ["deepseek_r1", "deepseek_v3", "ernie45", "glm45", "gpt_oss", "openai_gptoss",
                      "granite", "hunyuan_a13b", "kimi_k2", "minimax_m2", "minimax_m2_append_think",
@@ -81,6 +92,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                         usage="vllm serve [model_tag] [options]")
     B = argparse.BooleanOptionalAction
     p.add_argument("model_tag", nargs="?", help="The model tag to serve (optional if specified in config)")
+    if knows("--headless"):
+        p.add_argument("--headless", action="store_true", default=False,
+                       help="Run in headless mode: this node runs engine ranks only, no API server.")
     # Frontend
     f = p.add_argument_group("Frontend")
     f.add_argument("--host", default=None)
@@ -143,6 +157,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     pa.add_argument("--distributed-executor-backend", default=None,
                     choices=["ray", "mp", "uni", "external_launcher"])
     pa.add_argument("--enable-expert-parallel", action=B, default=False)
+    if knows("--nnodes"):
+        pa.add_argument("--nnodes", "-n", type=int, default=1,
+                        help="Number of nodes for multi-node distributed inference (mp executor).")
+        pa.add_argument("--node-rank", "-r", type=int, default=0,
+                        help="Rank of this node for multi-node distributed inference.")
+        pa.add_argument("--master-addr", default="127.0.0.1",
+                        help="Address of the master node (node rank 0) for multi-node inference.")
+        pa.add_argument("--master-port", type=int, default=29501,
+                        help="Port of the master node for multi-node inference.")
     pa.add_argument("--disable-custom-all-reduce", action=B, default=False)
     # Cache
     c = p.add_argument_group("CacheConfig")
@@ -183,8 +206,56 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return top, p
 
 
+HELP_TIP = ("Tip: Use `vllm [serve|run-batch|bench <bench_type>] --help=<keyword>` to explore "
+            "arguments from help.\n   - To view a argument group:     --help=ModelConfig\n"
+            "   - To view a single argument:    --help=max-model-len\n"
+            "   - To search by keyword:         --help=max\n   - To list all groups:           --help=listgroup\n"
+            "   - To view help with pager:      --help=page\n   - To show every option:         --help=all")
+
+
+def _groups(parser: argparse.ArgumentParser):
+    return [g for g in parser._action_groups if g._group_actions]
+
+
+def serve_help(parser: argparse.ArgumentParser, what: str | None) -> str:
+    """vLLM's `vllm serve --help[=all|=GROUP|=KEYWORD|=listgroup]` (FlexibleArgumentParser)."""
+    if what is None:
+        lines = [parser.format_usage().rstrip(), "", "positional arguments:",
+                 "  model_tag             The model tag to serve (optional if specified in config)", "",
+                 "options:", "  -h, --help            show this help message and exit", "",
+                 HELP_TIP]
+        return "\n".join(lines) + "\n"
+    if what == "all":
+        return parser.format_help()
+    groups = _groups(parser)
+    if what == "listgroup":
+        return "\n".join(["Available argument groups:"] + [f"  {g.title}" for g in groups]) + "\n"
+    for g in groups:
+        if g.title.lower() == what.lower():
+            fmt = parser._get_formatter()
+            fmt.start_section(g.title)
+            fmt.add_text(g.description)
+            fmt.add_arguments(g._group_actions)
+            fmt.end_section()
+            return fmt.format_help()
+    key = what.lower().lstrip("-").replace("_", "-")
+    hits = [a for a in parser._actions if any(key in o.lstrip("-") for o in a.option_strings)]
+    if not hits:
+        return f"No group or argument matching '{what}'.\n" + HELP_TIP + "\n"
+    fmt = parser._get_formatter()
+    fmt.start_section(f"Arguments matching '{what}'")
+    fmt.add_arguments(hits)
+    fmt.end_section()
+    return fmt.format_help()
+
+
 def parse(argv: list[str], logger):
     top, serve = build_parser()
+    if argv and argv[0] == "serve":
+        for a in argv[1:]:
+            if a in ("-h", "--help") or a.startswith("--help="):
+                sys.stdout.write(serve_help(serve, a.split("=", 1)[1] if "=" in a else None))
+                raise SystemExit(0)
     if argv and argv[0] == "serve":
         # vLLM moves `--model X` to the model_tag position (with a deprecation warning).
         for i, a in enumerate(argv):

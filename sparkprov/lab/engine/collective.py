@@ -66,8 +66,12 @@ class RingMember:
     def endpoint(self) -> tuple[str, int]:
         return self.addr, self.port
 
-    def run(self, peers: list, token: str, timeout: float = 30.0, bulk_bytes: int = 16 << 20) -> dict:
-        """Connect the ring, all-reduce, measure bandwidth. peers[i] = (ip, port) of rank i."""
+    def run(self, peers: list, token: str, timeout: float = 30.0, bulk_bytes: int = 16 << 20,
+            keep: bool = False) -> dict:
+        """Connect the ring, all-reduce, measure bandwidth. peers[i] = (ip, port) of rank i.
+
+        keep: the ring stays connected afterwards (the process group lives as long as the
+        engine): see watch()."""
         nxt = peers[(self.rank + 1) % self.world]
         send_sock = None
         result: dict = {}
@@ -143,11 +147,65 @@ class RingMember:
             dt = max(time.perf_counter() - t0, 1e-9)
             result = {"rank": self.rank, "addr": self.addr, "how": self.how, "ok": True,
                       "bytes": len(payload), "seconds": dt, "gbps": len(payload) * 8 / dt / 1e9}
+        except BaseException:
+            keep = False
+            raise
         finally:
-            send_sock.close()
-            recv_sock.close()
+            if keep:
+                self.send_sock, self.recv_sock = send_sock, recv_sock
+            else:
+                send_sock.close()
+                recv_sock.close()
             self.listener.close()
         return result
+
+    def watch(self, on_lost, interval: float = 1.0, timeout: float = 30.0) -> None:
+        """Keep the group alive: a heartbeat to the successor every `interval` seconds, one
+        expected from the predecessor within `timeout`. A torch.distributed group does not
+        re-admit a lost rank: the first failure (peer closed, reset, silent for `timeout`) calls
+        on_lost(message) once, with a Gloo-style message; the ring is then closed, so the
+        failure travels round the ring to every other rank."""
+        send_sock, recv_sock = self.send_sock, self.recv_sock
+        nxt, prv = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        fired = threading.Event()
+
+        def lost(msg):
+            if fired.is_set():
+                return
+            fired.set()
+            for s in (send_sock, recv_sock):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+            on_lost(msg)
+
+        def sender():
+            while not fired.is_set():
+                try:
+                    send_sock.sendall(b"\x01")
+                except OSError as e:
+                    return lost(f"[gloo/transport/tcp/pair.cc:598] Connection closed by peer (send to "
+                                f"rank {nxt}): {e.strerror or e}")
+                fired.wait(interval)
+
+        def receiver():
+            recv_sock.settimeout(timeout)
+            while not fired.is_set():
+                try:
+                    data = recv_sock.recv(4096)
+                except socket.timeout:
+                    return lost(f"[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting {timeout:g}s "
+                                f"for data from rank {prv}")
+                except OSError as e:
+                    return lost(f"[gloo/transport/tcp/pair.cc:534] Read error from rank {prv}: "
+                                f"{e.strerror or e}")
+                if not data:
+                    return lost(f"[gloo/transport/tcp/pair.cc:534] Connection closed by peer (rank {prv})")
+
+        for fn in (sender, receiver):
+            threading.Thread(target=fn, daemon=True, name=f"gloo-watch-{self.rank}-{fn.__name__}").start()
 
 
 def _recv_exact(sock, n: int) -> bytes:

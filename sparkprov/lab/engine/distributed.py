@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 
@@ -67,6 +68,10 @@ class RankWorker:
                 "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
                 "hf_home": os.environ.get("HF_HOME")}
 
+    def node_id(self) -> str:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
     def check_weights(self, spec: dict) -> dict:
         try:
             return _worker_check(spec)
@@ -77,8 +82,20 @@ class RankWorker:
         self.member = collective.RingMember(self.rank, self.world, fallback_ip)
         return self.member.endpoint()
 
-    def collective(self, peers: list, token: str, timeout: float, bulk: int) -> dict:
-        return self.member.run(peers, token, timeout, bulk)
+    def collective(self, peers: list, token: str, timeout: float, bulk: int, keep: bool = False) -> dict:
+        return self.member.run(peers, token, timeout, bulk, keep=keep)
+
+    def watch(self, interval: float, timeout: float) -> bool:
+        """Keep the ring connected and heartbeating (the group lives as long as the engine)."""
+        self.lost = None
+
+        def on_lost(msg):
+            self.lost = msg
+        self.member.watch(on_lost, interval, timeout)
+        return True
+
+    def group_state(self) -> dict:
+        return {"rank": self.rank, "lost": getattr(self, "lost", None)}
 
 
 def _collective_params():
@@ -156,8 +173,9 @@ def start_ray(world_size: int, spec: dict, logger) -> dict:
     try:
         nodes = ray.get([a.node.remote() for a in actors])
         for n in nodes:
-            logger.info("rank %d: node %s (ip %s, ray ip %s), GPU ids %s, GLOO_SOCKET_IFNAME=%s, HF_HOME=%s",
-                        n["rank"], n["host"], n["ip"], n["ray_ip"], n["gpus"], n["gloo_ifname"], n["hf_home"])
+            logger.info("rank %d: node %s (ip %s, ray ip %s, pid %d), GPU ids %s, GLOO_SOCKET_IFNAME=%s, "
+                        "HF_HOME=%s", n["rank"], n["host"], n["ip"], n["ray_ip"], n["pid"], n["gpus"],
+                        n["gloo_ifname"], n["hf_home"])
         if not any(n["ray_ip"] == driver_ip for n in nodes):
             raise EngineError("ValueError",
                               f"Ray does not allocate any GPUs on the driver node (ip {driver_ip}). Consider "
@@ -171,15 +189,56 @@ def start_ray(world_size: int, spec: dict, logger) -> dict:
                     endpoints[0][1], " -> ".join(f"{h}:{p}" for h, p in endpoints))
         ctimeout, bulk = _collective_params()
         token = uuid.uuid4().hex
-        results = ray.get([a.collective.remote(endpoints, token, ctimeout, bulk) for a in actors])
+        results = ray.get([a.collective.remote(endpoints, token, ctimeout, bulk, True) for a in actors])
+        ray.get([a.watch.remote(float(os.environ.get("LAB_ENGINE_HEARTBEAT_SECONDS", "1")),
+                                float(os.environ.get("LAB_ENGINE_GROUP_TIMEOUT", "30"))) for a in actors])
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if getattr(e, "cause", None) is not None else e
         raise EngineError("RuntimeError", f"{type(cause).__name__}: {cause}") from None
     except ray.exceptions.RayActorError as e:
         raise EngineError("RuntimeError", f"a Ray worker died: {e}") from None
     _report(logger, results, world_size)
+    node_ids = {}
+    try:
+        node_ids = {ray.get(a.node_id.remote()) for a in actors}
+    except Exception:  # noqa: BLE001
+        pass
     return {"backend": "ray", "placement_group": pg, "actors": actors,
-            "nodes": nodes, "results": results}
+            "nodes": nodes, "results": results, "node_ids": node_ids}
+
+
+def monitor_ray(cluster: dict, on_lost, interval: float = 1.0) -> None:
+    """Watch a Ray TP group for the engine's life (a thread): a rank's actor dying
+    (RayActorError), a node of the group leaving the Ray cluster, or a rank losing its ring
+    peer calls on_lost(message) once, as vLLM's engine core dies when its Ray workers do."""
+    import ray
+
+    actors, node_ids = cluster["actors"], cluster.get("node_ids") or set()
+
+    def loop():
+        while True:
+            time.sleep(interval)
+            try:
+                states = ray.get([a.group_state.remote() for a in actors], timeout=max(5.0, 5 * interval))
+            except ray.exceptions.RayActorError as e:
+                return on_lost(f"ray.exceptions.RayActorError: The actor died unexpectedly before finishing "
+                               f"this task. {str(e).splitlines()[0] if str(e) else ''}".rstrip())
+            except ray.exceptions.GetTimeoutError:
+                states = []
+            except Exception as e:  # noqa: BLE001 (the GCS itself went away)
+                return on_lost(f"{type(e).__name__}: {e}")
+            for st in states:
+                if st.get("lost"):
+                    return on_lost(f"RuntimeError: rank {st['rank']}: {st['lost']}")
+            try:
+                alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            except Exception as e:  # noqa: BLE001
+                return on_lost(f"{type(e).__name__}: lost the Ray cluster: {e}")
+            gone = node_ids - alive
+            if gone:
+                return on_lost(f"ray.exceptions.NodeDiedError: node(s) {sorted(gone)} of the placement group "
+                               f"died; {len(alive)} Ray node(s) left")
+    threading.Thread(target=loop, daemon=True, name="ray-group-monitor").start()
 
 
 # --------------------------------------------------------------------------- mp

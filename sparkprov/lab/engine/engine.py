@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from . import VERSION, distributed
@@ -242,15 +243,25 @@ def run(args, logger) -> int:
     if args.disable_log_requests:
         logger.warning("--disable-log-requests is deprecated and will be removed; request logging is "
                        "off unless --enable-log-requests is given.")
-    logger.info("vLLM API server version %s", VERSION)
+    headless = bool(getattr(args, "headless", False))
+    nnodes = getattr(args, "nnodes", 1)
+    if headless:
+        logger.info("vLLM version %s (headless: engine ranks only, no API server)", VERSION)
+    else:
+        logger.info("vLLM API server version %s", VERSION)
     logger.info("non-default args: %s", _nondefault(args))
-    try:
-        server = Server(args, logger)
-    except OSError as e:
-        logger.error("OSError: [Errno %s] error while attempting to bind on address (%r, %d): %s",
-                     e.errno, args.host or "0.0.0.0", args.port, e.strerror)
-        return 1
-    server.start()
+    server = None
+    if not headless:
+        try:
+            server = Server(args, logger)
+        except OSError as e:
+            logger.error("OSError: [Errno %s] error while attempting to bind on address (%r, %d): %s",
+                         e.errno, args.host or "0.0.0.0", args.port, e.strerror)
+            return 1
+        server.start()
+
+    def lost(msg: str) -> None:
+        _engine_dead(logger, server, msg)
     try:
         t0 = time.time()
         info = load_model(args.model, args.revision, args.download_dir, args.load_format, args.hf_overrides,
@@ -259,7 +270,12 @@ def run(args, logger) -> int:
         logger.info("Using max model len %d", cfg.max_model_len)
         world = args.tensor_parallel_size * args.pipeline_parallel_size
         backend = args.distributed_executor_backend
-        if world > 1 and backend in (None, "uni"):
+        if nnodes > 1:
+            if backend == "ray":
+                raise EngineError("ValueError", "--nnodes > 1 runs vLLM's multiprocessing executor across "
+                                  "nodes; it cannot be combined with --distributed-executor-backend ray.")
+            backend = "mp"
+        elif world > 1 and backend in (None, "uni"):
             backend = "ray" if world > distributed.local_gpu_count() else "mp"
         if backend == "uni" and world > 1:
             raise EngineError("ValueError", "The 'uni' executor backend supports world_size 1 only.")
@@ -281,10 +297,15 @@ def run(args, logger) -> int:
                     args.attention_backend or "auto", args.moe_backend, args.mm_encoder_tp_mode,
                     args.limit_mm_per_prompt, args.media_io_kwargs, args.allowed_local_media_path,
                     args.disable_custom_all_reduce)
-        if world > 1 and backend == "ray":
-            server.cluster = distributed.start_ray(world, spec, logger)
+        cluster = None
+        if nnodes > 1:
+            from .native import NativeGroup
+            cluster = NativeGroup(args, spec, logger, lost).start()
+        elif world > 1 and backend == "ray":
+            cluster = distributed.start_ray(world, spec, logger)
+            distributed.monitor_ray(cluster, lost)
         elif world > 1:
-            server.cluster = distributed.start_mp(world, spec, logger)
+            cluster = distributed.start_mp(world, spec, logger)
         else:
             load_model(args.model, args.revision, args.download_dir, args.load_format, args.hf_overrides)
         info_full = load_model(args.model, args.revision, args.download_dir, args.load_format, args.hf_overrides)
@@ -302,6 +323,8 @@ def run(args, logger) -> int:
         else:
             time.sleep(load_s * 0.2)
             logger.info("Graph capturing finished in %.0f secs", load_s * 0.2)
+        if server is not None:
+            server.cluster = cluster
         if args.async_scheduling:
             logger.info("Asynchronous scheduling is enabled.")
         logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds", time.time() - t0)
@@ -309,8 +332,17 @@ def run(args, logger) -> int:
         logger.error("EngineCore failed to start.")
         for line in str(e).splitlines():
             logger.error("%s", line)
-        server.stop()
+        if server is not None:
+            server.stop()
         return 1
+    if server is None:
+        logger.info("Headless node ready: engine rank(s) %s serve node rank 0's API server",
+                    [r["rank"] for r in (cluster or {}).get("results", [])])
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+        return 0
     server.set_ready(cfg)
     try:
         server.wait()
@@ -319,3 +351,28 @@ def run(args, logger) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _engine_dead(logger, server, msg: str) -> None:
+    """A rank of the engine is gone: vLLM's engine core dies and takes the API server (and
+    /health) with it; the process exits 1, so the container's restart policy decides what next."""
+    if server is not None:
+        server.ready = False
+    logger.error("EngineCore encountered a fatal error.")
+    for line in msg.splitlines():
+        logger.error("%s", line)
+    if server is not None:
+        logger.error("AsyncLLM output_handler failed.")
+        logger.error("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
+                     "trace (above) for the root cause.")
+        logger.info("Shutting down FastAPI HTTP server.")
+        try:
+            server.httpd.socket.close()
+        except OSError:
+            pass
+    for h in logger.handlers:
+        try:
+            h.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(1)
