@@ -203,6 +203,25 @@ class Runner:
             hr.dead = True
             self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line()))
 
+    def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
+        """The facts the host's tasks in the plays after `play` will read, as far as they can be
+        known before those plays run (a task whose arguments need exports is left to its play)."""
+        plays = self.playbook.plays
+        later = plays[plays.index(play) + 1:]
+        info = self._pre_info(hr)
+        out: list[Fact] = []
+        for p in later:
+            targets = self.inventory.resolve(p.hosts, where=p.where, what="play hosts")
+            if hr.host.name not in targets:
+                continue
+            live = [h for h in targets if h in self.runs]
+            for task in self._selected_tasks(p):
+                try:
+                    out += self._task_facts(p, hr, task, info, live) or []
+                except (SparkprovError, KeyError, ValueError):
+                    continue
+        return out
+
     def _pre_info(self, hr: HostRun) -> dict[str, str]:
         if hr.info:
             return hr.info

@@ -230,3 +230,21 @@ def test_batched_results_keep_task_order_and_ignore_errors_goes_on(setup, tmp_pa
     assert got == [("one", "changed"), ("already there", "ok"), ("may fail", "failed"), ("two", "changed")], got
     assert (tmp_path / "two").read_text() == "2"
     assert report.exit_code() == 2
+
+
+def test_gather_ahead_reads_every_play_in_one_call(setup, tmp_path):
+    """The commands built in code gather the facts of all their plays at first contact: with
+    nothing to do, two plays cost one remote call."""
+    inv, _ = setup
+    for name in ("a", "b"):
+        (tmp_path / name).write_text(name)
+    book = tmp_path / "two.yaml"
+    book.write_text("".join(f"""
+- name: play {name}
+  hosts: all
+  tasks:
+    - name: {name}
+      file: {{path: {tmp_path}/{name}, content: {name}}}
+""" for name in ("a", "b")))
+    assert run(inv, playbook=book).hosts["first"].remote_calls == 2  # a gather per play
+    assert run(inv, playbook=book, gather_ahead=True).hosts["first"].remote_calls == 1
