@@ -87,11 +87,11 @@ class VllmContainer(Module):
             changes.append(Change("unload Ollama models " + ", ".join(m["name"] for m in ollama) + " (G14)", "\n".join(
                 cmd("curl", "-sf", "-m", "60", "--noproxy", "*", "-X", "POST", "http://127.0.0.1:11434/api/generate",
                     "-H", "Content-Type: application/json", "-d", json.dumps({"model": m["name"], "keep_alive": 0}))
-                + " >/dev/null" for m in ollama), verify=False))
+                + " >/dev/null" for m in ollama)))
         if args.drop_caches:
             changes.append(Change("drop the page cache before the load (G15)",
                                   "docker rm -f " + quote(spec.name) + " >/dev/null 2>&1 || true\nsync\n"
-                                  "echo 3 > /proc/sys/vm/drop_caches", become=True, verify=False))
+                                  "echo 3 > /proc/sys/vm/drop_caches", become=True))
         serves = dep.serves_on(h)
         ready = ServeReady(spec.name, node.base_url(dep, host.vars), node.key_file(host.vars)) if serves else None
         predicted = {"access": True, "error": None, "containers": [c for c in cont["containers"] if c["name"] != spec.name

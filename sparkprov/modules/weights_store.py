@@ -88,18 +88,17 @@ class WeightsStore(Module):
                         exports=exports)
         changes = []
         checks = [verify.Check("staged" if f.status is Status.STAGED else "published", f.item) for f in hp.to_verify]
-        if checks or hp.links or hp.refs:
-            # links of files still to fetch are made when those arrive (publish phase)
-            links = [i for i in hp.links if i.rel not in {f.item.rel for f in hp.to_fetch}]
+        # links and refs are made once every file is there (the publish phase, or now when only
+        # they are missing): a ref never names a snapshot whose files are still to come
+        links, refs = ([], {}) if hp.to_fetch else (hp.links, hp.refs)
+        if checks or links or refs:
             what = []
             if checks:
                 what.append(f"hash {len(checks)} files ({human(sum(c.item.size for c in checks))}) and publish the good ones")
-            if links or hp.refs:
-                what.append(f"link {len(links)} snapshot paths" + (f", write {len(hp.refs)} refs" if hp.refs else ""))
-            if checks or links or hp.refs:
-                changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=hp.refs,
-                                                                      parallel=4),
-                                      touches=[facts.fact("store")], timeout=24 * 3600))
+            if links or refs:
+                what.append(f"link {len(links)} snapshot paths" + (f", write {len(refs)} refs" if refs else ""))
+            changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=refs, parallel=4),
+                                  touches=[facts.fact("store")], timeout=24 * 3600))
         msg = (f"{hp.summary()}; needs {human(hp.need_bytes)}" + (f", {human(hp.free)} free" if hp.free is not None
                                                                    else "")) if hp.to_fetch else ""
         return Plan(changes, msg=msg, exports=exports)

@@ -184,3 +184,14 @@ def test_check_mode_plans_the_same_changes_and_applies_nothing_here():
     """(The engine never applies in check mode; the plans say what would happen.)"""
     p = run(vllm_ready.VllmReady, {"deployment": DEP}, ready(status="absent", health=None), ctx(check=True))
     assert p.changes and p.failed is None
+
+
+def test_every_change_of_a_container_is_verified_so_rank0_exports_its_id():
+    """The other ranks name rank 0's container ID, which rank 0 exports from its re-plan after the
+    apply: a change that skipped verification would leave the ID out on the first run and
+    replace every other rank on the second."""
+    exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}}
+    values = {"containers": containers(), "smi": SMI, "ollama": {"models": [{"name": "m", "size": 1}]},
+              "fabric": fabric("spark1")}
+    p = run(vllm_container.VllmContainer, {"deployment": DEP, "unload_ollama": True}, values, ctx(exports=exports))
+    assert len(p.changes) == 3 and all(c.verify for c in p.changes)
