@@ -142,7 +142,13 @@ def test_check_mode_plans_and_transfers_nothing(setup):
     n = len(hub_hashes(setup, "stagetest/qwen-mini"))
     lab.ssh("spark2", f"rm -f {STORE}/hub/models--stagetest--qwen-mini/blobs/*")
     before = len(setup["server"].state.log)
+    read = f"find {STORE} -printf '%p %s %T@ %l\\n' 2>/dev/null | sort; docker ps -aq"
+    hosts_before = {h: lab.ssh(h, read).stdout for h in lab.names}
+    local_before = sorted((str(p), p.stat().st_size) for p in setup["store"].rglob("*") if p.is_file())
     rep, _, out = stage(setup, "stagetest/qwen-mini", check=True)
+    # read back with plain ssh: nothing anywhere changed, no container ran, nothing was fetched
+    assert {h: lab.ssh(h, read).stdout for h in lab.names} == hosts_before
+    assert sorted((str(p), p.stat().st_size) for p in setup["store"].rglob("*") if p.is_file()) == local_before
     assert f"would: send {n} files" in out and "to spark2" in out, out
     assert f"would: hash and publish {n} files as they arrive" in out, out
     assert rep.hosts["spark1"].changed == 0 and rep.hosts["spark2"].changed == 1 and rep.hosts["localhost"].changed == 1
