@@ -10,14 +10,16 @@ It yields findings; a rule may lower its own severity to a warning where two not
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
+from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.load import Catalog
-from sparkprov.catalog.memory import (HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token, kv_dtype_bytes,
-                                      plan_host, plan_model)
+from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token,
+                                      kv_dtype_bytes, plan_host, plan_model)
 from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
 from sparkprov.catalog.models import ResolvedRecipe
 
@@ -67,6 +69,17 @@ class Hit:
 class LintContext:
     catalog: Catalog
     colocated: tuple[Launch, ...] = ()  # other launches placed on the same host (G13)
+    flags_cache: str | None = None  # dir of cached `vllm serve --help=all` answers (knownflags)
+    image_digest: str | None = None  # the digest the host resolved the image to (preflight)
+
+    def flag_set(self, launch: Launch):
+        from sparkprov.catalog.knownflags import known_flags
+
+        ref = launch.image
+        if launch.image_info is not None:
+            return known_flags(launch.image_info, self.catalog, self.flags_cache, digest=self.image_digest
+                               or (ref.split("@", 1)[1] if "@" in ref else None))
+        return known_flags(ref, self.catalog, self.flags_cache, digest=self.image_digest)
 
 
 RULES: dict[str, Rule] = {}
@@ -95,6 +108,13 @@ def _is_upstream(repo: str) -> bool:
     return repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai")
 
 
+# The upstream tags of the CUDA 13 nightly track (001 §6 image table: :nightly / :cu130-nightly),
+# optionally dated or with a commit: matched whole, never by substring (`v0.11.0-nightly-fix` or
+# `my-cu130-test` are not the nightly track).
+_NIGHTLY_TAG = re.compile(r"^(cu130-)?nightly(-(\d{4}-\d{2}(-\d{2})?|\d{8}|[0-9a-f]{7,40}))?$")
+_RELEASE_TAG = re.compile(r"^v?\d+\.\d+(\.\d+)?(rc\d+)?$")
+
+
 def _cite(src) -> str:
     return src.cite() if hasattr(src, "cite") else str(src)
 
@@ -106,31 +126,78 @@ def _int(v: str | None) -> int | None:
         return None
 
 
+def runtime_weights_gib(recipe: ResolvedRecipe, quantization: str | None) -> float | None:
+    """Weights as loaded: a BF16 checkpoint quantized at load time (`--quantization fp8` on a
+    `fp8-runtime` recipe) holds one byte per parameter instead of two (002: the FP8 run of
+    Gemma-4-26B-A4B); everything else at its size on disk."""
+    if recipe.size_gb is None:
+        return None
+    gib = gb_to_gib(recipe.size_gb)
+    if recipe.traits.quant == "fp8-runtime" and (quantization or "").lower() == "fp8":
+        return gib / 2
+    return gib
+
+
 def plan_launch(launch: Launch) -> ModelPlan:
-    """The memory plan of one launch on its node (weights and KV split by TP)."""
+    """The memory plan of one launch on its node (weights and KV split by TP).
+
+    Measured figures win over the formula: a note's startup log gives the pool vLLM reported at a
+    utilization (the pool then moves GiB for GiB with the utilization: weights and overhead stay),
+    and its bytes per token; a recipe without its own figure uses a measured sibling of the same
+    architecture (`kv_sibling`). The config formula is the fallback (a lower bound for hybrids)."""
     r, tp = launch.recipe, launch.tp
     util = launch.number("--gpu-memory-utilization") or VLLM_DEFAULT_UTILIZATION
+    util = min(util, 1.0)
     kv_dtype = launch.value("--kv-cache-dtype") or "auto"
+    host_gib = launch.ctx.host_memory_gib
     m = r.kv_measured
     weights = None
     if m is not None and m.weights_gib is not None and tp == 1:
         weights = m.weights_gib
-    elif r.size_gb is not None:
-        weights = gb_to_gib(r.size_gb) / tp
+    else:
+        w = runtime_weights_gib(r, launch.value("--quantization"))
+        weights = None if w is None else w / tp
+
+    def dtype_ratio(measured) -> float | None:
+        try:
+            return kv_dtype_bytes(kv_dtype) / kv_dtype_bytes(measured.kv_cache_dtype)
+        except PlanError:
+            return None
+
     bpt: float | None = None
-    try:
-        same_dtype = m is not None and kv_dtype_bytes(m.kv_cache_dtype) == kv_dtype_bytes(kv_dtype)
-        if m is not None and same_dtype and tp == 1:
-            bpt = m.bytes_per_token
-        elif r.config and r.config.attention_layers and r.config.num_key_value_heads and r.config.head_dim:
-            bpt = kv_bytes_per_token(r.config.attention_layers, r.config.num_key_value_heads, r.config.head_dim,
-                                     kv_dtype, tp)
-    except PlanError:
-        bpt = None
-    return plan_model(r.alias, gpu_memory_utilization=min(util, 1.0), weights_gib=weights, bytes_per_token=bpt,
+    kv_pool: float | None = None
+    measured_tokens: int | None = None
+    same = m is not None and tp == 1 and dtype_ratio(m) == 1
+    if same:
+        bpt = m.bytes_per_token
+        if bpt is None and r.kv_sibling_measured is not None:
+            ratio = dtype_ratio(r.kv_sibling_measured)
+            bpt = r.kv_sibling_measured.bytes_per_token * ratio if ratio else None
+        if abs(util - m.gpu_memory_utilization) < 1e-9:
+            measured_tokens = m.pool_tokens
+            kv_pool = m.pool_gib if m.pool_gib is not None else (m.pool_tokens * bpt / GIB if bpt else None)
+        elif bpt:
+            base = m.pool_gib if m.pool_gib is not None else m.pool_tokens * bpt / GIB
+            kv_pool = base + (util - m.gpu_memory_utilization) * host_gib
+    if bpt is None and r.kv_sibling_measured is not None and tp == 1:
+        ratio = dtype_ratio(r.kv_sibling_measured)
+        if ratio:
+            bpt = r.kv_sibling_measured.bytes_per_token * ratio
+    if bpt is None:
+        try:
+            if r.config and r.config.attention_layers and r.config.num_key_value_heads and r.config.head_dim:
+                bpt = kv_bytes_per_token(r.config.attention_layers, r.config.num_key_value_heads, r.config.head_dim,
+                                         kv_dtype, tp)
+        except PlanError:
+            bpt = None
+    plan = plan_model(r.alias, gpu_memory_utilization=util, weights_gib=weights, bytes_per_token=bpt,
                       max_model_len=_int(launch.value("--max-model-len")),
-                      max_num_seqs=_int(launch.value("--max-num-seqs")),
-                      host_gib=launch.ctx.host_memory_gib)
+                      max_num_seqs=_int(launch.value("--max-num-seqs")), host_gib=host_gib,
+                      kv_pool_gib=kv_pool)
+    if measured_tokens is not None:
+        conc = measured_tokens / plan.max_model_len if plan.max_model_len else None
+        plan = replace(plan, pool_tokens=measured_tokens, concurrency=conc)
+    return plan
 
 
 def plan_launches(launches: list[Launch]) -> HostPlan:
@@ -147,7 +214,7 @@ def g1_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if _is_upstream(repo) and tag.startswith("gemma4") and "cu130" not in tag:
         return  # G3's case
     info = launch.image_info
-    stable = _is_upstream(repo) and (tag == "latest" or re.fullmatch(r"v?\d+\.\d+(\.\d+)?", tag) is not None)
+    stable = _is_upstream(repo) and (tag == "latest" or _RELEASE_TAG.match(tag) is not None)
     fix = "use vllm/vllm-openai:cu130-nightly (or :nightly) or nvcr.io/nvidia/vllm:26.04-py3"
     if info is not None and info.gb10 is False:
         yield Hit(f"{launch.recipe.image} does not run on GB10 (sm_121): failures look like model or flag problems",
@@ -163,7 +230,7 @@ def g1_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
             m = re.match(r"(\d\d)\.(\d\d)", tag)
             if m and (int(m[1]), int(m[2])) < (25, 12):
                 yield Hit(f"{launch.recipe.image} predates NGC's Spark support", "use nvcr.io/nvidia/vllm:26.04-py3")
-        elif not (_is_upstream(repo) and ("nightly" in tag or "cu130" in tag)):
+        elif not (_is_upstream(repo) and _NIGHTLY_TAG.match(tag)):
             yield Hit(f"sparkprov does not know whether {launch.recipe.image} runs on sm_121",
                       "add the image to an `images:` list with gb10: true and its source, or use a known image",
                       severity=WARNING)
@@ -173,7 +240,9 @@ def g1_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 def g2_entrypoint(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
     kind = image_entrypoint(r.image, launch.image_info)
-    if r.command == "full" and kind == "vllm-serve":
+    # With sparkprov's API-key wrapper the entrypoint is `sh` and the wrapper execs `vllm serve` itself:
+    # `command: full` then runs exactly one `vllm serve`, nothing to report.
+    if r.command == "full" and kind == "vllm-serve" and not launch.wrapped:
         yield Hit(f"{r.image} already has `vllm serve` as entrypoint; `command: full` runs `vllm serve vllm serve "
                   "MODEL` and fails with 'unrecognized arguments: serve'", "remove `command: full` (pass model + flags only)")
     elif r.command == "bare" and kind == "passthrough":
@@ -184,12 +253,71 @@ def g2_entrypoint(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   "set model.repo to the Hugging Face repo")
 
 
-@rule("G3", ERROR, "Gemma 4 needs the gemma4-cu130 image", "001 §7.2 Important", "001 §6")
+# Model families that need a given vLLM, as the notes say (checked where the image's version is known).
+FAMILY_MIN_VLLM = {
+    "gemma4": ("0.23", "001 §7.2 Important: Gemma 4 needs vllm/vllm-openai:gemma4-cu130 (or the 0.23 nightly track)"),
+    "qwen3.5": ("0.23", "001 §7.1.4: Needs a recent vLLM (build from main or current nightly) and Transformers 5+"),
+}
+METHOD_MIN_VLLM = {
+    "dflash": ("0.21", "001 §14.7: DFlash floor: vLLM >= 0.21.0 (AEON-7/Z-Lab image or nightly)"),
+    "mtp": ("0.19", "001 §14.7: MTP is fine on 0.19.0+"),
+}
+
+
+@rule("G3", ERROR, "the image's vLLM must be one the model (and its method) runs on", "001 §7.2 Important", "001 §6")
 def g3_gemma_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     repo, tag = _repo_tag(launch.recipe.image)
-    if _is_upstream(repo) and tag.startswith("gemma4") and "cu130" not in tag:
+    if _is_upstream(repo) and tag.startswith("gemma4") and "cu130" not in tag.split("-"):
         yield Hit(f"{launch.recipe.image} is v0.18.2-dev and crashes on sm121 with '[FP4 gemm Runner] Failed to run "
                   "cutlass FP4 gemm'", "use vllm/vllm-openai:gemma4-cu130")
+        return
+    r, info = launch.recipe, launch.image_info
+    if info is None or info.vllm is None:
+        return
+    need = FAMILY_MIN_VLLM.get(r.traits.family)
+    gemma_build = _is_upstream(repo) and tag.startswith("gemma4") and "cu130" in tag.split("-")
+    if need and not gemma_build and info.vllm_at_least(need[0]) is False:
+        yield Hit(f"{r.traits.family} on {r.image}, whose vLLM is {info.vllm}: the notes run it on vLLM "
+                  f">= {need[0]}", "use vllm/vllm-openai:nightly (or the image the model's recipe names)",
+                  sources=(need[1],))
+    spec = launch.speculative or {}
+    method = spec.get("method")
+    need = METHOD_MIN_VLLM.get(method) if isinstance(method, str) else None
+    if need and method != "dflash" and info.vllm_at_least(need[0]) is False:  # DFlash: G29 owns it
+        yield Hit(f"speculative method {method} on {r.image}, whose vLLM is {info.vllm}: it needs >= {need[0]}",
+                  "use an image with a newer vLLM", sources=(need[1],))
+
+
+@rule("G4", ERROR, "pin images; every flag must exist in the image's vLLM", "001 §6 image table")
+def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    info = launch.image_info
+    pinned = "@" in launch.image
+    if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
+        what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
+        yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",
+                  "pin it: `invoke images --pin --host H` or digest: sha256:... in an images: list",
+                  severity=WARNING,
+                  sources=tuple(dict.fromkeys(("001 §6 image table", _cite(info.source) if info else "001 §6"))))
+    fs = lc.flag_set(launch)
+    if fs is None:
+        return
+    if info is None:
+        from sparkprov.catalog.knownflags import infer_image
+
+        info = infer_image(launch.image)
+    version = (info.vllm if info is not None else None) or "?"
+    where = f"{launch.recipe.image} (vLLM {version}; {fs.describe()})"
+    for a in launch.vllm_args:
+        if a.flag is None:
+            continue
+        src = (_cite(a.source),)
+        if not fs.knows(a.flag):
+            hint = REPLACED.get(a.flag, "remove it, or use an image whose vLLM has it")
+            yield Hit(f"{a.flag} is not an option of the vLLM in {where}: vllm serve exits with "
+                      f"'unrecognized arguments'", hint, sources=src + ("001 §6 image table",))
+        elif fs.is_deprecated(a.flag):
+            yield Hit(f"{a.flag} is deprecated in the vLLM in {where}", REPLACED.get(a.flag, "drop it"),
+                      severity=WARNING, sources=src)
 
 
 @rule("G5", WARNING, "image needs a newer driver or CUDA forward compatibility", "001 §7.3.1")
@@ -214,6 +342,11 @@ def g5_driver(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 def g6_quantization(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     quant = launch.recipe.traits.quant
     q = launch.value("--quantization")
+    q = q.lower().replace("-", "_") if q else None
+    if q == "compressed_tensors":
+        q = "compressed-tensors"
+    if q == "modelopt_fp4":
+        q = "modelopt"
     if quant == "nvfp4-modelopt":
         if q is None:
             yield Hit("ModelOpt NVFP4 checkpoint without --quantization modelopt (NVIDIA's own Nemotron recipes "
@@ -231,13 +364,23 @@ def g6_quantization(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                       "drop --quantization (compressed-tensors is auto-detected)")
     elif quant == "mxfp4" and q not in (None, "mxfp4"):
         yield Hit(f"MXFP4 checkpoint with --quantization {q}", "use --quantization mxfp4 or drop it")
-    elif quant in ("fp8", "gptq-int4") and q in ("modelopt", "compressed-tensors", "mxfp4"):
-        yield Hit(f"{quant} checkpoint with --quantization {q}", "drop --quantization (auto-detected)")
-    elif quant == "fp8-runtime" and q != "fp8":
+    elif quant == "fp8" and q not in (None, "fp8"):
+        yield Hit(f"FP8 checkpoint with --quantization {q}: vLLM refuses a method the checkpoint's "
+                  "quantization_config does not name, or mis-loads the weights", "drop --quantization (auto-detected)")
+    elif quant == "gptq-int4" and q not in (None, "gptq", "gptq_marlin"):
+        yield Hit(f"GPTQ checkpoint with --quantization {q}", "drop --quantization (auto-detected) or use gptq_marlin")
+    elif quant == "bf16" and q not in (None, "fp8"):
+        yield Hit(f"an unquantized BF16 checkpoint with --quantization {q}: {q} reads pre-quantized weights that "
+                  "this checkpoint does not have", "drop --quantization, or --quantization fp8 to quantize at load")
+    elif quant == "fp8-runtime" and q not in ("fp8", None):
+        yield Hit(f"runtime FP8 of a BF16 checkpoint with --quantization {q}", "use --quantization fp8")
+    elif quant == "fp8-runtime" and q is None:
         yield Hit("runtime FP8 of a BF16 checkpoint needs --quantization fp8; without it the weights stay BF16",
                   "add --quantization fp8", severity=WARNING, sources=("002",))
 
 
+# 001 writes VLLM_MXFP4_BACKEND=marlin; the variable vLLM reads is VLLM_MXFP4_USE_MARLIN (vllm/envs.py).
+MXFP4_MARLIN_FIX = "set env VLLM_MXFP4_USE_MARLIN=1 (not VLLM_MXFP4_BACKEND, which vLLM does not know)"
 LEGACY_MOE_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_FLASHINFER_MOE_BACKEND")
 
 
@@ -253,6 +396,20 @@ def g7_fp4_moe(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if legacy and at23:
         yield Hit(f"{', '.join(legacy)} are ignored on vLLM 0.23+ ({r.image}) and log 'Unknown vLLM environment "
                   "variable'", "remove them and use --moe-backend marlin", severity=WARNING)
+    fs = lc.flag_set(launch)
+    said = {"VLLM_USE_FLASHINFER_MOE", "VLLM_MXFP4_BACKEND", *(legacy if at23 else ())}
+    for e in launch.env:
+        if not e.name.startswith("VLLM_") or e.name in said or fs is None or fs.knows_env(e.name) is not False:
+            continue
+        if info is None:
+            from sparkprov.catalog.knownflags import infer_image
+
+            info = infer_image(launch.image)
+        version = (info.vllm if info is not None else None) or "?"
+        yield Hit(f"{e.name} is not an environment variable of the vLLM in {r.image} (vLLM {version}; "
+                  f"{fs.describe()}): vLLM logs 'Unknown vLLM environment variable detected' and ignores it",
+                  "remove it, or use the flag or variable this vLLM has for the same setting",
+                  sources=(_cite(e.source), "001 §6 Caution"))
     if r.traits.moe and r.traits.quant in ("nvfp4-modelopt", "nvfp4-ct"):
         backend = launch.value("--moe-backend")
         if backend == "marlin":
@@ -270,17 +427,21 @@ def g7_fp4_moe(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         else:
             yield Hit("FP4 MoE on sm_121 needs --moe-backend marlin: no native FP4 MoE kernel, CUTLASS FP4 emits "
                       "garbage or fails", "add --moe-backend marlin", sources=("001 §6 Caution", "001 §7.2.2"))
+    if "VLLM_MXFP4_BACKEND" in env:
+        yield Hit("VLLM_MXFP4_BACKEND (001's spelling) is not a vLLM variable: vLLM logs 'Unknown vLLM environment "
+                  "variable' and ignores it, so MXFP4 does not take the Marlin path", MXFP4_MARLIN_FIX,
+                  sources=("001 §6 Note", "vLLM envs.py: VLLM_MXFP4_USE_MARLIN"))
     if r.traits.quant == "mxfp4":
-        if env.get("VLLM_MXFP4_BACKEND", "").lower() == "marlin":
+        if (env.get("VLLM_MXFP4_USE_MARLIN", "").lower() in ("1", "true")
+                or (launch.value("--moe-backend") or "").lower() == "marlin"):
             return
         custom = launch.value("--mxfp4-backend")
         if custom is not None:
             yield Hit(f"MXFP4 through --mxfp4-backend {custom}: 004's community image carries SM121 kernels for it; "
-                      "001 says MXFP4 needs VLLM_MXFP4_BACKEND=marlin on stock images",
+                      "001 says stock images need the Marlin MXFP4 path",
                       "keep it only on an image with SM121 MXFP4 kernels", severity=WARNING, sources=("001 §6", "004"))
         else:
-            yield Hit("MXFP4 on sm_121 needs the Marlin path", "set env VLLM_MXFP4_BACKEND=marlin",
-                      sources=("001 §6 Note",))
+            yield Hit("MXFP4 on sm_121 needs the Marlin path", MXFP4_MARLIN_FIX, sources=("001 §6 Note",))
 
 
 @rule("G8", WARNING, "smoke test must catch degenerate FP4 output", "001 §6 Note")
@@ -359,6 +520,19 @@ def g13_memory(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         yield Hit(problem.message, problem.fix)
 
 
+@rule("G18", ERROR, "a modeset=0 host caps the usable utilization", "002")
+def g18_modeset_cap(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    cap = launch.ctx.utilization_cap
+    if cap is None:
+        return
+    util = launch.number("--gpu-memory-utilization") or VLLM_DEFAULT_UTILIZATION
+    if util > cap + 1e-9:
+        yield Hit(f"--gpu-memory-utilization {util:g} on {launch.ctx.host}, whose kernel parameter modeset=0 caps "
+                  f"CUDA-visible memory near 62 GB: above {cap:g} vLLM asks for memory CUDA cannot see",
+                  f"lower --gpu-memory-utilization to {cap:g} (or remove modeset=0 from the kernel command line)",
+                  sources=("002: caps CUDA-visible memory at ~62 GB ... At 0.55 we get ~65.8 GB reserved",))
+
+
 @rule("G17", WARNING, "size the KV pool for the requests you serve", "001 §8")
 def g17_kv_pool(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
@@ -395,6 +569,15 @@ def g20_startup(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         yield Hit("no warm-up request: the first real request pays the JIT (~25-60 s)", "set startup.warmup: true")
 
 
+@rule("G21", WARNING, "a service must come back after a reboot", "002")
+def g21_restart_policy(launch: Launch, lc: LintContext) -> Iterator[Hit]:
+    policy = launch.recipe.docker.restart
+    if policy == "no":
+        yield Hit("restart policy `no`: after a reboot or a crash the model stays down",
+                  "use docker.restart: unless-stopped (sparkprov's default) or a systemd unit",
+                  sources=("002: Restart=always ... systemd unit", launch.recipe.source_of("docker").cite()))
+
+
 @rule("G22", ERROR, "the model store is sparkprov's", "001 §3")
 def g22_store(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if "HF_HOME" in launch.recipe.env:
@@ -408,9 +591,50 @@ def g24_offline(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if "HF_HUB_OFFLINE" in r.env:
         yield Hit("the recipe sets HF_HUB_OFFLINE; sparkprov always serves with HF_HUB_OFFLINE=1", "remove it from env")
     for cmd in r.pre_serve:
-        if cmd[0] in ("pip", "pip3", "apt-get", "apt", "curl", "wget", "uv") or cmd[:3] == ["python3", "-m", "pip"]:
-            yield Hit(f"`{' '.join(cmd)}` runs at every container start and needs the network",
-                      "bake it into a derived image for an offline fleet", sources=("001 §3 Tip", r.source_of("pre_serve").cite()))
+        for inner in _commands(cmd):
+            if _networked(inner):
+                via = "" if inner == cmd else f" (inside `{' '.join(cmd)[:60]}`)"
+                yield Hit(f"`{' '.join(inner)}`{via} runs at every container start and needs the network",
+                          "bake it into a derived image for an offline fleet",
+                          sources=("001 §3 Tip", r.source_of("pre_serve").cite()))
+
+
+_SHELLS = ("sh", "bash", "dash", "zsh", "/bin/sh", "/bin/bash", "/usr/bin/bash", "/usr/bin/env")
+_NET_TOOLS = ("pip", "pip3", "apt-get", "apt", "curl", "wget", "uv", "git", "hf", "huggingface-cli", "conda", "npm")
+
+
+def _commands(cmd: list[str], depth: int = 0) -> list[list[str]]:
+    """The simple commands an argv runs: itself, or what a `sh -c SCRIPT` runs (split on ; && || |
+    and newlines, nested shells followed). sparkprov's own API-key wrapper is not a recipe command
+    and never reaches here."""
+    import shlex as _shlex
+
+    words = cmd[1:] if cmd[0] == "/usr/bin/env" else cmd
+    if depth < 3 and words and words[0].rsplit("/", 1)[-1] in ("sh", "bash", "dash", "zsh"):
+        opts = [w for w in words[1:] if w.startswith("-")]
+        script = next((w for w in words[1:] if not w.startswith("-")), None)
+        if script is not None and any("c" in o for o in opts):
+            out: list[list[str]] = []
+            for part in re.split(r"&&|\|\||;|\||\n", script):
+                try:
+                    argv = _shlex.split(part)
+                except ValueError:
+                    argv = part.split()
+                while argv and "=" in argv[0] and not argv[0].startswith("-"):
+                    argv = argv[1:]  # VAR=value prefixes
+                if argv and argv[0] in ("exec", "sudo", "env"):
+                    argv = argv[1:]
+                if argv:
+                    out += _commands(argv, depth + 1)
+            return out
+    return [cmd]
+
+
+def _networked(argv: list[str]) -> bool:
+    name = argv[0].rsplit("/", 1)[-1]
+    if name in _NET_TOOLS:
+        return True
+    return name.startswith("python") and argv[1:3] == ["-m", "pip"]
 
 
 @rule("G26", ERROR, "gated models need a token and an accepted license", "001 §5")
@@ -453,6 +677,19 @@ def g28_reasoning(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   "set smoke.chat_template_kwargs: {enable_thinking: false}")
 
 
+# The keys of vLLM's SpeculativeConfig (vllm/config/speculative.py) a --speculative-config may hold.
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization",
+             "max_model_len", "revision", "code_revision", "disable_by_batch_size", "disable_padded_drafter_batch",
+             "prompt_lookup_max", "prompt_lookup_min", "speculative_token_tree", "enforce_eager",
+             "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+             "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "attention_backend",
+             "parallel_drafting", "draft_load_config", "target_model_config", "draft_model_config",
+             "moe_backend")  # moe_backend: 001 §7.1.1 boots it on 0.23.x ("moe_backend":"triton")
+SPEC_METHODS = frozenset({"ngram", "eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp",
+                          "mtp", "qwen3_next_mtp", "ernie_mtp", "glm4_moe_mtp", "longcat_flash_mtp", "mimo_mtp",
+                          "suffix", "dflash"})
+
+
 @rule("G29", ERROR, "speculative decoding settings", "001 §14.7", "002")
 def g29_speculative(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     spec = launch.speculative
@@ -462,6 +699,22 @@ def g29_speculative(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     method = spec.get("method")
     n = spec.get("num_speculative_tokens")
     kv = (launch.value("--kv-cache-dtype") or "").lower()
+    unknown = sorted(k for k in spec if k not in SPEC_KEYS)
+    if unknown:
+        close = {k: difflib.get_close_matches(k, SPEC_KEYS, n=1) for k in unknown}
+        hint = ", ".join(f"{k} -> {c[0]}" for k, c in close.items() if c)
+        yield Hit(f"--speculative-config has key(s) vLLM's SpeculativeConfig does not take: {', '.join(unknown)} "
+                  "(vLLM refuses the config at startup)", f"fix the key(s){': ' + hint if hint else ''}")
+    if method is not None and method not in SPEC_METHODS:
+        yield Hit(f"--speculative-config method {method!r} is not one vLLM knows ({', '.join(sorted(SPEC_METHODS))})",
+                  "use mtp, dflash, ngram, suffix, eagle3 or draft_model")
+    if method in ("ngram", "suffix") and "model" in spec:
+        yield Hit(f"{method} speculation is drafter-free: the \"model\" key is ignored or refused",
+                  "remove \"model\"", severity=WARNING, sources=("001 §14.7",))
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if method not in ("suffix",) or n is not None:
+            yield Hit(f"num_speculative_tokens {n!r}: a positive integer is required", "set num_speculative_tokens",
+                      sources=("001 §14.7",))
     if method == "draft_model":
         yield Hit("\"method\":\"draft_model\" runs the full model as drafter (002: mtp was +40%)",
                   "use \"method\":\"mtp\"", severity=WARNING, sources=("002",))
@@ -572,17 +825,37 @@ def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         yield Hit(f"TP={launch.tp} is not a size this recipe supports ({', '.join(map(str, r.tp_sizes))})",
                   f"use --tp {r.tp_sizes[0]}", sources=(r.source_of("tp_sizes").cite(),))
     n = launch.ctx.cluster_size
-    if n is not None and n != launch.tp:
-        yield Hit(f"TP={launch.tp} but the cluster has {n} node(s): one GPU per Spark",
-                  f"use --tp {n} or change the cluster")
+    pp = _int(launch.value("--pipeline-parallel-size")) or 1
+    gpus = launch.tp * pp  # one GPU per Spark: the group spans tp x pp nodes
+    if n is not None and n != gpus:
+        size = f"TP={launch.tp} x PP={pp} = {gpus} GPUs" if pp > 1 else f"TP={launch.tp}"
+        yield Hit(f"{size} but the cluster has {n} node(s): one GPU per Spark",
+                  f"use --tp {n // pp if pp > 1 and n % pp == 0 else n} or change the cluster")
+    info = launch.image_info
+    backend = launch.value("--distributed-executor-backend")
+    if launch.has("--nnodes") and info is not None and info.native_multinode is False:
+        yield Hit(f"vLLM's native multi-node executor on {launch.recipe.image} (vLLM {info.vllm}), which predates "
+                  "--nnodes/--node-rank/--master-addr", "use an image with vLLM >= 0.12, or the ray executor",
+                  sources=("vllm-project/vllm#23691",))
+    if gpus > 1 and backend == "ray" and info is not None and info.has_ray is False:
+        native = "native" in info.executors
+        yield Hit(f"the Ray executor on {launch.recipe.image}, which ships no Ray: a Ray head started in it exits "
+                  "127 ('ray: command not found'), and installing Ray at every start needs the network",
+                  "use vLLM's native multi-node executor (--nnodes/--node-rank/--master-addr)" if native else
+                  "bake Ray into a derived image", severity=WARNING,
+                  sources=("001 §6 image table", "vllm-project/vllm#33445"))
 
 
 # ---------------------------------------------------------------- running the rules
 
 def lint_launch(launch: Launch, *, catalog: Catalog, colocated: Iterable[Launch] = (),
-                only: Iterable[str] | None = None) -> list[Finding]:
-    """Every rule over one launch. Warnings named in the recipe's lint_ignore come back silenced."""
-    lc = LintContext(catalog=catalog, colocated=tuple(colocated))
+                only: Iterable[str] | None = None, flags_cache: str | None = None,
+                image_digest: str | None = None) -> list[Finding]:
+    """Every rule over one launch. Warnings named in the recipe's lint_ignore come back silenced.
+    `flags_cache`: the directory of cached `vllm serve --help=all` answers (knownflags.write_cache);
+    `image_digest`: the digest the host resolved the image to, to find its cached answer."""
+    lc = LintContext(catalog=catalog, colocated=tuple(colocated), flags_cache=flags_cache,
+                     image_digest=image_digest)
     wanted = set(only) if only is not None else None
     ignores = {i.rule: i.reason for i in launch.recipe.lint_ignore}
     out: list[Finding] = []

@@ -198,19 +198,20 @@ class ModelConfig(Strict):
 
 
 class KvMeasured(Strict):
-    """A startup log line from a note: the pool vLLM reported for this model."""
+    """A startup log line from a note: the pool vLLM reported for this model. `pool_gib` may be
+    missing where the note gives only the token count (002: "gives 1.6M token KV cache")."""
 
     kv_cache_dtype: str
     gpu_memory_utilization: float
-    pool_gib: float
+    pool_gib: float | None = None
     pool_tokens: int
     weights_gib: float | None = None
     max_model_len: int | None = None
     source: Source | None = None
 
     @property
-    def bytes_per_token(self) -> float:
-        return self.pool_gib * 1024**3 / self.pool_tokens
+    def bytes_per_token(self) -> float | None:
+        return None if self.pool_gib is None else self.pool_gib * 1024**3 / self.pool_tokens
 
 
 class ModelRef(Strict):
@@ -221,7 +222,7 @@ class ModelRef(Strict):
     revision: str = "main"
     local_dir: str | None = None
     path: str | None = None  # container path passed to vLLM instead of the repo id
-    arg: Literal["positional", "flag"] = "positional"  # `MODEL` or `--model MODEL`
+    arg: Literal["positional", "flag"] = "positional"  # accepted for old files; always rendered positional (--model is deprecated)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelRef":
@@ -240,7 +241,8 @@ class Traits(Strict):
     family: str
     moe: bool = False
     ssm_layers: list[Literal["gated_deltanet", "mamba2"]] = Field(default_factory=list)
-    quant: Literal["nvfp4-modelopt", "nvfp4-ct", "fp8", "fp8-runtime", "mxfp4", "gptq-int4", "bf16"]
+    # awq / unknown: imported recipes whose checkpoint format sparkprov cannot tell (G6 stays quiet)
+    quant: Literal["nvfp4-modelopt", "nvfp4-ct", "fp8", "fp8-runtime", "mxfp4", "gptq-int4", "bf16", "awq", "unknown"]
     mtp_heads: bool = False
     multimodal: bool = False
     thinking: Literal["on", "off", "none"] = "none"  # default thinking mode of the chat template
@@ -342,19 +344,41 @@ class NoteCommand(Strict):
     source: Source | None = None
 
 
+# vLLM's own multi-node launch (`--nnodes/--node-rank/--master-addr/--master-port/--headless`, the
+# multiprocessing executor across nodes) came with vllm-project/vllm#23691, merged 2025-11-14; the
+# first release cut after it is v0.12.0 (counted from there, conservatively).
+NATIVE_MULTINODE_SINCE = "0.12.0"
+# Ray became optional in vLLM (vllm-project/vllm#33445, #33351): stock vllm/vllm-openai images ship
+# no Ray since v0.19; NGC's vLLM images ship none (001 §6: the cluster scripts pip install it).
+STOCK_RAY_DROPPED = "0.19.0"
+UNPINNED = "unpinned"
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
 class Image(Strict):
     """A container image and what sparkprov knows about it (G1-G5)."""
 
     ref: str  # repo:tag
-    digest: str | None = None  # sha256:... where known
+    # sha256:... where a source gives one; `unpinned` says explicitly that none is known (G4 warns)
+    digest: str | None = None
+    digest_source: Source | None = None  # where the digest came from (a note, `invoke images --pin`)
+    ray: bool | None = None  # ships Ray; None: derived (stock < 0.19: yes; NGC, stock >= 0.19: no)
     entrypoint: Literal["vllm-serve", "passthrough", "custom"]
     vllm: str | None = None  # vLLM version it carries, where known ("0.19.0", "0.23")
     gb10: bool | None = None  # True: known to run on sm_121; False: known not to; None: unknown
     moving: bool = False  # the tag moves (nightly/latest): pin a digest (G4)
     min_driver: str | None = None
     features: list[Literal["dflash-quantized", "interleaved-swa"]] = Field(default_factory=list)
+    flags: str | None = None  # recorded serve-option set (sparkprov/catalog/flags/NAME.txt); default: by vllm
     source: Source
     notes: str = ""
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", v):
+            raise ValueError("flags names a recorded set such as vllm-0.19 or mxfp4-community")
+        return v
 
     @field_validator("vllm")
     @classmethod
@@ -381,9 +405,58 @@ class Image(Strict):
             raise ValueError("ref is repo:tag (put a digest in `digest:`)")
         return v
 
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and v != UNPINNED and not DIGEST_RE.match(v):
+            raise ValueError("digest is sha256:<64 hex digits>, or `unpinned` where no source gives one")
+        return v
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.digest is not None and self.digest != UNPINNED
+
     @property
     def pinned(self) -> str:
-        return f"{self.ref}@{self.digest}" if self.digest else self.ref
+        """repo:tag@sha256:... when pinned, else repo:tag."""
+        return f"{self.ref}@{self.digest}" if self.is_pinned else self.ref
+
+    @property
+    def repo(self) -> str:
+        return self.ref.rsplit(":", 1)[0]
+
+    @property
+    def vllm_version(self) -> str | None:
+        """The vLLM version it carries ("0.19.0"), a floor (">=0.21"), a ceiling ("<0.15.1") or None."""
+        return self.vllm
+
+    @property
+    def has_ray(self) -> bool | None:
+        """Whether the image ships Ray (`ray` in the catalog, else derived; None: unknown)."""
+        if self.ray is not None:
+            return self.ray
+        if self.repo == "nvcr.io/nvidia/vllm":
+            return False
+        if self.repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai"):
+            newer = self.vllm_at_least(STOCK_RAY_DROPPED)
+            return None if newer is None else not newer
+        return None
+
+    @property
+    def native_multinode(self) -> bool | None:
+        """Whether its vLLM has `--nnodes/--node-rank/--master-addr/--master-port/--headless`."""
+        return self.vllm_at_least(NATIVE_MULTINODE_SINCE)
+
+    @property
+    def executors(self) -> tuple[str, ...]:
+        """The multi-node executors it can run: `native` (vLLM's own) and/or `ray`. Only what the
+        catalog knows: an image whose vLLM or Ray is unknown lists neither for that part."""
+        out: list[str] = []
+        if self.native_multinode:
+            out.append("native")
+        if self.has_ray:
+            out.append("ray")
+        return tuple(out)
 
 
 def _ver(text: str) -> tuple[int, ...]:
@@ -405,6 +478,9 @@ class Recipe(Strict):
     traits: dict[str, Any] | None = None  # Traits
     config: dict[str, Any] | None = None  # ModelConfig
     kv_measured: dict[str, Any] | None = None  # KvMeasured
+    # a recipe of the same architecture whose measured KV bytes per token this one uses (hybrid
+    # models: the config formula is only a lower bound, see memory.py)
+    kv_sibling: str | None = None
     image: str | None = None
     command: Literal["bare", "full"] | None = None  # how the image takes vllm serve (G2); default: the image's
     pre_serve: list[list[str]] | None = None  # commands run in the container before vllm serve (argv lists)
@@ -477,6 +553,8 @@ class ResolvedRecipe(Strict):
     traits: Traits
     config: ModelConfig | None
     kv_measured: KvMeasured | None
+    kv_sibling: str | None = None
+    kv_sibling_measured: KvMeasured | None = None  # the sibling's figure (filled in by load_catalog)
     image: str
     command: Literal["bare", "full"] | None
     pre_serve: list[list[str]]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from typing import Any, ClassVar, Literal, Mapping
 
@@ -42,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
+from sparkprov.defaults import (API_KEY_FILE, COMPILE_CACHE, MASTER_PORT, MODEL_STORE, SERVE_BIND, SERVE_PORT,
+                                expand_home, host_setting)
 from sparkprov.errors import InputError
 
 KEY_PATH = "/run/secrets/sparkprov_api_key"
@@ -56,12 +59,15 @@ SRC_TP = Source(note="001", where="§13", quote="--tensor-parallel-size = number
 SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
 SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
 SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
+SRC_NATIVE = Source(note="sparkprov", where="vLLM multi-node without Ray",
+                    quote="vllm serve ... --nnodes N --node-rank R --master-addr ADDR --master-port PORT; ranks > 0 "
+                          "--headless (vllm-project/vllm#23691)")
 SRC_KEY = Source(note="001", where="§14.4", quote="make a PERSISTENT API key (G31); passed as a 0600 file")
 
 
 # The API key file when the inventory sets no api_key_file: in the login user's home on the head,
 # the same for `invoke recipe --host H` and `invoke cluster-up` (sparkprov.cluster.hosts uses it).
-DEFAULT_API_KEY_FILE = "~/.config/sparkprov/api_key"
+DEFAULT_API_KEY_FILE = API_KEY_FILE
 
 
 class HostServeContext(BaseModel):
@@ -71,16 +77,25 @@ class HostServeContext(BaseModel):
 
     host: str = "localhost"
     host_known: bool = False  # False: no host given; rules that need the host's facts stay silent
-    model_store: str = "/var/lib/sparkprov/models"
-    compile_cache: str = "/var/lib/sparkprov/vllm-compile-cache"
-    bind_host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    # Without a host these are the shared defaults (sparkprov.defaults), `~/` meaning the login
+    # user's home there; Launch.shell() writes them as "$HOME"/... so a pasted command works.
+    model_store: str = MODEL_STORE
+    compile_cache: str = COMPILE_CACHE
+    bind_host: str = SERVE_BIND
+    port: int = Field(default=SERVE_PORT, ge=1, le=65535)
     api_key_file: str | None = DEFAULT_API_KEY_FILE  # ~/: the login user's home (from_host_vars expands it)
     container_name: str | None = None  # default: sparkprov-ALIAS
     fabric_ifaces: list[str] = Field(default_factory=list)  # e.g. enp1s0f1np1,enP2p1s0f1np1
     ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
     node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
+    utilization_cap: float | None = Field(default=None, gt=0, le=1)  # G18: modeset=0 cap from gpu_check
     cluster_size: int | None = Field(default=None, ge=1)  # nodes in the TP group
+    # multi-node executor for tp > 1: "ray" (today's default) or "native" (vLLM's own: --nnodes,
+    # --node-rank, --master-addr, --master-port; ranks > 0 --headless). See Image.executors.
+    executor: Literal["ray", "native"] | None = None
+    node_rank: int = Field(default=0, ge=0)  # native: this node's rank (0 serves the API)
+    master_addr: str | None = None  # native: rank 0's fabric address
+    master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     driver_version: str | None = None
     hf_token_available: bool | None = None  # None: not known here
     other_services_gib: float = 0.0
@@ -92,6 +107,8 @@ class HostServeContext(BaseModel):
     def _abs(cls, v: str | None, info) -> str | None:
         if info.field_name == "api_key_file" and v == DEFAULT_API_KEY_FILE:
             return v  # no host known: shown as the login user's ~ path
+        if v is not None and v.startswith("~/") and not info.data.get("host_known"):
+            return v.rstrip("/")  # no host known: the login user's home (Launch.shell() writes "$HOME")
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path")
         return v.rstrip("/") or "/" if v else v
@@ -101,7 +118,7 @@ class HostServeContext(BaseModel):
         "serve_port": "port", "api_key_file": "api_key_file", "fabric_ifaces": "fabric_ifaces",
         "ib_hcas": "ib_hcas", "fabric_ip": "node_ip", "driver_version": "driver_version",
         "other_services_gib": "other_services_gib", "host_memory_gib": "host_memory_gib",
-        "min_headroom_gib": "min_headroom_gib",
+        "min_headroom_gib": "min_headroom_gib", "max_gpu_memory_utilization": "utilization_cap",
     }
 
     @classmethod
@@ -113,6 +130,9 @@ class HostServeContext(BaseModel):
         data: dict[str, Any] = {"host": host, "host_known": True}
         if "api_key_file" not in variables and home:
             data["api_key_file"] = home.rstrip("/") + DEFAULT_API_KEY_FILE[1:]
+        for var in ("model_store", "compile_cache"):  # unset: the shared default, in this host's home
+            if variables.get(var) is None and home:
+                data[var] = expand_home(host_setting({}, var), home)
         for var, fld in cls.VARS.items():
             if var in variables and variables[var] is not None:
                 value = variables[var]
@@ -244,12 +264,32 @@ class Launch(BaseModel):
         return [w for a in self.vllm_args for w in a.argv()]
 
     def shell(self) -> str:
-        """The command for a person to read or paste (each word quoted)."""
-        return shlex.join(self.argv)
+        """The command for a person to read or paste (each word quoted). A path under the login
+        user's home (`~/...`, rendered without a host) is written "$HOME"/... so that the shell
+        expands it: docker refuses a literal `~` in `-v` and vLLM would take it literally."""
+        return " ".join(_shell_word(w) for w in self.argv)
 
     @property
     def recipe_hash(self) -> str:
         return self.labels["sparkprov.recipe_hash"]
+
+    def replace_argvs(self) -> list[list[str]]:
+        """How to (re)start this launch where a container of the same name may run (G19: `docker
+        restart` keeps the old CUDA context; stop and remove it, then run anew). Between the
+        removal and the run the caller checks the memory other runtimes hold (G13/G14)."""
+        return [["docker", "stop", "--time", "60", self.container_name],
+                ["docker", "rm", "--force", self.container_name],
+                list(self.argv)]
+
+
+_HOME_RE = re.compile(r"(?:(?<=^)|(?<=[:=]))~(?=/)")
+
+
+def _shell_word(word: str) -> str:
+    parts = _HOME_RE.split(word)
+    if len(parts) == 1:
+        return shlex.quote(word)
+    return '"$HOME"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
 def _wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
@@ -304,12 +344,9 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
 
     # ---- vLLM arguments, in the note's order ----
+    # Always positional (`vllm serve MODEL`): --model is deprecated for `vllm serve`.
     model_src = recipe.source_of("model")
-    args: list[Arg] = []
-    if recipe.model.arg == "positional":
-        args.append(Arg(flag=None, value=recipe.model.served_ref, source=model_src))
-    else:
-        args.append(Arg(flag="--model", value=recipe.model.served_ref, source=model_src))
+    args: list[Arg] = [Arg(flag=None, value=recipe.model.served_ref, source=model_src)]
     for f in recipe.args:
         value = render_value(f.value)
         if value is not None:
@@ -326,6 +363,9 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     for flag, value in (overrides or {}).items():
         if not isinstance(flag, str) or not flag.startswith("--"):
             raise InputError(f"override {flag!r} is not a long option", fix="write it as --flag-name")
+        if flag == "--model":
+            raise InputError("override --model: the model is vllm serve's positional argument",
+                             fix="pick another recipe alias, or extend this one with another model.repo")
         if value is None or value is False:
             args = [a for a in args if a.flag != flag]
         else:
@@ -334,7 +374,20 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     if tp != 1 or current_tp is not None:
         if current_tp != str(tp):
             put("--tensor-parallel-size", str(tp), SRC_TP, "tp")
-    if tp > 1 and not any(a.flag == "--distributed-executor-backend" for a in args):
+    pp_arg = next((a.value for a in args if a.flag == "--pipeline-parallel-size"), None)
+    pp = int(pp_arg) if pp_arg and pp_arg.isdigit() else 1
+    if tp * pp > 1 and ctx.executor == "native":
+        if not ctx.master_addr:
+            raise InputError("the native multi-node executor needs master_addr (rank 0's fabric address)",
+                             fix="set fabric_ip on the head host, or use the ray executor")
+        put("--distributed-executor-backend", "mp", SRC_NATIVE, "tp")
+        put("--nnodes", str(ctx.cluster_size or tp * pp), SRC_NATIVE, "tp")
+        put("--node-rank", str(ctx.node_rank), SRC_NATIVE, "tp")
+        put("--master-addr", ctx.master_addr, SRC_NATIVE, "tp")
+        put("--master-port", str(ctx.master_port), SRC_NATIVE, "tp")
+        if ctx.node_rank > 0:
+            put("--headless", None, SRC_NATIVE, "tp")
+    elif tp > 1 and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")

@@ -113,18 +113,32 @@ def _print_launch(launch: Launch) -> None:
     con.print(t)
     plan = plan_launch(launch)
     print(f"memory: {plan.summary()}")
+    info = launch.image_info
+    if info is not None:
+        print(f"image: {info.ref}: vLLM {info.vllm or '?'}, digest {info.digest or 'unpinned'}, multi-node executors "
+              f"{', '.join(info.executors) or 'none known'}")
     if launch.wrapped:
         print("entrypoint: sparkprov's sh wrapper (API key read from a mounted 0600 file into vLLM's environment)")
     for corr in launch.recipe.corrections:
         print(f"correction: {corr.what}: {corr.reason}")
 
 
-@task(help={"alias": "the model alias (see `invoke models`)", "tp": TP_HELP, "host": HOST_HELP,
-            "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
-            "argv": "print the docker argv as JSON (one list) instead of the annotated view"},
+@task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP,
+            "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
+            "argv": "print the docker argv as JSON (one list) instead of the annotated view",
+            "file": "with `import`: a recipe of eugr/spark-vllm-docker or sparkrun/spark-pulse (recipe_version 2)",
+            "out": "with `import`: the user recipe file to write (default: imported-ALIAS.yaml)",
+            "name": "with `import`: the alias to give it (default: from the recipe's name)",
+            "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
-def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False):
-    """Print the exact container command sparkprov would run, with every flag and where it came from."""
+def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
+           variant=None):
+    """Print the exact container command sparkprov would run, with every flag and where it came from.
+    `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
+    if alias == "import":
+        if not file:
+            raise Exit("recipe import needs --file FILE (a recipe of eugr/spark-vllm-docker or sparkrun)", code=2)
+        return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
     try:
@@ -149,6 +163,7 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False):
       iterable=["recipes"], positional=["alias"])
 def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
     """Preflight checks over the rendered launch: one line per finding; errors exit non-zero."""
+    from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.lint import errors, lint_launch
     from sparkprov.catalog.render import render_launch
 
@@ -165,7 +180,7 @@ def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None,
             for o in [x.strip() for x in (colocate or "").split(",") if x.strip()]:
                 ro = cat.get(o)
                 others.append(render_launch(ro, ctx, min(ro.tp_sizes), catalog=cat))
-            findings += lint_launch(launch, catalog=cat, colocated=others)
+            findings += lint_launch(launch, catalog=cat, colocated=others, flags_cache=str(default_cache_dir()))
     except SparkprovError as exc:
         raise _fail(exc)
     shown = [f for f in findings if show_silenced or not f.silenced]
@@ -177,5 +192,120 @@ def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None,
     if silenced:
         summary += f", {silenced} silenced"
     print(summary, file=sys.stderr)
+    if n_err:
+        raise Exit(code=1)
+
+
+@task(help={"recipes": RECIPES_HELP, "plain": "tab-separated output instead of a table (for scripts)",
+            "host": "resolve each image's tag to the digest it has on this inventory host (docker image inspect)",
+            "inventory": INVENTORY_HELP,
+            "pin": "with --host: write the resolved digests as a user recipe file (see --out)",
+            "out": "the file --pin writes (default: images-pinned.yaml); load it with --recipes",
+            "flags": "with --host: also ask each present image's vLLM for its options (`vllm serve --help=all`) "
+                     "and cache them per digest on this machine (what lint checks flags against)"},
+      iterable=["recipes"])
+def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, out="images-pinned.yaml",
+           flags=False):
+    """List the catalog's images: vLLM version, digest, multi-node executors, Ray, flag set, recipes."""
+    from sparkprov.catalog.images import image_rows
+
+    try:
+        cat = _catalog(recipes)
+    except SparkprovError as exc:
+        raise _fail(exc)
+    rows = image_rows(cat)
+    resolved: dict[str, str] = {}
+    if host:
+        resolved = _resolve_on_host(cat, host, inventory, flags)
+    cols = ("image", "vLLM", "digest", "executors", "ray", "gb10", "flag set", "recipes")
+    if host:
+        cols += (f"digest on {host}",)
+    table_rows = [r.cells() + ((resolved.get(r.ref, "not present"),) if host else ()) for r in rows]
+    if plain:
+        for row in table_rows:
+            print("\t".join(row))
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"sparkprov images ({len(rows)})")
+        for col in cols:
+            t.add_column(col, overflow="fold")
+        for row in table_rows:
+            t.add_row(*row)
+        _console().print(t)
+    if pin:
+        if not host:
+            raise Exit("images --pin needs --host (the digests are the ones the host pulled)", code=2)
+        from pathlib import Path
+
+        from sparkprov.catalog.images import pinned_images_yaml
+
+        Path(out).write_text(pinned_images_yaml(cat, resolved, host=host))
+        print(f"pinned {len(resolved)} image(s) into {out}; use it with --recipes {out}", file=sys.stderr)
+
+
+def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool) -> dict[str, str]:
+    from sparkprov.catalog.images import digest_script, help_script, parse_digests
+    from sparkprov.catalog.knownflags import default_cache_dir, write_cache
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.run import make_transport
+
+    try:
+        inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+        name = host if host in inv.hosts else inv.resolve(host, what="--host")[0]
+        t = make_transport(inv.hosts[name], False)
+        t.connect()
+    except SparkprovError as exc:
+        raise _fail(exc)
+    try:
+        res = t.run_script(digest_script(list(cat.image_table)))
+        resolved = parse_digests(res.stdout)
+        if flags:
+            for ref, digest in resolved.items():
+                h = t.run_script(help_script(f"{ref}"), timeout=300)
+                try:
+                    path = write_cache(default_cache_dir(), digest, h.stdout, image=ref,
+                                       vllm_version=cat.image_table[ref].vllm)
+                    print(f"{ref}: options cached in {path}", file=sys.stderr)
+                except ValueError as exc:
+                    print(f"{ref}: {exc}", file=sys.stderr)
+    finally:
+        t.close()
+    return resolved
+
+
+@task(help={"file": "a recipe of eugr/spark-vllm-docker or the recipe_version \"2\" YAML of sparkrun/spark-pulse",
+            "out": "the user recipe file to write (default: imported-ALIAS.yaml)",
+            "name": "the alias to give it (default: from the recipe's name)",
+            "variant": "a sparkrun variant to apply (variants: in the file)"})
+def recipe_import(c, file, out=None, name=None, variant=None):
+    """Convert another tool's recipe into a sparkprov user recipe file and lint it with the G-rules:
+    one line per finding (and per thing that did not carry over); errors exit non-zero."""
+    from sparkprov.catalog.importer import import_file, lint_imported
+    from sparkprov.catalog.knownflags import default_cache_dir
+    from sparkprov.catalog.lint import errors
+
+    try:
+        imp = import_file(file, alias=name, variant=variant)
+    except (ValueError, OSError) as exc:
+        raise Exit(f"{file}: {exc}", code=2)
+    path = out or f"imported-{imp.alias}.yaml"
+    from pathlib import Path
+
+    Path(path).write_text(imp.yaml_text(str(file)))
+    try:
+        launch, findings = lint_imported(path, imp.alias, flags_cache=str(default_cache_dir()))
+    except SparkprovError as exc:
+        raise _fail(exc)
+    print(f"{file} ({imp.fmt}) -> {path}: recipe {imp.alias}", file=sys.stderr)
+    for p in imp.problems:
+        print(f"NOT IMPORTED {imp.alias}: {p}")
+    for f in findings:
+        if not f.silenced:
+            print(f.line())
+    n_err = len(errors(findings))
+    n_warn = len([f for f in findings if f.severity == "WARNING" and not f.silenced])
+    print(f"{imp.alias}: {n_err} error(s), {n_warn} warning(s), {len(imp.problems)} not imported; "
+          f"use it with --recipes {path}", file=sys.stderr)
     if n_err:
         raise Exit(code=1)

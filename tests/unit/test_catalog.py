@@ -282,3 +282,72 @@ def test_catalog_smoke_spec_detects_degenerate_output():
     assert any("G8" in p for p in smoke.check("!!!!!!!!"))
     assert any("G8" in p for p in smoke.check(""))
     assert degenerate("!!!!") and not degenerate("204")
+
+
+# ---- positional model, shared defaults, a pasteable command (issue 13)
+
+def test_catalog_every_render_passes_the_model_positionally():
+    from sparkprov.catalog.knownflags import REPLACED
+
+    cat = load_catalog()
+    for r in cat.recipes.values():
+        for tp in r.tp_sizes:
+            launch = render_launch(r, HostServeContext(), tp, catalog=cat)
+            assert launch.vllm_args[0].flag is None and launch.vllm_args[0].value == r.model.served_ref
+            assert not launch.has("--model"), r.alias
+            # no removed or deprecated option in any catalog recipe
+            assert not [a.flag for a in launch.vllm_args if a.flag in REPLACED], r.alias
+            serve = launch.argv.index("serve") if "serve" in launch.argv else None
+            tail = launch.argv[serve + 1:] if serve is not None else launch.argv[launch.argv.index(launch.image) + 1:]
+            assert tail[0] == r.model.served_ref
+
+
+def test_catalog_override_of_model_is_refused():
+    cat = load_catalog()
+    with pytest.raises(InputError, match="positional"):
+        render_launch(cat.get("qwen3.6-27b"), HostServeContext(), 1, {"--model": "x"}, catalog=cat)
+
+
+def test_catalog_render_without_host_uses_shared_defaults_and_pastes_into_a_shell():
+    import shlex
+
+    from sparkprov.defaults import API_KEY_FILE, COMPILE_CACHE, MODEL_STORE
+
+    cat = load_catalog()
+    launch = render_launch(cat.get("qwen3.6-27b"), HostServeContext(), 1, catalog=cat)
+    assert (launch.ctx.model_store, launch.ctx.compile_cache, launch.ctx.api_key_file) == (
+        MODEL_STORE, COMPILE_CACHE, API_KEY_FILE)
+    text = launch.shell()
+    assert "'~" not in text and "~/" not in text
+    words = shlex.split(text.replace('"$HOME"', "/home/u"))  # what the shell hands docker
+    assert "/home/u/vllm:/home/u/vllm" in words and "HF_HOME=/home/u/vllm" in words
+    assert "/home/u/.config/sparkprov/api_key:/run/secrets/sparkprov_api_key:ro" in words
+    assert "/home/u/vllm-compile-cache:/root/.cache/vllm" in words
+
+
+def test_catalog_render_for_a_host_has_absolute_paths_and_no_home_variable():
+    cat = load_catalog()
+    ctx = HostServeContext.from_host_vars("spark1", {}, home="/home/nvidia")
+    launch = render_launch(cat.get("qwen3.6-27b"), ctx, 1, catalog=cat)
+    assert ctx.model_store == "/home/nvidia/vllm" and "$HOME" not in launch.shell()
+
+
+def test_catalog_has_every_runnable_seed_configuration_of_issue_13():
+    cat = load_catalog()
+    want = {
+        "qwen3.6-27b-yarn-1m": "001 §7.1.2 Tip", "qwen3.6-35b-a3b-256k": "001 §8 Walkthrough",
+        "qwen3.6-27b-aeon-ultimate-dflash": "001 §14.4 Tip", "qwen3.6-35b-a3b-heretic-dflash": "001 §7.1.1 Tip",
+        "gemma-4-26b-a4b-dflash": "001 §14.5", "qwen3.6-27b-ngram": "001 §14.2",
+        "qwen3.6-27b-suffix": "001 §14.2 Tip", "nemotron-3-nano-omni-ngc": "001 §7.3.2", "gpt-oss-120b-tp2": "004",
+    }
+    for alias, cited in want.items():
+        r = cat.get(alias)
+        quoted = " | ".join(str(s) for s in [r.source, *r.sources.values()] + [f.source for f in r.args if f.source])
+        assert cited in quoted, (alias, quoted)
+    assert cat.get("qwen3.6-27b-aeon-ultimate-dflash").image == "ghcr.io/aeon-7/aeon-vllm-ultimate:latest"
+    assert cat.get("gemma-4-26b-a4b-dflash").image == "ghcr.io/z-lab/vllm-openai:gemma4-dflash-cu130"
+    assert cat.get("nemotron-3-nano-omni-ngc").image == "nvcr.io/nvidia/vllm:26.04-py3"
+    assert cat.get("gpt-oss-120b-tp2").tp_sizes == [2]
+    yarn = render_launch(cat.get("qwen3.6-27b-yarn-1m"), HostServeContext(), 1, catalog=cat)
+    assert yarn.value("--max-model-len") == "1010000" and yarn.env_value("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1"
+    assert json.loads(yarn.value("--hf-overrides"))["text_config"]["rope_parameters"]["factor"] == 4.0

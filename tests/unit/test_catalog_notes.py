@@ -145,6 +145,12 @@ def expected_from_note(recipe) -> tuple[Note, set]:
             assert note.env.pop(env) == c.note_value, c.what
             note.args = [(f, v) for f, v in note.args if f != flag] + [(flag, c.value)]
             added.add(flag)
+        elif kind == "model-positional":  # the note's `--model X` becomes vllm serve's positional X
+            got = dict(note.args)
+            assert note.model is None and got.get("--model") == c.value, c.what
+            assert c.note_value == f"--model {c.value}"
+            note.args = [(f, v) for f, v in note.args if f != "--model"]
+            note.model = c.value
         elif kind == "env-to-model":
             assert note.env.pop(names[0]) == c.note_value
             note.model = c.value

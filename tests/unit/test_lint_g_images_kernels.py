@@ -56,8 +56,20 @@ def test_lint_g1_validated_stable_tag_warns_citing_both():
 
 # G2
 def test_lint_g2_vllm_serve_twice_on_upstream_image(tmp_path):
-    f = one(lint("broken", yaml=user("qwen3.6-27b", "command: full\n"), tmp_path=tmp_path, rule="G2"), ERROR)
+    no_key = HostServeContext(bind_host="127.0.0.1", api_key_file=None)  # no wrapper: the image's entrypoint runs
+    f = one(lint("broken", yaml=user("qwen3.6-27b", "command: full\n"), tmp_path=tmp_path, ctx=no_key, rule="G2"),
+            ERROR)
     assert "unrecognized arguments: serve" in f.message
+
+
+def test_lint_G2_no_false_error_under_the_api_key_wrapper(tmp_path):
+    # the wrapper replaces the entrypoint with sh and execs `vllm serve` once: `command: full` is harmless
+    cat_yaml = user("qwen3.6-27b", "command: full\n")
+    assert lint("broken", yaml=cat_yaml, tmp_path=tmp_path, rule="G2") == []
+    p = tmp_path / "user.yaml"
+    cat = load_catalog([p])
+    launch = render_launch(cat.get("broken"), HostServeContext(), 1, catalog=cat)
+    assert launch.wrapped and launch.argv.count("serve") == 1
 
 
 def test_lint_g2_bare_on_ngc_image(tmp_path):
@@ -135,8 +147,17 @@ def test_lint_g7_legacy_env_on_023_is_ignored(tmp_path):
 def test_lint_g7_mxfp4_needs_marlin(tmp_path):
     one(lint("broken", yaml=user("gpt-oss-120b", "remove_args: [--mxfp4-backend]\n"), tmp_path=tmp_path,
              rule="G7"), ERROR)
-    assert lint("broken", yaml=user("gpt-oss-120b", "remove_args: [--mxfp4-backend]\nenv: {VLLM_MXFP4_BACKEND: marlin}\n"),
+    assert lint("broken", yaml=user("gpt-oss-120b", "remove_args: [--mxfp4-backend]\nenv: {VLLM_MXFP4_USE_MARLIN: '1'}\n"),
                 tmp_path=tmp_path, rule="G7") == []
+
+
+def test_lint_g7_fix_names_the_variable_vllm_reads(tmp_path):
+    # 001 writes VLLM_MXFP4_BACKEND=marlin; vLLM only knows VLLM_MXFP4_USE_MARLIN.
+    found = lint("broken", yaml=user("gpt-oss-120b", "remove_args: [--mxfp4-backend]\nenv: {VLLM_MXFP4_BACKEND: marlin}\n"),
+                 tmp_path=tmp_path, rule="G7")
+    assert len(found) == 2 and all(f.severity == ERROR for f in found)
+    assert any("VLLM_MXFP4_BACKEND (001's spelling) is not a vLLM variable" in f.message for f in found)
+    assert all("VLLM_MXFP4_USE_MARLIN=1" in f.fix for f in found)
 
 
 def test_lint_g7_documented_disagreements_warn():

@@ -31,6 +31,7 @@ def lint(alias, *, yaml=None, tmp_path=None, ctx=None, tp=None, rule=None, overr
 DOCUMENTED = {  # alias -> rules that warn because two notes disagree (or a note documents the caveat)
     "gemma-4-26b-a4b-fp8-mtp": {"G27", "G29"},
     "gpt-oss-120b": {"G7"},
+    "llama-3.3-70b": {"G35"},  # TP=2 through Ray on NGC 26.04, which ships no Ray (native would run)
     "nemotron-3-nano": {"G6", "G7"},
     "nemotron-3-nano-omni": {"G1", "G6", "G7", "G24"},
     "qwen3-coder-next": {"G9"},
@@ -41,6 +42,12 @@ DOCUMENTED = {  # alias -> rules that warn because two notes disagree (or a note
     "qwen3.6-35b-a3b-dflash": {"G10", "G29"},
     "qwen3.6-35b-a3b-mtp": {"G29"},
     "qwen3.6-35b-a3b-ngc": {"G6", "G7"},
+    # issue 13's seed variants: the caveats of their bases, and the ones their notes state
+    "qwen3.6-27b-yarn-1m": {"G17"},  # 4 x 1M sequences do not fit; one does
+    "qwen3.6-35b-a3b-256k": {"G10", "G29"},
+    "nemotron-3-nano-omni-ngc": {"G6", "G7"},
+    "gpt-oss-120b-tp2": {"G7", "G34"},
+    "qwen3.6-35b-a3b-heretic-dflash": {"G10"},  # chunked prefill inherited from the §7.1.1 recipe
 }
 
 

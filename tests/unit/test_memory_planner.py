@@ -113,3 +113,70 @@ def test_092_single_model_keeps_the_minimum_headroom():
     # 001 §7.2.3 and 003 run 0.92: 9.6 GiB stays free, above the 4 GiB floor
     plan = plan_host([plan_model("coder", gpu_memory_utilization=0.92, weights_gib=8.5)])
     assert plan.ok and plan.headroom_gib == pytest.approx(9.57, abs=0.05)
+
+
+# ---- planner over catalog launches: measured figures, siblings, runtime quantization, G18 (issue 13)
+
+from sparkprov.catalog.lint import ERROR, lint_launch, plan_launch  # noqa: E402
+from sparkprov.catalog.load import load_catalog  # noqa: E402
+from sparkprov.catalog.render import HostServeContext, render_launch  # noqa: E402
+
+CAT = load_catalog()
+
+
+def _plan(alias, overrides=None, ctx=None):
+    r = CAT.get(alias)
+    return plan_launch(render_launch(r, ctx or HostServeContext(), 1, overrides, catalog=CAT))
+
+
+def test_000_measured_pool_is_used_as_logged():
+    # 000 What Was Gained: "KV cache (fp8, 0.85 util) | ~62 GiB / ~820K tokens" (the formula said ~871K)
+    plan = _plan("qwen3.5-35b-a3b-fp8")
+    assert plan.kv_pool_gib == pytest.approx(62.0) and plan.pool_tokens == 820_000
+
+
+def test_000_measured_pool_moves_with_utilization_gib_for_gib():
+    plan = _plan("qwen3.5-35b-a3b-fp8", {"--gpu-memory-utilization": 0.80})
+    assert plan.kv_pool_gib == pytest.approx(62.0 - 0.05 * HOST_MEMORY_GIB)
+    assert plan.pool_tokens == pytest.approx(820_000 * plan.kv_pool_gib / 62.0, rel=1e-6)
+
+
+def test_002_ngc_recipe_uses_its_measured_tokens_and_the_sibling_bytes_per_token():
+    # 002: "At 0.55 ... 65,536 context with this headroom gives 1.6M token KV cache"; the config
+    # formula (10 KiB/token) said ~4.2M, 2.6x too many
+    plan = _plan("qwen3.6-35b-a3b-ngc")
+    assert plan.pool_tokens == 1_600_000
+    assert plan.bytes_per_token == pytest.approx(76.49 * GIB / 4_843_965)  # 001 §8, the same architecture
+    formula = kv_bytes_per_token(10, 2, 256, "fp8")
+    assert formula < plan.bytes_per_token  # the lower bound of the module docstring
+    lower = _plan("qwen3.6-35b-a3b-ngc", {"--gpu-memory-utilization": 0.50})
+    assert lower.pool_tokens < 1_600_000
+
+
+def test_sibling_of_another_architecture_is_refused(tmp_path):
+    from sparkprov.errors import InputError
+
+    p = tmp_path / "u.yaml"
+    p.write_text("recipes:\n  - alias: broken\n    extends: llama-3.3-70b\n    kv_sibling: qwen3.6-35b-a3b\n")
+    with pytest.raises(InputError, match="another architecture"):
+        load_catalog([p])
+
+
+def test_002_runtime_fp8_weights_count_at_runtime_size():
+    r = CAT.get("gemma-4-26b-a4b-fp8-mtp")  # a BF16 checkpoint quantized to FP8 at load time
+    plan = _plan("gemma-4-26b-a4b-fp8-mtp")
+    assert plan.weights_gib == pytest.approx(r.size_gb * 1e9 / GIB / 2)
+    bf16 = _plan("gemma-4-26b-a4b-fp8-mtp", {"--quantization": None})
+    assert bf16.weights_gib == pytest.approx(r.size_gb * 1e9 / GIB)
+
+
+def test_G18_modeset0_cap_from_the_host_fails_a_higher_utilization():
+    ctx = HostServeContext.from_host_vars("spark1", {"max_gpu_memory_utilization": 0.55}, home="/home/n")
+    assert ctx.utilization_cap == 0.55
+    launch = render_launch(CAT.get("qwen3.6-35b-a3b"), ctx, 1, catalog=CAT)  # util 0.85
+    found = [f for f in lint_launch(launch, catalog=CAT) if f.rule == "G18"]
+    assert len(found) == 1 and found[0].severity == ERROR and "lower --gpu-memory-utilization to 0.55" in found[0].fix
+    ok = render_launch(CAT.get("qwen3.6-35b-a3b-ngc"), ctx, 1, catalog=CAT)  # 002's own 0.55
+    assert [f for f in lint_launch(ok, catalog=CAT) if f.rule == "G18"] == []
+    no_cap = render_launch(CAT.get("qwen3.6-35b-a3b"), HostServeContext(), 1, catalog=CAT)
+    assert [f for f in lint_launch(no_cap, catalog=CAT) if f.rule == "G18"] == []

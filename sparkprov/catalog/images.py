@@ -1,0 +1,106 @@
+"""The catalog's images as a table, and pinning them to digests on a host (G4).
+
+Pure functions: the scripts a host runs (`docker image inspect` for the digests a tag resolved to,
+`vllm serve --help=all` inside an image for its options) and the parsers of what they print. The
+`invoke images` task runs them over a transport; the cluster preflight can call the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import yaml
+
+from sparkprov.catalog.knownflags import recorded_set_name
+from sparkprov.catalog.models import DIGEST_RE, Image
+from sparkprov.transport.shell import cmd
+
+if TYPE_CHECKING:
+    from sparkprov.catalog.load import Catalog
+
+_MARK = "SPARKPROV_DIGEST"
+
+
+@dataclass(frozen=True)
+class ImageRow:
+    ref: str
+    vllm: str
+    digest: str
+    executors: str
+    ray: str
+    gb10: str
+    flag_set: str
+    used_by: tuple[str, ...]
+
+    def cells(self) -> tuple[str, ...]:
+        return (self.ref, self.vllm, self.digest, self.executors, self.ray, self.gb10, self.flag_set,
+                ",".join(self.used_by))
+
+
+def _yes_no(v: bool | None) -> str:
+    return "?" if v is None else ("yes" if v else "no")
+
+
+def image_rows(catalog: "Catalog") -> list[ImageRow]:
+    """One row per catalog image: vLLM version, digest (or `unpinned`), multi-node executors."""
+    used: dict[str, set[str]] = {}
+    for r in catalog.recipes.values():
+        used.setdefault(r.image.split("@", 1)[0], set()).add(r.alias)
+    rows = []
+    for img in catalog.image_table.values():
+        rows.append(ImageRow(ref=img.ref, vllm=img.vllm or "?", digest=img.digest or "unpinned",
+                             executors=",".join(img.executors) or "single-node only (as far as known)",
+                             ray=_yes_no(img.has_ray), gb10=_yes_no(img.gb10),
+                             flag_set=recorded_set_name(img) or "none", used_by=tuple(sorted(used.get(img.ref, ())))))
+    return rows
+
+
+def digest_script(refs: list[str]) -> str:
+    """POSIX sh printing `MARK REF DIGEST` for every image present on the host (nothing is pulled)."""
+    lines = []
+    for ref in refs:
+        repo = ref.rsplit(":", 1)[0]
+        lines.append(f"for d in $(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
+                     f"{cmd(ref)} 2>/dev/null); do case \"$d\" in {cmd(repo)}@*) echo {_MARK} {cmd(ref)} \"${{d#*@}}\";; "
+                     f"esac; done")
+    return "\n".join(lines) + "\n"
+
+
+def parse_digests(stdout: str) -> dict[str, str]:
+    """{ref: sha256:...} from digest_script output (the first digest per ref)."""
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == _MARK and DIGEST_RE.match(parts[2]):
+            out.setdefault(parts[1], parts[2])
+    return out
+
+
+def help_script(image: str) -> str:
+    """POSIX sh that prints the image's own `vllm serve --help=all` (no GPU, no network)."""
+    return cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "vllm", image, "serve", "--help=all") + "\n"
+
+
+def pinned_images_yaml(catalog: "Catalog", digests: dict[str, str], *, host: str) -> str:
+    """A user recipe file (`images:` only) with each resolved image pinned, its source saying where
+    the digest came from. Load it with `--recipes FILE` (later files override the package's)."""
+    out = []
+    for ref, digest in sorted(digests.items()):
+        img = catalog.image_table.get(ref)
+        if img is None:
+            continue
+        data = img.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        data.update(ref=img.ref, entrypoint=img.entrypoint, source=str(img.source), digest=digest,
+                    digest_source=f"user images --pin: docker image inspect on {host}")
+        out.append(data)
+    return ("# Written by `invoke images --pin`: images pinned to the digests their tags resolved to.\n"
+            + yaml.safe_dump({"images": out}, sort_keys=False, allow_unicode=True))
+
+
+def image_of(catalog: "Catalog", ref: str) -> Image | None:
+    return catalog.image(ref)
+
+
+__all__ = ["ImageRow", "image_rows", "digest_script", "parse_digests", "help_script", "pinned_images_yaml",
+           "image_of"]
