@@ -1,8 +1,9 @@
 """The catalog's images as a table, and pinning them to digests on a host (G4).
 
-Pure functions: the scripts a host runs (`docker image inspect` for the digests a tag resolved to,
-`vllm serve --help=all` inside an image for its options) and the parsers of what they print. The
-`invoke images` task runs them over a transport; the cluster preflight can call the same ones.
+Pure functions. What a host runs for them (`docker image inspect` for the digests a tag resolved
+to, `vllm serve --help=all` inside an image for its options) lives with the other serving facts
+(sparkprov/facts/serving.py); `invoke images --host` and cluster-up run it as plays on the engine
+(the image_flags module).
 """
 
 from __future__ import annotations
@@ -13,14 +14,11 @@ from typing import TYPE_CHECKING
 import yaml
 
 from sparkprov.catalog.knownflags import recorded_set_name
-from sparkprov.catalog.models import DIGEST_RE, Image
-from sparkprov.transport.shell import cmd
+from sparkprov.catalog.models import Image
+from sparkprov.facts.serving import digest_script, help_script, parse_digests  # noqa: F401 (the host reads)
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
-
-_MARK = "SPARKPROV_DIGEST"
-
 
 @dataclass(frozen=True)
 class ImageRow:
@@ -54,32 +52,6 @@ def image_rows(catalog: "Catalog") -> list[ImageRow]:
                              ray=_yes_no(img.has_ray), gb10=_yes_no(img.gb10),
                              flag_set=recorded_set_name(img) or "none", used_by=tuple(sorted(used.get(img.ref, ())))))
     return rows
-
-
-def digest_script(refs: list[str]) -> str:
-    """POSIX sh printing `MARK REF DIGEST` for every image present on the host (nothing is pulled)."""
-    lines = []
-    for ref in refs:
-        repo = ref.rsplit(":", 1)[0]
-        lines.append(f"for d in $(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
-                     f"{cmd(ref)} 2>/dev/null); do case \"$d\" in {cmd(repo)}@*) echo {_MARK} {cmd(ref)} \"${{d#*@}}\";; "
-                     f"esac; done")
-    return "\n".join(lines) + "\n"
-
-
-def parse_digests(stdout: str) -> dict[str, str]:
-    """{ref: sha256:...} from digest_script output (the first digest per ref)."""
-    out: dict[str, str] = {}
-    for line in stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == _MARK and DIGEST_RE.match(parts[2]):
-            out.setdefault(parts[1], parts[2])
-    return out
-
-
-def help_script(image: str) -> str:
-    """POSIX sh that prints the image's own `vllm serve --help=all` (no GPU, no network)."""
-    return cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "vllm", image, "serve", "--help=all") + "\n"
 
 
 def pinned_images_yaml(catalog: "Catalog", digests: dict[str, str], *, host: str) -> str:

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
+from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token,
@@ -837,12 +838,15 @@ def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         yield Hit(f"vLLM's native multi-node executor on {launch.recipe.image} (vLLM {info.vllm}), which predates "
                   "--nnodes/--node-rank/--master-addr", "use an image with vLLM >= 0.12, or the ray executor",
                   sources=("vllm-project/vllm#23691",))
-    if gpus > 1 and backend == "ray" and info is not None and info.has_ray is False:
+    # (cluster-up runs such a deployment on an image it derived with Ray baked in: no finding there)
+    if gpus > 1 and backend == "ray" and info is not None and info.has_ray is False \
+            and not launch.image.startswith(RAY_DERIVED_PREFIX):
         native = "native" in info.executors
         yield Hit(f"the Ray executor on {launch.recipe.image}, which ships no Ray: a Ray head started in it exits "
                   "127 ('ray: command not found'), and installing Ray at every start needs the network",
-                  "use vLLM's native multi-node executor (--nnodes/--node-rank/--master-addr)" if native else
-                  "bake Ray into a derived image", severity=WARNING,
+                  "cluster-up bakes Ray into a derived image once (no install at start), or use vLLM's native "
+                  "multi-node executor (--executor native)" if native else
+                  "cluster-up bakes Ray into a derived image once (no install at start)", severity=WARNING,
                   sources=("001 §6 image table", "vllm-project/vllm#33445"))
 
 

@@ -245,33 +245,35 @@ def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, o
 
 
 def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool) -> dict[str, str]:
-    from sparkprov.catalog.images import digest_script, help_script, parse_digests
-    from sparkprov.catalog.knownflags import default_cache_dir, write_cache
+    """One play on the engine (image_flags): the digests the host's tags resolved to and, with
+    --flags, each present image's own options cached on this machine."""
+    import io
+
+    from sparkprov.data.playbook import Playbook
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.run import make_transport
+    from sparkprov.engine.report import Report
+    from sparkprov.engine.run import RunOptions
+    from sparkprov.plays.book import play, run_book, task
 
     try:
         inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
         name = host if host in inv.hosts else inv.resolve(host, what="--host")[0]
-        t = make_transport(inv.hosts[name], False)
-        t.connect()
+        refs = list(cat.image_table)
+        book = Playbook("images", [play("images", [name], [task(
+            "image digests and options", "image_flags",
+            {"images": refs, "ask": flags, "versions": {r: cat.image_table[r].vllm for r in refs}}, ("--host", None, None))])])
+        report = Report(io.StringIO(), quiet=True)
+        runner = run_book(inv, book, [name], RunOptions(), report)
     except SparkprovError as exc:
         raise _fail(exc)
-    try:
-        res = t.run_script(digest_script(list(cat.image_table)))
-        resolved = parse_digests(res.stdout)
-        if flags:
-            for ref, digest in resolved.items():
-                h = t.run_script(help_script(f"{ref}"), timeout=300)
-                try:
-                    path = write_cache(default_cache_dir(), digest, h.stdout, image=ref,
-                                       vllm_version=cat.image_table[ref].vllm)
-                    print(f"{ref}: options cached in {path}", file=sys.stderr)
-                except ValueError as exc:
-                    print(f"{ref}: {exc}", file=sys.stderr)
-    finally:
-        t.close()
-    return resolved
+    for r in report.results:
+        if r.status in ("failed", "unreachable"):
+            print(f"{name}: {r.msg}", file=sys.stderr)
+        elif r.status == "changed" and flags:
+            print(f"{name}: {r.msg}", file=sys.stderr)
+    if report.exit_code():
+        raise Exit(code=report.exit_code())
+    return dict(((runner.exports.get(name) or {}).get("image_flags") or {}).get("digests") or {})
 
 
 @task(help={"file": "a recipe of eugr/spark-vllm-docker or the recipe_version \"2\" YAML of sparkrun/spark-pulse",

@@ -242,3 +242,49 @@ class ImageLabel(Fact):
             return {"id": None, "label": None}
         value = words[1] if len(words) > 1 and words[1] != "<no" else None
         return {"id": words[0], "label": value}
+
+
+_DIGEST_MARK = "SPARKPROV_DIGEST"
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def digest_script(refs: list[str]) -> str:
+    """POSIX sh printing `MARK REF DIGEST` for every image present on the host (nothing is pulled)."""
+    lines = []
+    for ref in refs:
+        repo = ref.rsplit(":", 1)[0]
+        lines.append(f"for d in $(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
+                     f"{cmd(ref)} 2>/dev/null); do case \"$d\" in {cmd(repo)}@*) echo {_DIGEST_MARK} {cmd(ref)} \"${{d#*@}}\";; "
+                     f"esac; done")
+    return "\n".join(lines) + "\n"
+
+
+def parse_digests(stdout: str) -> dict[str, str]:
+    """{ref: sha256:...} from digest_script output (the first digest per ref)."""
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == _DIGEST_MARK and _DIGEST_RE.match(parts[2]):
+            out.setdefault(parts[1], parts[2])
+    return out
+
+
+def help_script(image: str) -> str:
+    """POSIX sh that prints the image's own `vllm serve --help=all` (no GPU, no network)."""
+    return cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "vllm", image, "serve", "--help=all") + "\n"
+
+
+
+
+@dataclass(frozen=True)
+class ImageDigests(Fact):
+    """The registry digest each of these tags resolved to on this host (the ones present; nothing
+    is pulled)."""
+
+    refs: tuple[str, ...]
+
+    def command(self, sh: ShellCtx) -> str:
+        return digest_script(list(self.refs)) + "true"
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, str]:
+        return parse_digests(out)

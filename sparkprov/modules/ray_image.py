@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from sparkprov.defaults import RAY_VERSION
+from sparkprov.defaults import RAY_DERIVED_PREFIX, RAY_VERSION
 from sparkprov.facts.serving import ImageId, ImageLabel
 from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd, quote
@@ -34,7 +34,7 @@ PLATFORMS = {"aarch64": ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "man
 
 
 def derived_tag(base: str, ray_version: str = RAY_VERSION) -> str:
-    return f"sparkprov/ray-{ray_version}:{hashlib.sha256(base.encode()).hexdigest()[:16]}"
+    return f"{RAY_DERIVED_PREFIX}{ray_version}:{hashlib.sha256(base.encode()).hexdigest()[:16]}"
 
 
 class Args(ModuleArgs):

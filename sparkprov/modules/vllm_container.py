@@ -18,6 +18,7 @@ from sparkprov.facts.hardware import FabricInfo, NvidiaSmi, OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export
 from sparkprov.modules.docker_image import EXPORT as IMAGES
+from sparkprov.modules.image_flags import EXPORT as IMAGE_FLAGS
 from sparkprov.serving import node
 from sparkprov.transport.shell import cmd, quote
 
@@ -57,6 +58,8 @@ class VllmContainer(Module):
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
         problems = self._cluster_checks(dep, host)
+        flags = ((host.exports.get(dep.hosts[0]) or {}).get(IMAGE_FLAGS) or {})
+        problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
         if problems:
             return Plan.fail(" | ".join(problems))
         rank0_id = ""

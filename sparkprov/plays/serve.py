@@ -46,6 +46,10 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
         where = d.where
         dep = DeploymentArgs.model_validate(args["deployment"])
         image = node.image_ref(dep)
+        derived = derived_tag(image) if node.needs_ray_image(dep) else None
+        if derived:
+            # the image ships no Ray: every step after the image runs the one derived from it
+            args = {"deployment": {**args["deployment"], "image": derived}}
         pre = {**args, "drop_caches": o.drop_caches, "unload_ollama": o.unload_ollama}
         book.plays += [
             # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
@@ -55,10 +59,13 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             play(f"{d.name}: image", d.hosts,
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
                                                              "peers": d.hosts, "deployment": d.name}, where)], where=where),
+            # the image's own vLLM says which options it knows (once per build, cached here)
+            play(f"{d.name}: image options", d.hosts[:1],
+                 [task(f"{d.name}: image options", "image_flags",
+                       {"images": [image], "versions": {image: node.image_version(dep)}}, where)], where=where),
         ]
-        if node.needs_ray_image(dep):
-            # the image ships no Ray: rank 0 builds one with Ray baked in, the others copy it
-            derived = derived_tag(image)
+        if derived:
+            # rank 0 builds it (Ray's wheels from this machine), the others copy it from rank 0
             book.plays += [
                 play(f"{d.name}: ray image", d.hosts[:1], [task(f"{d.name}: ray image", "ray_image", {"base": image},
                                                                 where)], where=where),
@@ -66,8 +73,6 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
                     f"{d.name}: ray image", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
                                                              "deployment": d.name}, where)], where=where),
             ]
-            args = {"deployment": {**args["deployment"], "image": derived}}
-            pre = {**pre, "deployment": args["deployment"]}
         # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous
         # with), then the other ranks, which name rank 0's container (replaced with it)
         start = [d.hosts[:1], d.hosts[1:]] if d.cluster else [d.hosts]

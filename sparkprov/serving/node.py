@@ -98,6 +98,21 @@ def image_info(dep: DeploymentArgs):
     return cat.image(cat.get(dep.model).image)
 
 
+def image_version(dep: DeploymentArgs) -> str | None:
+    info = image_info(dep)
+    return info.vllm_version if info is not None else None
+
+
+def flag_problems(node_launch: Launch, dep: DeploymentArgs, cache_dir: str | None, image_id: str | None) -> list[str]:
+    """The launch's flags and VLLM_* variables against what the image's own vLLM said (G4), where
+    the image answered; else against the set recorded for its vLLM version."""
+    cat = catalog_for(dep)
+    base = node_launch if not dep.image else node_launch.model_copy(update={"image": cat.get(dep.model).image})
+    return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_launch(base, catalog=cat, only=["G4"],
+                                                                         flags_cache=cache_dir, image_digest=image_id)
+            if f.severity != WARNING and not f.silenced]
+
+
 def needs_ray_image(dep: DeploymentArgs) -> bool:
     """A Ray cluster on an image the catalog knows ships no Ray: sparkprov derives one with Ray."""
     info = image_info(dep)

@@ -123,7 +123,7 @@ def test_G35_cluster_size_counts_pipeline_stages(tmp_path):
 
 def test_G35_ray_executor_on_an_image_without_ray_warns():
     f = [x for x in lint("llama-3.3-70b", tp=2, rule="G35") if "ships no Ray" in x.message]
-    assert len(f) == 1 and f[0].severity == WARNING and "--nnodes" in f[0].fix
+    assert len(f) == 1 and f[0].severity == WARNING and "derived image" in f[0].fix and "--executor native" in f[0].fix
 
 
 # G21: a restart policy

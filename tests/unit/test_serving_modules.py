@@ -14,6 +14,7 @@ from sparkprov.serving.playbook import DeploymentArgs
 from sparkprov.staging.plan import StoreFacts
 
 HOME = "/home/nvidia"
+REPO_FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 DEP = {"name": "tp", "model": "llama-3.3-70b", "hosts": ["spark1", "spark2"], "tp": 2}
 RAILS = {h: [{"iface": "enp1s0f1np1", "address": f"192.168.100.1{i}", "prefix": 24, "subnet": "192.168.100.0/24",
               "hca": "rocep1s0f1", "mtu": 9000, "up": True}] for i, h in ((1, "spark1"), (2, "spark2"))}
@@ -195,3 +196,31 @@ def test_every_change_of_a_container_is_verified_so_rank0_exports_its_id():
               "fabric": fabric("spark1")}
     p = run(vllm_container.VllmContainer, {"deployment": DEP, "unload_ollama": True}, values, ctx(exports=exports))
     assert len(p.changes) == 3 and all(c.verify for c in p.changes)
+
+
+def test_preflight_of_a_deployment_on_its_derived_ray_image_lints_clean():
+    """cluster-up runs a Ray cluster on an image it derived with Ray: the G35 "ships no Ray"
+    warning is not for it, and no rule mistakes the derived tag for an unknown image."""
+    from sparkprov.modules.ray_image import derived_tag
+
+    dep = {**DEP, "image": derived_tag("nvcr.io/nvidia/vllm:26.04-py3")}
+    p = run(serve_preflight.ServePreflight, {"deployment": dep}, preflight_values("spark1"), ctx())
+    assert p.failed is None, p.failed
+    assert not [w for w in p.warnings if "ships no Ray" in w], p.warnings
+    plain = run(serve_preflight.ServePreflight, {"deployment": DEP}, preflight_values("spark1"), ctx())
+    assert [w for w in plain.warnings if "ships no Ray" in w]
+
+
+def test_image_flags_asks_once_per_build_and_keeps_the_answer_here(tmp_path):
+    from sparkprov.modules import image_flags
+
+    help_text = (REPO_FIXTURES / "flags" / "vllm-serve-help-all.txt").read_text()
+    values = {"digests": {}, "id0": {"id": "sha256:" + "1" * 64, "error": None}}
+    args = {"images": ["img:1"], "cache_dir": str(tmp_path)}
+    p = run(image_flags.ImageFlags, args, values, ctx())
+    (change,) = p.changes
+    assert "--help=all" in change.script and "--network none" in change.script and not change.verify
+    assert change.outcome(help_text) is None and list(tmp_path.iterdir())
+    again = run(image_flags.ImageFlags, args, values, ctx())
+    assert not again.changes and again.exports["image_flags"]["ids"] == {"img:1": "sha256:" + "1" * 64}
+    assert change.outcome("docker: Error response from daemon") is not None  # not help output: refused
