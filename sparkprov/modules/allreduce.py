@@ -79,10 +79,12 @@ class Allreduce(Module):
                       "/opt/sparkprov/allreduce_bench.py", "--backend", args.backend, "--max-bytes", args.max_bytes,
                       "--iters", str(args.iters)]
         run = cmd(*argv) + ' -v "$p:/opt/sparkprov/allreduce_bench.py:ro" ' + cmd(args.image, *bench_argv)
+        # the benchmark's own exit status goes to the outcome (which names the cause), not to sh
         script = (f'p={path}\nmkdir -p "$(dirname "$p")"\n' + heredoc_bytes(BENCH.read_bytes(), 'cat > "$p"')
                   + cmd("docker", "rm", "-f", NAME) + " >/dev/null 2>&1 || true\n"
                   + "set +e\n" + run + " > \"$p.out\" 2>&1\nrc=$?\ntail -n 40 \"$p.out\"\n"
-                  + "[ $rc = 0 ] || { " + cmd("docker", "rm", "-f", NAME) + " >/dev/null 2>&1; exit $rc; }\n")
+                  + "[ $rc = 0 ] || " + cmd("docker", "rm", "-f", NAME) + " >/dev/null 2>&1\n"
+                  + 'echo "@rc=$rc"\n')
         change = Change(f"all-reduce rank {rank} of {len(args.hosts)} ({args.backend}, up to {args.max_bytes}) "
                         f"with rank 0 at {master}:{args.port}", script, timeout=args.timeout, verify=False)
         change.outcome = lambda out: _judge(out, args, h, rank, change)
@@ -91,15 +93,17 @@ class Allreduce(Module):
 
 def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | None:
     doc = next((json.loads(line)["allreduce"] for line in out.splitlines() if line.startswith('{"allreduce"')), None)
-    if rank != 0:
-        return None
-    if doc is None:
+    rc = next((int(line[4:]) for line in reversed(out.splitlines()) if line.startswith("@rc=")), None)
+    if doc is None or rc:
         if "No module named 'torch'" in out:
             return f"{host}: {args.image} has no torch, which the benchmark needs (fix: --image with a serving image that has torch)"
         if "no CUDA device is visible" in out:
             return (f"{host}: the container cannot see the GPU, so NCCL cannot run (fix: check the NVIDIA container "
                     "toolkit with invoke provision --tags docker; or --backend gloo to measure the fabric on the CPU)")
-        return f"{host}: the benchmark printed no result: {' / '.join(out.strip().splitlines()[-3:])}"
+        lines = [ln for ln in out.strip().splitlines() if ln.strip() and not ln.startswith(("@rc=", "====", "----"))]
+        return f"{host}: the benchmark failed (exit status {rc}): {' / '.join(lines[-3:])}"
+    if rank != 0:
+        return None
     big = doc["largest"]
     change.exports = {"allreduce": {"backend": doc["backend"], "busbw_gbs": big["busbw_gbs"],
                                     "algbw_gbs": big["algbw_gbs"], "bytes": big["bytes"],

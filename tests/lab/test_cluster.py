@@ -316,7 +316,7 @@ def test_check_changes_nothing_anywhere(env):
     rc, doc, out = up(env, "--check")
     assert rc == 0, out
     assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
-    would = {(r["host"], r["msg"].split(" (")[0]) for r in changed(doc) if r["module"] == "vllm_container"}
+    would = {(r["host"], r["msg"].split(" (ray-")[0]) for r in changed(doc) if r["module"] == "vllm_container"}
     assert would == {("spark1", "would: drop the page cache before the load (G15); start sparkprov-tp-head"),
                      ("spark2", "would: drop the page cache before the load (G15); start sparkprov-tp-worker")}, out
     rc, doc, out = cli(env, "nccl-check", "--hosts", "spark1,spark2", "--backend", "gloo", "--check",

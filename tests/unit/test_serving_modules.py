@@ -172,13 +172,14 @@ def test_allreduce_needs_the_gpu_unless_gloo_and_fails_below_the_threshold():
     p = run(allreduce.Allreduce, args, {"fabric": fabric("spark1"), "image": {"id": "sha256:x"}}, ctx(exports=exports))
     (change,) = p.changes
     assert "--gpus all" in change.script and "--backend nccl" in change.script
-    assert "cannot see the GPU" in change.outcome("sparkprov: no CUDA device is visible in this container")
+    assert "cannot see the GPU" in change.outcome("sparkprov: no CUDA device is visible in this container\n@rc=1\n")
+    assert "exit status 3" in change.outcome("Traceback ...\nRuntimeError: boom\n@rc=3\n")
     doc = ('{"allreduce": {"backend": "gloo", "largest": {"busbw_gbs": 1.5, "algbw_gbs": 1.5, "bytes": 67108864}, '
            '"peak_busbw_gbs": 1.6, "ranks": [{"ifname": "enp1s0f1np1", "address": "192.168.100.11"}]}}')
-    assert "below the threshold" in change.outcome(doc)
+    assert "below the threshold" in change.outcome(doc + "\n@rc=0")
     g = run(allreduce.Allreduce, {**args, "backend": "gloo", "threshold": 1.0},
             {"fabric": fabric("spark1"), "image": {"id": "sha256:x"}}, ctx(exports=exports))
-    assert "--gpus" not in g.changes[0].script and g.changes[0].outcome(doc) is None
+    assert "--gpus" not in g.changes[0].script and g.changes[0].outcome(doc + "\n@rc=0") is None
 
 
 def test_check_mode_plans_the_same_changes_and_applies_nothing_here():
