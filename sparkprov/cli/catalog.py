@@ -126,13 +126,16 @@ def _print_launch(launch: Launch) -> None:
 @task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP,
             "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
             "argv": "print the docker argv as JSON (one list) instead of the annotated view",
+            "executor": "with --tp N > 1: every node's container, for executor ray (default) or native",
+            "hosts": "with --executor: the inventory hosts of the cluster, rank 0 first (their fabric_ip, "
+                     "fabric_ifaces, ib_hcas vars fill the command; without them it shows placeholders)",
             "file": "with `import`: a recipe of eugr/spark-vllm-docker or sparkrun/spark-pulse (recipe_version 2)",
             "out": "with `import`: the user recipe file to write (default: imported-ALIAS.yaml)",
             "name": "with `import`: the alias to give it (default: from the recipe's name)",
             "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
 def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
-           variant=None):
+           variant=None, executor=None, hosts=None):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
     if alias == "import":
@@ -141,6 +144,8 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, 
         return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
+    if executor is not None:
+        return _cluster_commands(alias, int(tp or 2), executor, hosts, inventory, recipes, argv)
     try:
         cat = _catalog(recipes)
         r = cat.get(alias)
@@ -154,6 +159,56 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, 
         print(json.dumps(launch.argv))
         return
     _print_launch(launch)
+
+
+def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -> None:
+    """Every node's exact `docker run` for a TP cluster, built by the code cluster-up runs."""
+    import json
+    import shlex
+
+    from sparkprov.serving import node
+    from sparkprov.serving.playbook import DeploymentArgs
+
+    if executor not in ("ray", "native"):
+        raise Exit(f"sparkprov: --executor {executor!r} is not one of ray, native (fix: --executor native)", code=1)
+    if tp < 2 or tp > 64:
+        raise Exit(f"sparkprov: --executor needs --tp from 2 to 64, not {tp}", code=1)
+    try:
+        names = [h for h in (hosts or "").split(",") if h.strip()]
+        host_vars: dict[str, dict] = {}
+        if names:
+            from sparkprov.data.inventory import load_inventory
+
+            inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+            names = inv.resolve(names, what="--hosts")
+            host_vars = {h: dict(inv.hosts[h].vars) for h in names}
+        if len(names) != tp:
+            names = names[:tp] + [f"node{i}" for i in range(len(names), tp)]
+        dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names, tp=tp, executor=executor,
+                             recipe_files=list(recipes or []))
+        cat = node.catalog_for(dep)
+        cat.get(alias)
+        if node.needs_ray_image(dep):
+            from sparkprov.modules.ray_image import derived_tag
+
+            dep = dep.model_copy(update={"image": derived_tag(node.image_ref(dep))})
+        out = []
+        for h in names:
+            v = {"fabric_ip": f"<{h} fabric address>", "fabric_ifaces": ["<fabric interface>"], **host_vars.get(h, {})}
+            launch = node.launch(dep, h, v, "/home/nvidia", None, None)
+            head_ip = (host_vars.get(names[0], {}).get("fabric_ip") or f"<{names[0]} fabric address>")
+            spec = node.container(dep, h, launch, head_ip, "<rank 0 container id>" if dep.rank(h) else "")
+            out.append((h, spec))
+    except SparkprovError as exc:
+        raise _fail(exc)
+    if as_json:
+        print(json.dumps({h: s.argv for h, s in out}))
+        return
+    if dep.image:
+        print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
+    for h, s in out:
+        print(f"# rank {dep.rank(h)} on {h}: {s.name} ({s.role})")
+        print(shlex.join(s.argv))
 
 
 @task(help={"alias": "the model alias to lint, or `all` for every recipe (user files included)", "tp": TP_HELP,

@@ -331,3 +331,23 @@ def test_docker_unreachable_reason_is_dockers_own_line(tmp_path):
     parsed = parse_containers(out)
     assert parsed["access"] is False
     assert parsed["error"].startswith("ERROR: Cannot connect to the Docker daemon")
+
+
+def test_recipe_shows_every_nodes_command_per_executor():
+    """`invoke recipe ALIAS --tp 2 --executor native|ray`: each node's docker run, from the code
+    cluster-up runs (a derived Ray image named where the image ships no Ray)."""
+    inv = REPO / ".venv" / "bin" / "invoke"
+    native = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "native", "--argv"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert native.returncode == 0, native.stderr
+    ranks = json.loads(native.stdout)
+    r0, r1 = ranks["node0"], ranks["node1"]
+    assert "--headless" in r1 and "--headless" not in r0
+    assert r1[r1.index("--master-addr") + 1] == "<node0 fabric address>" and "--nnodes" in r0
+    ray = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "ray"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert ray.returncode == 0 and "ships no Ray: cluster-up runs sparkprov/ray-" in ray.stdout
+    assert ray.stdout.count("docker run -d") == 2 and "pip install" not in ray.stdout
+    bad = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "mpi"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
