@@ -94,7 +94,7 @@ class Allreduce(Module):
 def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | None:
     doc = next((json.loads(line)["allreduce"] for line in out.splitlines() if line.startswith('{"allreduce"')), None)
     rc = next((int(line[4:]) for line in reversed(out.splitlines()) if line.startswith("@rc=")), None)
-    if doc is None or rc:
+    if rc or (rank == 0 and doc is None):
         if "No module named 'torch'" in out:
             return f"{host}: {args.image} has no torch, which the benchmark needs (fix: --image with a serving image that has torch)"
         if "no CUDA device is visible" in out:
@@ -103,7 +103,7 @@ def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | 
         lines = [ln for ln in out.strip().splitlines() if ln.strip() and not ln.startswith(("@rc=", "====", "----"))]
         return f"{host}: the benchmark failed (exit status {rc}): {' / '.join(lines[-3:])}"
     if rank != 0:
-        return None
+        return None  # rank 0 reports the result
     big = doc["largest"]
     change.exports = {"allreduce": {"backend": doc["backend"], "busbw_gbs": big["busbw_gbs"],
                                     "algbw_gbs": big["algbw_gbs"], "bytes": big["bytes"],

@@ -225,3 +225,11 @@ def test_image_flags_asks_once_per_build_and_keeps_the_answer_here(tmp_path):
     again = run(image_flags.ImageFlags, args, values, ctx())
     assert not again.changes and again.exports["image_flags"]["ids"] == {"img:1": "sha256:" + "1" * 64}
     assert change.outcome("docker: Error response from daemon") is not None  # not help output: refused
+
+
+def test_allreduce_rank1_succeeds_without_a_result_of_its_own():
+    args = {"phase": "run", "hosts": ["spark1", "spark2"], "image": "img:1", "backend": "gloo"}
+    exports = {"spark1": {"allreduce_addr": "192.168.100.11"}}
+    p = run(allreduce.Allreduce, args, {"fabric": fabric("spark2"), "image": {"id": "sha256:x"}}, ctx("spark2", exports))
+    assert p.changes[0].outcome("UserWarning: Failed to initialize NumPy\n@rc=0\n") is None
+    assert "exit status 1" in p.changes[0].outcome("RuntimeError: connection refused\n@rc=1\n")
