@@ -62,9 +62,18 @@ def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, acc
 @task
 def schema(c):
     """Write JSON Schemas for inventory and playbook files to schemas/ (for editors)."""
+    from sparkprov.cli.common import user_errors
     from sparkprov.data.schema import write_schemas
 
-    for path in write_schemas():
+    with user_errors():
+        try:
+            paths = write_schemas()
+        except OSError as exc:  # a read-only checkout, a file where schemas/ should be
+            from sparkprov.errors import SparkprovError
+
+            raise SparkprovError(f"cannot write schemas: {exc.strerror}: {exc.filename}",
+                                 fix="run it in a writable checkout") from None
+    for path in paths:
         print(path)
 
 
@@ -74,12 +83,21 @@ def _stage_help():
     return STAGE_HELP
 
 
+# streams and progress_interval default to None so that Invoke hands their text over as typed
+# (an int or float default makes Invoke cast it itself, and `--streams abc` ends in a traceback);
+# sparkprov.cli.options parses and range-checks them.
 @task(help=_stage_help())
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False,
-                  source=None, streams=4, image=None, accept_new_host_keys=False, progress_interval=5.0):
+                  source=None, streams=None, image=None, accept_new_host_keys=False, progress_interval=None):
     """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
+    from sparkprov.cli.common import user_errors
+    from sparkprov.cli.options import float_option, int_option, text_option
     from sparkprov.cli.stage import stage_weights as run
 
+    with user_errors():
+        text_option("model", model)
+        streams = int_option("streams", streams, 1, 64, default=4)
+        progress_interval = float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
     run(c, model, hosts=hosts, inventory=inventory, limit=limit, check=check, rehash=rehash, json=json,
         source=source, streams=streams, image=image, accept_new_host_keys=accept_new_host_keys,
         progress_interval=progress_interval)

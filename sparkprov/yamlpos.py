@@ -74,6 +74,7 @@ class _Builder:
         self.constructor = yaml.SafeLoader("")  # only used to resolve scalar values
         self.count = 0
         self.open: set[int] = set()  # collections being built: an alias to one of them is a cycle
+        self.merged: dict[int, int] = {}  # mapping node -> how many of its entries came from merge keys
 
     def build(self, node: yaml.Node, path: tuple) -> Any:
         self.count += 1
@@ -104,15 +105,31 @@ class _Builder:
             raise self.pos.error(path, f"unsupported YAML tag {node.tag!r}", fix="remove the tag")
         if isinstance(node, yaml.MappingNode):
             out: dict = {}
-            self.constructor.flatten_mapping(node)
-            for key_node, value_node in node.value:
+            # `<<: *base` merges put the base's entries before the mapping's own ones, and a key of
+            # the mapping's own overrides a merged one: that is what merge keys are for, not a
+            # duplicate. Only two own keys with the same name are. flatten_mapping rewrites the
+            # node in place, so the count is kept per node for an alias built a second time.
+            if id(node) not in self.merged:
+                own = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
+                self.constructor.flatten_mapping(node)
+                self.merged[id(node)] = len(node.value) - own
+            n_merged = self.merged[id(node)]
+            own_keys: set = set()
+            for i, (key_node, value_node) in enumerate(node.value):
                 key = self.build(key_node, path + ("<key>",))
                 if not isinstance(key, (str, int, float, bool)) or key is None:
                     raise self.pos.error(path + ("<key>",), "a mapping key must be a plain value")
-                if key in out:
+                if i < n_merged:
+                    # two merged bases with one key: PyYAML lays the later-listed base first, so
+                    # the last entry here is the first listed, which wins, as in PyYAML
+                    pass
+                elif key in own_keys:
                     line, col = _mark(key_node)
                     raise InputError(f"duplicate key {key!r}", file=self.pos.file, line=line,
                                      column=col, fix="keep one of the two entries")
+                else:
+                    own_keys.add(key)
+                    out.pop(key, None)  # overrides a merged entry; keep the file's order
                 self.pos.key_marks[path + (key,)] = _mark(key_node)
                 out[key] = self.build(value_node, path + (key,))
             self.pos.marks.pop(path + ("<key>",), None)
@@ -122,22 +139,15 @@ class _Builder:
         return self.constructor.construct_object(node, deep=True)
 
 
-def load_yaml(path: str | Path, *, text: str | None = None) -> tuple[Any, Positions]:
-    """Load one YAML document; raise InputError with the position on any syntax problem."""
+def load_yaml(path: str | Path, *, text: str | None = None, what: str = "") -> tuple[Any, Positions]:
+    """Load one YAML document; raise InputError with the position on any syntax problem. The
+    file is checked to be a regular file of sane size first (a FIFO would block, /dev/zero would
+    be read forever); `what` ("inventory", "playbook") names it in those messages."""
+    from sparkprov.inputfiles import MAX_YAML, read_text_checked
+
     file = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError("file not found", file=file, fix="check the path") from None
-        except UnicodeDecodeError as exc:
-            raw = exc.object
-            line = raw.count(b"\n", 0, exc.start) + 1
-            column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-            raise InputError(f"not UTF-8: byte 0x{raw[exc.start]:02x} ({exc.reason})", file=file, line=line,
-                             column=column, fix="save the file as UTF-8") from None
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc}", file=file) from None
+        text = read_text_checked(path, what or "YAML file", MAX_YAML)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:  # PyYAML's composer recurses once per level of nesting
@@ -151,10 +161,16 @@ def load_yaml(path: str | Path, *, text: str | None = None) -> tuple[Any, Positi
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        fix = "check indentation and quoting near this position"
+        if (exc.context_mark and exc.context and exc.context.startswith("while scanning a quoted scalar")
+                and ("end of stream" in problem or "document separator" in problem)):
+            # PyYAML reports where it gave up (often the end of the file); the user needs the
+            # line where the quote was opened
+            mark, problem = exc.context_mark, "a quoted string starting here is never closed"
+            fix = "close the quote on this line"
         raise InputError(f"invalid YAML: {problem}", file=file,
                          line=mark.line + 1 if mark else None,
-                         column=mark.column + 1 if mark else None,
-                         fix="check indentation and quoting near this position") from None
+                         column=mark.column + 1 if mark else None, fix=fix) from None
     except yaml.YAMLError as exc:  # pragma: no cover - composer errors are all marked
         raise InputError(f"invalid YAML: {exc}", file=file) from None
     if node is None:

@@ -11,14 +11,17 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from sparkprov.errors import SparkprovError
+from sparkprov.errors import InputError, SparkprovError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def inventory_path(option: str | None) -> str:
-    """--inventory, else $SPARKPROV_INVENTORY, else ./inventory.yaml, else the repo's."""
-    if option:
+    """--inventory, else $SPARKPROV_INVENTORY, else ./inventory.yaml, else the repo's. An empty
+    --inventory is an error, not "the default": it is a script's unset variable."""
+    if option is not None:
+        if not isinstance(option, str) or not option.strip():
+            raise InputError(f"--inventory {option!r} names no file", fix="give an inventory file or leave out --inventory")
         return option
     if os.environ.get("SPARKPROV_INVENTORY"):
         return os.environ["SPARKPROV_INVENTORY"]
@@ -50,19 +53,36 @@ def user_errors():
 
 
 def select_hosts(inventory, hosts: str | None, limit: str | None) -> list[str]:
-    """--hosts chooses the targets (default: all); --limit narrows them further."""
-    from sparkprov.data.inventory import implicit_localhost
+    """--hosts chooses the targets (not given: all); --limit narrows them further. A pattern that
+    is given but empty, or selects no host, is an error: `--hosts "$UNSET"` must never mean
+    "every host in the inventory"."""
+    from sparkprov.cli.options import hosts_option
+    from sparkprov.data.inventory import check_host_files, implicit_localhost
 
+    hosts = hosts_option("hosts", hosts)
+    limit = hosts_option("limit", limit)
     names = split_csv(hosts)
     if names == ["localhost"] and "localhost" not in inventory.hosts:
         inventory.hosts["localhost"] = implicit_localhost()
     chosen = inventory.resolve(names or "all", where=("--hosts", None, None), what="--hosts")
-    if limit:
+    if hosts is not None and not chosen:
+        raise SparkprovError(f"--hosts {hosts!r} selects no host of {inventory.path}",
+                             fix=f"hosts there: {_some(inventory.hosts)}")
+    if not chosen:
+        raise SparkprovError(f"{inventory.path} defines no hosts", fix="add hosts: to the inventory")
+    if limit is not None:
         allowed = set(inventory.resolve(limit, where=("--limit", None, None), what="--limit"))
         chosen = [h for h in chosen if h in allowed]
-    if not chosen:
-        raise SparkprovError("no hosts selected", fix="check --hosts and --limit against the inventory")
+        if not chosen:
+            raise SparkprovError(f"--limit {limit!r} leaves no host of those selected",
+                                 fix=f"selected: {_some(inventory.resolve(names or 'all'))}")
+    check_host_files(inventory, chosen)
     return chosen
+
+
+def _some(names, n: int = 8) -> str:
+    names = list(names)
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "") if names else "none"
 
 
 def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, limit: str | None = None,
@@ -74,12 +94,23 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     from sparkprov.engine.report import Report
     from sparkprov.engine.run import DEFAULT_FORKS, Runner, RunOptions
 
+    from sparkprov.cli.options import csv_option, parse_forks
+
     with user_errors():
+        # options first: a bad value is reported before any file is read
+        forks = parse_forks(forks, DEFAULT_FORKS)
+        tag_list = csv_option("tags", tags, default=[])
+        skip_list = csv_option("skip-tags", skip_tags, default=[])
+        if not isinstance(playbook, str) or not playbook.strip():
+            raise InputError(f"playbook {playbook!r}: no file named", fix="give a playbook file, e.g. playbooks/provision.yaml")
         inv = load_inventory(inventory_path(inventory))
         book = load_playbook(playbook)
         targets = select_hosts(inv, hosts, limit)
-        options = RunOptions(check=check, diff=diff, tags=set(split_csv(tags)), skip_tags=set(split_csv(skip_tags)),
-                             forks=forks or DEFAULT_FORKS, accept_new_host_keys=accept_new_host_keys,
+        _check_tags(book, "--tags", tag_list)
+        _check_tags(book, "--skip-tags", skip_list)
+        _check_expressions(inv, book, targets, extra_vars or {})
+        options = RunOptions(check=check, diff=diff, tags=set(tag_list), skip_tags=set(skip_list),
+                             forks=forks, accept_new_host_keys=accept_new_host_keys,
                              extra_vars=extra_vars or {})
         report = Report(sys.stderr if as_json else sys.stdout, quiet=as_json, show_diff=diff)
         Runner(inv, book, targets, options, report).run()
@@ -88,6 +119,32 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     else:
         report.recap()
     return report.exit_code()
+
+
+def _check_expressions(inv, book, targets: list[str], extra_vars: dict) -> None:
+    """Every `when:` and template of the playbook against the names each targeted host will
+    have, before the first connection: an undefined name found at run time would leave the play
+    half-applied on the hosts that got that far."""
+    from sparkprov.engine.validate import validate_playbook_expressions
+
+    known = {h: set(inv.hosts[h].vars) | set(extra_vars) for h in targets}
+    validate_playbook_expressions(
+        book, known,
+        hosts_of_play=lambda play: [h for h in inv.resolve(play.hosts, where=play.where, what="play hosts")
+                                    if h in known])
+
+
+def _check_tags(book, option: str, tags: list[str]) -> None:
+    """A tag no task of the playbook carries is a typo: --tags would run nothing, --skip-tags
+    would skip nothing, and both would look like success."""
+    known = {t for play in book.plays for task in play.tasks + play.handlers for t in task.tags} | {"always"}
+    for tag in tags:
+        if tag not in known:
+            import difflib
+
+            close = difflib.get_close_matches(tag, sorted(known), n=1)
+            raise InputError(f"{option} {tag!r}: no task of {book.path} has this tag",
+                             fix=f"did you mean {close[0]!r}?" if close else f"tags there: {', '.join(sorted(known))}")
 
 
 def print_report(report, as_json: bool, **extra) -> None:

@@ -12,10 +12,14 @@ def show_facts(*, hosts, inventory, as_json, limit, forks, accept_new_host_keys)
     from sparkprov.engine.gather import gather_facts
     from sparkprov.facts.profile import host_profile
 
+    from sparkprov.cli.options import parse_forks
+    from sparkprov.engine.run import DEFAULT_FORKS
+
     with user_errors():
+        forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        result = gather_facts(inv, targets, host_profile(), forks=forks or 32,
+        result = gather_facts(inv, targets, host_profile(), forks=forks,
                               accept_new_host_keys=accept_new_host_keys)
     if as_json:
         print_json(result)

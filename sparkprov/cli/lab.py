@@ -5,6 +5,8 @@ import json
 
 from invoke import Collection, task
 
+from sparkprov.cli.common import user_errors
+from sparkprov.cli.options import choice_option, int_option, text_option
 from sparkprov.lab import faults as _faults
 from sparkprov.lab import up as _up
 
@@ -17,10 +19,14 @@ from sparkprov.lab import up as _up
                       "on every host",
             "light": "light hosts: no dockerd (and no images pushed), for scale runs of "
                      "many hosts; a host already running dockerd keeps it"})
-def up(c, hosts=2, images=True, ollama=False, light=False):
+def up(c, hosts=None, images=True, ollama=False, light=False):
     """Bring the lab up (idempotent): namespaces, links, sshd, users, stand-ins, dockerd,
     registry; writes /run/sparkprov-lab/inventory.yaml."""
-    _up.up(int(hosts), images=images, ollama=ollama, light=light)
+    # hosts defaults to None so that Invoke passes the text through to our parser (an int
+    # default makes Invoke cast it itself, with a traceback for `--hosts abc`)
+    with user_errors():
+        n = int_option("hosts", hosts, 1, 250, default=2)  # addresses 10.77.0.11.. stay in the /24
+    _up.up(n, images=images, ollama=ollama, light=light)
 
 
 @task(help={"purge": "also delete the build caches in .lab-cache/"})
@@ -61,10 +67,13 @@ def status(c, json_=False):
             "rate": "slow-link: rate limit, tc syntax (default 100mbit)",
             "delay": "slow-link: added delay, e.g. 20ms (needs the netem qdisc)",
             "mtu": "reset-mtu: the MTU to set (default 1500)"})
-def fault(c, action, host, iface="enp1s0f1np1", rate="100mbit", delay="", mtu=1500):
+def fault(c, action, host, iface="enp1s0f1np1", rate="100mbit", delay="", mtu=None):
     """Inject or clear a fault on one host."""
-    print(_faults.apply(action, host, iface=iface, rate=rate, delay=delay or None,
-                        mtu=int(mtu)))
+    with user_errors():
+        action = choice_option("action", action, sorted(_faults.ACTIONS))
+        host = text_option("host", host)
+        mtu = int_option("mtu", mtu, 68, 65535, default=1500)  # 68: the smallest MTU IPv4 allows
+    print(_faults.apply(action, host, iface=iface, rate=rate, delay=delay or None, mtu=mtu))
 
 
 ns = Collection("lab")

@@ -36,7 +36,16 @@ class Connection(_Strict):
     connection: Literal["ssh", "local"] | None = None
     become_password_env: str | None = None
     become_password_file: str | None = None
-    connect_timeout: float | None = Field(default=None, gt=0)
+    # bounded: `.inf` or a day-long timeout would make an unreachable host hang the run
+    connect_timeout: float | None = Field(default=None, gt=0, le=3600, allow_inf_nan=False)
+
+    @field_validator("port", "connect_timeout", mode="before")
+    @classmethod
+    def _not_bool(cls, v):
+        # YAML's `true` is a bool, and bool is an int to Python: `port: true` would be port 1
+        if isinstance(v, bool):
+            raise ValueError(f"{str(v).lower()} is a boolean, not a number")
+        return v
 
     @field_validator("user")
     @classmethod
@@ -49,7 +58,7 @@ class Connection(_Strict):
     @field_validator("ssh_key", "known_hosts", "become_password_file")
     @classmethod
     def _path(cls, v):
-        if v is not None and ("\0" in v or "\n" in v or not v.strip()):
+        if v is not None and (not v.strip() or any(not c.isprintable() for c in v)):
             raise ValueError(f"{v!r} is not a usable file path")
         return v
 
@@ -68,9 +77,42 @@ class HostEntry(Connection):
     @field_validator("address")
     @classmethod
     def _address(cls, v):
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]+", v):
-            raise ValueError(f"{v!r} is not a host name or IP address")
+        if v is not None and not valid_address(v):
+            fix = ""
+            if v.startswith("["):
+                fix = " (write an IPv6 address without brackets, and a port as port:)"
+            elif v.startswith("-"):
+                fix = " (it would read as an option to ssh and rsync)"
+            raise ValueError(f"{v!r} is not a host name or IP address{fix}")
         return v
+
+
+# RFC 1123 host name labels (underscore allowed: ~/.ssh/config aliases use it); no label starts
+# or ends with '-', so an address can never read as an option on an ssh or rsync command line.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+
+
+def valid_address(v: str) -> bool:
+    """A host name, an IPv4 address or an IPv6 address (bare, optionally with a %scope)."""
+    import ipaddress
+
+    if not isinstance(v, str) or not v or len(v) > 253:
+        return False
+    if ":" in v:
+        addr, _, scope = v.partition("%")
+        try:
+            ipaddress.IPv6Address(addr)
+        except ValueError:
+            return False
+        return not scope or bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)) and not scope.startswith("-")
+    if re.fullmatch(r"[0-9.]+", v):  # all digits and dots: must be a real IPv4 address
+        try:
+            ipaddress.IPv4Address(v)
+        except ValueError:
+            return False
+        return True
+    return bool(_HOSTNAME.fullmatch(v))
 
 
 class GroupEntry(_Strict):
@@ -153,6 +195,47 @@ class Inventory:
         return None
 
 
+# Variables sparkprov itself reads as paths on the hosts (sparkprov/defaults.py): they end up in
+# scripts, mounts and unit files, where a newline or carriage return would split a line.
+PATH_VARS = {"model_store", "compile_cache", "api_key_file"}
+PORT_VARS = {"serve_port"}
+
+
+def _is_path_var(name: str) -> bool:
+    return name in PATH_VARS or name.endswith(("_path", "_dir", "_file", "_store", "_cache"))
+
+
+def _check_vars(model: InventoryFile, pos: Positions) -> None:
+    """The settings sparkprov reads from vars get their types checked where they are written,
+    so `recipe --host`, `cluster-up` and `stage-weights` never meet them half-valid later."""
+    scopes: list[tuple[tuple, dict]] = [(("vars",), model.vars)]
+    for g, entry in model.groups.items():
+        if isinstance(entry, GroupEntry):
+            scopes.append((("groups", g, "vars"), entry.vars))
+    for h, entry in model.hosts.items():
+        if entry is not None:
+            scopes.append((("hosts", h, "vars"), entry.vars))
+    for prefix, variables in scopes:
+        for name, value in variables.items():
+            where = prefix + (name,)
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+                raise pos.error(where, f"variable name {name!r} is not an identifier", key=True,
+                                fix="use letters, digits and _ (not starting with a digit)")
+            if name in PORT_VARS and value is not None:
+                if isinstance(value, bool):
+                    raise pos.error(where, f"{name}: {str(value).lower()} is a boolean, not a port",
+                                    fix="give a whole number from 1 to 65535")
+                if not isinstance(value, int) or not 1 <= value <= 65535:
+                    raise pos.error(where, f"{name}: {value!r} is not a port",
+                                    fix="give a whole number from 1 to 65535")
+            elif _is_path_var(name) and value is not None:
+                if not isinstance(value, str):
+                    raise pos.error(where, f"{name}: {value!r} is not a path", fix='write it as a string, e.g. "~/vllm"')
+                if any(not c.isprintable() for c in value) or (name != "api_key_file" and not value.strip()):
+                    raise pos.error(where, f"{name}: {value!r} is not a usable path",
+                                    fix="remove newlines, carriage returns and other control characters")
+
+
 def _close(term: str, names: list[str]) -> str | None:
     import difflib
 
@@ -165,14 +248,16 @@ def implicit_localhost() -> Host:
 
 
 def load_inventory(path: str | Path) -> Inventory:
-    data, pos = load_yaml(path)
+    data, pos = load_yaml(path, what="inventory")
     file = str(path)
-    if data is None:
-        data = {}
+    if data is None:  # an empty file (or only comments): almost always the wrong path
+        raise InputError("the inventory is empty", file=file, line=1, column=1,
+                         fix="add hosts: (see inventory.yaml in the sparkprov repository)")
     if not isinstance(data, dict):
         raise pos.error((), "an inventory must be a mapping with hosts:, groups:, vars:",
                         fix="see inventory.yaml in the sparkprov repository")
     model: InventoryFile = parse_model(InventoryFile, data, pos)
+    _check_vars(model, pos)
     defaults = model.defaults
     hosts: dict[str, Host] = {}
     for name, entry in model.hosts.items():
@@ -242,3 +327,37 @@ def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions
     for g in raw:
         expand(g, ())
     return out
+
+
+# The files an inventory names, with the limit each may have (sparkprov/inputfiles.py).
+_HOST_FILES = {"ssh_key": "MAX_KEY", "known_hosts": "MAX_KNOWN_HOSTS", "become_password_file": "MAX_SECRET"}
+
+
+def check_host_files(inventory: Inventory, names: list[str]) -> None:
+    """The files the selected hosts' settings name are regular files of sane size, checked before
+    any host is touched; the error points at the setting in the inventory. A file that does not
+    exist is left to the step that needs it: known_hosts is created by --accept-new-host-keys, the
+    lab's files exist only while it is up, and a run that needs no sudo never reads the password."""
+    import os
+
+    from sparkprov import inputfiles
+
+    seen: set[tuple[str, str]] = set()
+    for name in names:
+        host = inventory.hosts[name]
+        for attr, limit in _HOST_FILES.items():
+            value = getattr(host, attr)
+            if not value or (attr, value) in seen:
+                continue
+            seen.add((attr, value))
+            path = os.path.expanduser(value)
+            if not os.path.lexists(path):
+                continue
+            try:
+                inputfiles.check_regular_file(path, attr, getattr(inputfiles, limit))
+            except InputError as exc:
+                at = ("hosts", name, attr) if ("hosts", name, attr) in inventory.pos.marks else ("defaults", attr)
+                line, col = inventory.pos.at(at)
+                raise InputError(f"{attr} {value!r} of host {name}: {exc.message.split(': ', 1)[-1]}",
+                                 file=inventory.path, line=line, column=col, fix=exc.fix) from None
+

@@ -17,6 +17,7 @@ Everything is validated on load, module arguments included, before any host is t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from sparkprov import modules
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.engine.args import render_args  # noqa: F401 (callers validate a task's arguments here)
 from sparkprov.engine.expr import ExprError, check_condition, has_template
+from sparkprov.engine.validate import check_condition_safe, template_problems
 from sparkprov.errors import InputError
 
 TASK_KEYWORDS = {"name", "tags", "when", "notify", "check_mode", "no_log", "become", "ignore_errors"}
@@ -73,6 +75,7 @@ class Task:
     become: bool | None
     ignore_errors: bool
     where: tuple[str, int | None, int | None]  # file, line, column of the task
+    when_where: tuple[str, int | None, int | None] | None = None  # of its `when:` value
 
     def error(self, message: str, fix: str | None = None) -> InputError:
         file, line, col = self.where
@@ -126,15 +129,21 @@ def _parse_task(raw: Any, pos: Positions, path: tuple, play_tags: list[str]) -> 
     if isinstance(kw.when, str):
         try:
             check_condition(kw.when)
+            check_condition_safe(kw.when)
         except ExprError as exc:
             raise pos.error(path + ("when",), str(exc), fix="use and/or/not, ==, !=, <, >, in, and variable names") from None
+    for sub, problem in template_problems(args):
+        # text like `{{ x | default(1) }}` would otherwise reach the host as literal braces
+        raise pos.error(path + (mod_name,) + sub, problem,
+                        fix="use {{ name }}; for literal braces, put the text in an inventory var and write {{ that_var }}")
     module_cls = registry[mod_name]
     # Arguments without templates are validated now; templated ones once per host (validate_for_host).
     if not has_template(args):
         parse_model(module_cls.Args, args, pos, prefix=path + (mod_name,))
     return Task(name=kw.name or f"{mod_name}", module=mod_name, args=args, tags=sorted(set(kw.tags) | set(play_tags)),
                 when=kw.when, notify=kw.notify, check_mode=kw.check_mode, no_log=kw.no_log, become=kw.become,
-                ignore_errors=kw.ignore_errors, where=where)
+                ignore_errors=kw.ignore_errors, where=where,
+                when_where=(pos.file, *pos.at(path + ("when",))) if kw.when is not None else None)
 
 
 def _suggest(word: str, registry: dict, keywords: set[str]) -> str:
@@ -145,8 +154,11 @@ def _suggest(word: str, registry: dict, keywords: set[str]) -> str:
 
 
 def load_playbook(path: str | Path) -> Playbook:
-    data, pos = load_yaml(path)
+    data, pos = load_yaml(path, what="playbook")
     file = str(path)
+    if data is None:
+        raise InputError("the playbook is empty", file=file, line=1, column=1,
+                         fix="start each play with `- hosts: ...`")
     if not isinstance(data, list) or not data:
         raise pos.error((), "a playbook must be a non-empty list of plays", fix="start each play with `- hosts: ...`")
     book = Playbook(file)
@@ -154,6 +166,10 @@ def load_playbook(path: str | Path) -> Playbook:
         if not isinstance(raw_play, dict):
             raise pos.error((i,), "a play must be a mapping with hosts: and tasks:")
         play = parse_model(_PlayFile, raw_play, pos, prefix=(i,))
+        host_terms = play.hosts if isinstance(play.hosts, list) else [p for p in re.split(r"[,:\s]+", play.hosts) if p]
+        if not [t for t in host_terms if str(t).strip()]:
+            # an empty pattern selects nothing, and a play that silently runs nowhere looks like success
+            raise pos.error((i, "hosts"), f"hosts: {play.hosts!r} names no host", fix="write e.g. `hosts: all` or a group name")
         tasks = [_parse_task(t, pos, (i, "tasks", j), play.tags) for j, t in enumerate(play.tasks)]
         handlers = [_parse_task(t, pos, (i, "handlers", j), play.tags) for j, t in enumerate(play.handlers)]
         names = {h.name for h in handlers}

@@ -49,16 +49,59 @@ def resolve_token() -> tuple[str | None, str]:
     HUGGING_FACE_HUB_TOKEN), else the token file huggingface_hub keeps (`hf auth login`)."""
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         if os.environ.get(var, "").strip():
-            return os.environ[var].strip(), f"${var}"
+            return _checked_token(os.environ[var].strip(), f"${var}"), f"${var}"
     from huggingface_hub import constants
 
+    from sparkprov.inputfiles import MAX_SECRET, read_text_checked
+
     path = os.environ.get("HF_TOKEN_PATH") or constants.HF_TOKEN_PATH
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tok = fh.read().strip()
-    except OSError:
+    if not os.path.lexists(path):
         return None, ""
-    return (tok or None), path
+    # the token file too is checked to be a small regular file (a FIFO would block the run)
+    tok = read_text_checked(path, "Hugging Face token file", MAX_SECRET).strip()
+    return (_checked_token(tok, path) if tok else None), path
+
+
+def _checked_token(token: str, source: str) -> str:
+    """A token is one word of printable ASCII. A newline inside (a pasted second line, two tokens
+    in one file) would end up in an HTTP header, where httpx refuses it with a traceback, or in the
+    token file on the downloading host. The message names where it came from, never the value."""
+    if not token.isascii() or any(not c.isprintable() or c.isspace() for c in token):
+        raise SparkprovError(f"the Hugging Face token from {source} contains whitespace, a line break or "
+                             "another character a token cannot have",
+                             fix=f"put only the token (one line, hf_...) in {source}")
+    return token
+
+
+def check_endpoint(endpoint: str) -> str:
+    """The hub endpoint as an http(s) URL with a host (from hf_endpoint in the inventory)."""
+    from urllib.parse import urlsplit
+
+    fix = "set hf_endpoint in the inventory to an http(s) URL such as https://huggingface.co"
+    if not isinstance(endpoint, str) or any(not c.isprintable() or c.isspace() for c in endpoint):
+        raise SparkprovError(f"hub endpoint {endpoint!r} contains whitespace or control characters", fix=fix)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number 0..65535)
+    except ValueError as exc:
+        raise SparkprovError(f"hub endpoint {endpoint!r} is not a URL: {exc}", fix=fix) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SparkprovError(f"hub endpoint {endpoint!r} is not an http(s) URL with a host", fix=fix)
+    return endpoint.rstrip("/")
+
+
+def check_repo_id(repo: str, model: str | None = None) -> str:
+    """ORG/NAME as the hub accepts it (huggingface_hub's own rule), before any request."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise SparkprovError(f"{repo!r} is not a Hugging Face repo id",
+                             fix="give a catalog alias (invoke models) or ORG/NAME[@REVISION]: letters, digits, "
+                                 "'-', '_', '.', at most 96 characters") from None
+    return repo
 
 
 def endpoint_env(endpoint: str) -> dict[str, str]:
@@ -115,6 +158,10 @@ def list_repo(endpoint: str, repo: str, revision: str, token: str | None, *, gat
     except OSError as exc:
         raise SparkprovError(f"{repo}: cannot reach the hub at {endpoint}: {exc}",
                              fix="check hf_endpoint in the inventory and the network") from None
+    except Exception as exc:
+        if not _transport_error(exc):
+            raise
+        raise _network_error(exc, endpoint, repo) from None
     if gated:
         _check_access(api, endpoint, repo, commit, tree, token, GatedRepoError, HfHubHTTPError)
     items = []
@@ -145,11 +192,50 @@ def _check_access(api, endpoint, repo, commit, tree, token, GatedRepoError, HfHu
         if code in (401, 403):
             raise SparkprovError(f"{repo}: the hub refused the token ({code}); nothing was transferred",
                                  fix="check HF_TOKEN / `hf auth login` (a 401 means a bad token or no access)") from None
-        raise SparkprovError(f"{repo}: the hub answered: {str(exc).splitlines()[0]}") from None
+        raise SparkprovError(f"{repo}: the hub at {endpoint} answered: {_first_line(exc)}",
+                             fix="check hf_endpoint in the inventory and the network") from None
+    except Exception as exc:
+        if not _transport_error(exc):
+            raise
+        raise _network_error(exc, endpoint, repo) from None
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """An error of huggingface_hub's HTTP client (connect, timeout, TLS, protocol, a bad URL):
+    whichever httpx package this huggingface_hub uses, found through its own errors module."""
+    import sys
+
+    from huggingface_hub.errors import HTTPError
+
+    client = sys.modules.get(HTTPError.__module__.split(".")[0])
+    others = tuple(t for t in (getattr(client, "InvalidURL", None), getattr(client, "CookieConflict", None))
+                   if isinstance(t, type))
+    return isinstance(exc, (HTTPError, *others))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _network_error(exc: BaseException, endpoint: str, repo: str) -> SparkprovError:
+    kind = type(exc).__name__
+    if "Timeout" in kind:
+        what = "timed out"
+    elif kind in ("UnsupportedProtocol", "InvalidURL"):
+        what = "is not a usable URL"
+    else:
+        what = "cannot be reached"
+    return SparkprovError(f"{repo}: the hub at {endpoint} {what} ({kind}: {_first_line(exc)})",
+                          fix="check hf_endpoint in the inventory, the network and any proxy settings "
+                              "(HTTPS_PROXY) of this machine")
 
 
 def list_stage(spec: StageSpec, endpoint: str, token: str | None) -> tuple[list[Item], list[RepoListing]]:
     """Every item of the stage, each revision pinned to a commit."""
+    endpoint = check_endpoint(endpoint)
+    for repo, _rev, *_ in spec.repos + spec.files:
+        check_repo_id(repo)
     listings: dict[tuple[str, str], RepoListing] = {}
     items: list[Item] = []
     for repo, rev, local_dir in spec.repos:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import paramiko
 
-from sparkprov.errors import HostKeyError
+from sparkprov.errors import HostKeyError, InputError, SparkprovError
+from sparkprov.inputfiles import MAX_KEY, MAX_KNOWN_HOSTS, check_regular_file
 from sparkprov.transport.base import ExecResult, Transport, Unreachable
 from sparkprov.transport.shell import quote
 
@@ -95,14 +96,24 @@ class SSHTransport(Transport):
         self.conn = None
 
     # -- connecting -----------------------------------------------------------
+    def _check_file(self, path, what: str, max_bytes: int) -> None:
+        """A regular file of sane size, or one line naming this host and the file."""
+        try:
+            check_regular_file(path, what, max_bytes)
+        except InputError as exc:
+            raise (HostKeyError if what == "known_hosts" else SparkprovError)(f"{self.name}: {exc.line()}") from None
+
     def _harden(self, conn) -> None:
         """Replace Fabric's trust-anything policy on this hop and every gateway hop."""
         known = _known_hosts_for(self.known_hosts_opt, conn.ssh_config)
         client: paramiko.SSHClient = conn.client
         for system_file in ("/etc/ssh/ssh_known_hosts",):
             if os.path.exists(system_file):
+                self._check_file(system_file, "known_hosts", MAX_KNOWN_HOSTS)
                 client.load_system_host_keys(system_file)
         if known.exists():
+            # paramiko reads it line by line to the end: a FIFO blocks, /dev/zero never ends
+            self._check_file(known, "known_hosts", MAX_KNOWN_HOSTS)
             try:
                 client.load_host_keys(str(known))
             except (OSError, paramiko.SSHException) as exc:
@@ -119,7 +130,10 @@ class SSHTransport(Transport):
 
         kwargs: dict = {}
         if self.key_file:
-            kwargs["key_filename"] = [os.path.expanduser(self.key_file)]
+            key = os.path.expanduser(self.key_file)
+            if os.path.lexists(key):  # a missing key is paramiko's to report, as before
+                self._check_file(key, "ssh_key", MAX_KEY)
+            kwargs["key_filename"] = [key]
         conn = Connection(self.address, user=self.user, port=self.port, config=Config(),
                           connect_timeout=int(self.connect_timeout), connect_kwargs=kwargs)
         self._harden(conn)
