@@ -22,6 +22,7 @@ COMMON_HELP = {
     "skip_tags": "Skip tasks with these tags (comma-separated)",
     "forks": "How many hosts to work on at once (default 32)",
     "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
+    "verbose": "Say where the engine splits a play's one apply call, and why",
 }
 
 
@@ -33,21 +34,21 @@ def _run(playbook, **kw):
 
 @task(help=COMMON_HELP)
 def provision(c, hosts=None, inventory=None, playbook=None, check=False, diff=False, json=False, limit=None,
-              tags=None, skip_tags=None, forks=None, accept_new_host_keys=False):
+              tags=None, skip_tags=None, forks=None, accept_new_host_keys=False, verbose=False):
     """Converge Sparks to ready-to-serve: docker, GPU checks, fabric, SSH mesh, model store."""
     from sparkprov.cli.common import playbook_path
 
     _run(playbook_path(playbook, "provision.yaml"), inventory=inventory, hosts=hosts, limit=limit, check=check,
          diff=diff, as_json=json, tags=tags, skip_tags=skip_tags, forks=forks,
-         accept_new_host_keys=accept_new_host_keys)
+         accept_new_host_keys=accept_new_host_keys, verbose=verbose)
 
 
 @task(help={**COMMON_HELP, "playbook": "Playbook file to run (required)"})
 def play(c, playbook, hosts=None, inventory=None, check=False, diff=False, json=False, limit=None, tags=None,
-         skip_tags=None, forks=None, accept_new_host_keys=False):
+         skip_tags=None, forks=None, accept_new_host_keys=False, verbose=False):
     """Run any playbook against the inventory."""
     _run(playbook, inventory=inventory, hosts=hosts, limit=limit, check=check, diff=diff, as_json=json, tags=tags,
-         skip_tags=skip_tags, forks=forks, accept_new_host_keys=accept_new_host_keys)
+         skip_tags=skip_tags, forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose)
 
 
 @task(help={k: COMMON_HELP[k] for k in ("hosts", "inventory", "json", "limit", "forks", "accept_new_host_keys")})
@@ -88,7 +89,8 @@ def _stage_help():
 # sparkprov.cli.options parses and range-checks them.
 @task(help=_stage_help())
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False,
-                  source=None, streams=None, image=None, accept_new_host_keys=False, progress_interval=None):
+                  source=None, streams=None, image=None, accept_new_host_keys=False, progress_interval=None,
+                  forks=None):
     """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
     from sparkprov.cli.common import user_errors
     from sparkprov.cli.options import float_option, int_option, text_option
@@ -100,10 +102,11 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         progress_interval = float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
     run(c, model, hosts=hosts, inventory=inventory, limit=limit, check=check, rehash=rehash, json=json,
         source=source, streams=streams, image=image, accept_new_host_keys=accept_new_host_keys,
-        progress_interval=progress_interval)
+        progress_interval=progress_interval, forks=forks)
 
 
-ns = Collection(provision, play, facts, schema, stage_weights, catalog_tasks.models, catalog_tasks.recipe, catalog_tasks.lint)
+ns = Collection(provision, play, facts, schema, stage_weights, catalog_tasks.models, catalog_tasks.recipe,
+                catalog_tasks.lint, catalog_tasks.images)
 ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
 ns.add_task(task(cluster_cli.cluster_down, name="cluster-down", help=cluster_cli.DOWN_HELP))
 ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))

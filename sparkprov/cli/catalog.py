@@ -24,7 +24,7 @@ TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest siz
 
 
 def _fail(exc: SparkprovError) -> Exit:
-    return Exit(exc.line(), code=getattr(exc, "exit_code", 1))
+    return Exit(f"sparkprov: {exc.line()}", code=getattr(exc, "exit_code", 1))
 
 
 def _catalog(recipes) -> Catalog:
@@ -134,7 +134,7 @@ def _print_launch(launch: Launch) -> None:
             "name": "with `import`: the alias to give it (default: from the recipe's name)",
             "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
-def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
+def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
            variant=None, executor=None, hosts=None):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
@@ -144,12 +144,15 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, 
         return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
-    if executor is not None:
-        return _cluster_commands(alias, int(tp or 2), executor, hosts, inventory, recipes, argv)
+    from sparkprov.cli.options import int_option
+
     try:
+        tp = int_option("tp", tp, 1, 64)
+        if executor is not None:
+            return _cluster_commands(alias, tp or 2, executor, hosts, inventory, recipes, argv)
         cat = _catalog(recipes)
         r = cat.get(alias)
-        size = int(tp) or min(r.tp_sizes)
+        size = _tp_for(r, tp)
         launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat)
     except SparkprovError as exc:
         raise _fail(exc)
@@ -159,6 +162,18 @@ def recipe(c, alias, tp=0, host=None, inventory=None, recipes=None, argv=False, 
         print(json.dumps(launch.argv))
         return
     _print_launch(launch)
+
+
+def _tp_for(r, tp: int | None) -> int:
+    """--tp as given, if the recipe runs at it (G35), else its smallest size."""
+    if tp is None:
+        return min(r.tp_sizes)
+    if tp not in r.tp_sizes:
+        from sparkprov.errors import InputError
+
+        raise InputError(f"--tp {tp}: {r.alias} runs at tp {', '.join(map(str, r.tp_sizes))}",
+                         fix=f"--tp {min(r.tp_sizes)}")
+    return tp
 
 
 def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -> None:
@@ -216,19 +231,23 @@ def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -
             "colocate": "other aliases placed on the same host, comma-separated (G13 sums their memory)",
             "show_silenced": "also print warnings a recipe silenced with lint_ignore"},
       iterable=["recipes"], positional=["alias"])
-def lint(c, alias, tp=0, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
+def lint(c, alias, tp=None, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
     """Preflight checks over the rendered launch: one line per finding; errors exit non-zero."""
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.lint import errors, lint_launch
     from sparkprov.catalog.render import render_launch
 
+    from sparkprov.cli.options import csv_option, int_option
+
     try:
+        tp = int_option("tp", tp, 1, 64)
+        colocate = ",".join(csv_option("colocate", colocate) or [])
         cat = _catalog(recipes)
         aliases = list(cat.recipes) if alias == "all" else [alias]
         findings = []
         for a in aliases:
             r = cat.get(a)
-            size = int(tp) if tp and alias != "all" else min(r.tp_sizes)
+            size = _tp_for(r, tp) if alias != "all" else min(r.tp_sizes)
             ctx = _ctx(host, inventory, size)
             launch = render_launch(r, ctx, size, catalog=cat)
             others = []

@@ -88,40 +88,6 @@ DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
 NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
 
 
-def _int(name, value, lo, hi):
-    from sparkprov.errors import InputError
-
-    try:
-        v = int(str(value), 10)
-    except ValueError:
-        raise InputError(f"--{name} {value!r} is not a whole number", fix=f"give a number from {lo} to {hi}") from None
-    if not lo <= v <= hi:
-        raise InputError(f"--{name} {v} is out of range", fix=f"give a number from {lo} to {hi}")
-    return v
-
-
-def _float(name, value, lo, hi):
-    import math
-
-    from sparkprov.errors import InputError
-
-    try:
-        v = float(str(value))
-    except ValueError:
-        raise InputError(f"--{name} {value!r} is not a number", fix=f"give seconds from {lo} to {hi}") from None
-    if not math.isfinite(v) or not lo < v <= hi:
-        raise InputError(f"--{name} {value} is out of range", fix=f"give a number above {lo} and at most {hi}")
-    return v
-
-
-def _choice(name, value, choices):
-    from sparkprov.errors import InputError
-
-    if value not in choices:
-        raise InputError(f"--{name} {value!r} is not one of {', '.join(choices)}", fix=f"--{name} {choices[0]}")
-    return value
-
-
 def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes):
     """A deployment from the command line: --model ALIAS [--tp N] [--hosts H1,H2] [--name NAME]."""
     import re
@@ -169,15 +135,16 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
 
 
 def _engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
+    from sparkprov.cli.options import parse_forks
     from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
 
     return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
-                      forks=_int("forks", forks, 1, 1024) if forks is not None else DEFAULT_FORKS, gather_ahead=True)
+                      forks=parse_forks(forks, DEFAULT_FORKS), gather_ahead=True)
 
 
-def cluster_up(c, model=None, tp=None, pp=1, hosts=None, name=None, executor=None, playbook=None, inventory=None,
+def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
-               drop_caches=True, image_source="auto", ray_timeout=300, health_timeout=None, verify=False,
+               drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
                limit=None, forks=None, accept_new_host_keys=False):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     import time
@@ -188,13 +155,17 @@ def cluster_up(c, model=None, tp=None, pp=1, hosts=None, name=None, executor=Non
     from sparkprov.engine.report import Report
 
     out = sys.stderr if json else sys.stdout
+    from sparkprov.cli.options import choice_option, csv_option, float_option, hosts_option, int_option
+
     with user_errors():
-        tp = _int("tp", tp, 1, 64) if tp is not None else None
-        pp = _int("pp", pp, 1, 64)
-        executor = _choice("executor", executor, ("ray", "native")) if executor is not None else None
-        image_source = _choice("image-source", image_source, ("auto", "registry", "peer"))
-        ray_timeout = _float("ray-timeout", ray_timeout, 0, 86400)
-        health_timeout = _float("health-timeout", health_timeout, 0, 86400) if health_timeout is not None else None
+        tp = int_option("tp", tp, 1, 64)
+        pp = int_option("pp", pp, 1, 64, default=1)
+        executor = choice_option("executor", executor, ("ray", "native"))
+        image_source = choice_option("image-source", image_source, ("auto", "registry", "peer"), default="auto")
+        ray_timeout = float_option("ray-timeout", ray_timeout, 0, 86400, default=300.0, unit="seconds")
+        health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
+        hosts = hosts_option("hosts", hosts)
+        deployments = ",".join(csv_option("deployments", deployments) or []) or None
         if stage:
             from sparkprov.errors import InputError
 
@@ -285,10 +256,12 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
     from sparkprov.engine.report import Report
 
     out = sys.stderr if json else sys.stdout
+    from sparkprov.cli.options import csv_option
+
     with user_errors():
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        names = _csv(deployments)
+        names = csv_option("deployments", deployments)
         if model or name:
             names = (names or []) + [name or re.sub(r"[^a-z0-9_.-]", "-", str(model).lower())[:40]]
         report = Report(out, quiet=json)
@@ -310,9 +283,11 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
     from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
 
+    from sparkprov.cli.options import float_option, int_option
+
     with user_errors():
-        watch = _float("watch", watch, 0, 86400) if watch is not None else None
-        count = _int("count", count, 1, 10**6) if count is not None else None
+        watch = float_option("watch", watch, 0, 86400, unit="seconds")
+        count = int_option("count", count, 1, 10**6)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         shown = 0
@@ -406,24 +381,24 @@ def print_status(st) -> None:
                       f"{r['gpus']:g} GPUs: {state}")
 
 
-def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend="nccl", threshold=21.875,
-               max_bytes="2G", iters=20, json=False, limit=None, forks=None, check=False, accept_new_host_keys=False):
+def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend=None, threshold=None,
+               max_bytes=None, iters=None, json=False, limit=None, forks=None, check=False, accept_new_host_keys=False):
     """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
-    import re
 
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.errors import InputError, SparkprovError
+    from sparkprov.errors import SparkprovError
 
     out = sys.stderr if json else sys.stdout
+    from sparkprov.cli.options import choice_option, float_option, int_option, size_option
+
     with user_errors():
-        backend = _choice("backend", backend, ("nccl", "gloo"))
-        threshold = _float("threshold", threshold, 0, 10000)
-        iters = _int("iters", iters, 1, 10000)
-        if not re.fullmatch(r"[1-9][0-9]*[KMG]?", str(max_bytes)):
-            raise InputError(f"--max-bytes {max_bytes!r} is not a size", fix="e.g. 256M or 2G")
+        backend = choice_option("backend", backend, ("nccl", "gloo"), default="nccl")
+        threshold = float_option("threshold", threshold, 0, 10000, default=21.875)
+        iters = int_option("iters", iters, 1, 10000, default=20)
+        max_bytes = size_option("max-bytes", max_bytes, 1, 2**40, default=2 * 2**30)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         if len(targets) < 2:

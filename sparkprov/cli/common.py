@@ -88,7 +88,7 @@ def _some(names, n: int = 8) -> str:
 def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, limit: str | None = None,
                  check: bool = False, diff: bool = False, as_json: bool = False, tags: str | None = None,
                  skip_tags: str | None = None, forks: int | None = None, accept_new_host_keys: bool = False,
-                 extra_vars: dict | None = None) -> int:
+                 extra_vars: dict | None = None, verbose: bool = False) -> int:
     from sparkprov.data.inventory import load_inventory
     from sparkprov.data.playbook import load_playbook
     from sparkprov.engine.report import Report
@@ -108,9 +108,8 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
         targets = select_hosts(inv, hosts, limit)
         _check_tags(book, "--tags", tag_list)
         _check_tags(book, "--skip-tags", skip_list)
-        _check_expressions(inv, book, targets, extra_vars or {})
         options = RunOptions(check=check, diff=diff, tags=set(tag_list), skip_tags=set(skip_list),
-                             forks=forks, accept_new_host_keys=accept_new_host_keys,
+                             forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose,
                              extra_vars=extra_vars or {})
         report = Report(sys.stderr if as_json else sys.stdout, quiet=as_json, show_diff=diff)
         Runner(inv, book, targets, options, report).run()
@@ -119,19 +118,6 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     else:
         report.recap()
     return report.exit_code()
-
-
-def _check_expressions(inv, book, targets: list[str], extra_vars: dict) -> None:
-    """Every `when:` and template of the playbook against the names each targeted host will
-    have, before the first connection: an undefined name found at run time would leave the play
-    half-applied on the hosts that got that far."""
-    from sparkprov.engine.validate import validate_playbook_expressions
-
-    known = {h: set(inv.hosts[h].vars) | set(extra_vars) for h in targets}
-    validate_playbook_expressions(
-        book, known,
-        hosts_of_play=lambda play: [h for h in inv.resolve(play.hosts, where=play.where, what="play hosts")
-                                    if h in known])
 
 
 def _check_tags(book, option: str, tags: list[str]) -> None:

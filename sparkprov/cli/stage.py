@@ -22,32 +22,26 @@ STAGE_HELP = {
              "else the inventory var stage_image)",
     "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
     "progress_interval": "Kept for scripts; the engine reports each step as it ends",
+    "forks": "How many hosts to work on at once (default 32)",
 }
 
 
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False, source=None,
-                  streams=4, image=None, accept_new_host_keys=False, progress_interval=5.0, forks=None):
+                  streams=None, image=None, accept_new_host_keys=False, progress_interval=None, forks=None):
     """Stage a model's weights (and the recipe's extra files) into the model store of every host:
     download once, fan out over the fabric with rsync, verify sha256 everywhere."""
-    from invoke.exceptions import Exit
-
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
+    from sparkprov.cli.options import float_option, int_option, parse_forks
     from sparkprov.engine.run import DEFAULT_FORKS
     from sparkprov.plays.stage import StageOptions, run_stage
 
-    try:
-        streams = int(streams)
-        float(progress_interval)
-        forks = int(forks) if forks is not None else DEFAULT_FORKS
-    except ValueError:
-        raise Exit("sparkprov: --streams and --forks are whole numbers and --progress-interval a number of seconds",
-                   code=1) from None
-    if not 1 <= streams <= 64 or not 1 <= forks <= 1024:
-        raise Exit("sparkprov: --streams must be between 1 and 64, --forks between 1 and 1024", code=1)
     out = sys.stderr if json else sys.stdout
     with user_errors():
+        streams = int_option("streams", streams, 1, 64, default=4)
+        forks = parse_forks(forks, DEFAULT_FORKS)
+        float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         report = Report(out, quiet=json)

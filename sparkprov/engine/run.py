@@ -26,8 +26,10 @@ from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
 from sparkprov.engine.gather import build_gather, parse_gather
 from sparkprov.engine.report import CENSORED, Report, TaskResult
+from sparkprov.engine.validate import validate_playbook_expressions
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.inputfiles import MAX_SECRET, read_text_checked
 from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
 from sparkprov.transport.connect import make_transport  # noqa: F401 (the commands' one connect path)
@@ -68,7 +70,7 @@ class BecomePassword:
 
     def configured(self, host: Host) -> str | None:
         if host.become_password_env and os.environ.get(host.become_password_env):
-            return os.environ[host.become_password_env]
+            return _one_line(host, f"${host.become_password_env}", os.environ[host.become_password_env])
         if host.become_password_file:
             path = os.path.expanduser(host.become_password_file)
             try:
@@ -79,10 +81,10 @@ class BecomePassword:
             if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
                 raise SparkprovError(f"{host.name}: {path} is readable by others (mode {oct(st.st_mode & 0o777)})",
                                      fix=f"chmod 600 {path}")
-            with open(path, encoding="utf-8") as fh:
-                return fh.read().rstrip("\n")
+            # a regular file of sane size (a FIFO would hang, /dev/zero would never end)
+            return _one_line(host, path, read_text_checked(path, "become_password_file", MAX_SECRET).rstrip("\n"))
         if os.environ.get("SPARKPROV_BECOME_PASSWORD"):
-            return os.environ["SPARKPROV_BECOME_PASSWORD"]
+            return _one_line(host, "$SPARKPROV_BECOME_PASSWORD", os.environ["SPARKPROV_BECOME_PASSWORD"])
         return self._prompted
 
     def prompt(self) -> str | None:
@@ -90,6 +92,14 @@ class BecomePassword:
             if self._prompted is None and self.interactive:
                 self._prompted = getpass.getpass("sudo password: ")
             return self._prompted
+
+
+def _one_line(host: Host, where: str, password: str) -> str:
+    """sudo reads one line: a password with a line break would be cut, the rest read as input."""
+    if any(c in password for c in "\n\r\0"):
+        raise SparkprovError(f"{host.name}: the sudo password from {where} holds a line break or NUL",
+                             fix="put only the password, on one line")
+    return password
 
 
 class HostRun:
@@ -125,6 +135,12 @@ class Runner:
     # -- the run ------------------------------------------------------------------------
     def run(self) -> Report:
         try:
+            # every `when:` and template against the names each host will have, before the first
+            # connection: an undefined name found at run time would leave a play half-applied
+            validate_playbook_expressions(
+                self.playbook, {h: set(self.inventory.hosts[h].vars) | set(self.options.extra_vars) for h in self.runs},
+                hosts_of_play=lambda p: [h for h in self.inventory.resolve(p.hosts, where=p.where, what="play hosts")
+                                         if h in self.runs])
             self._validate_templated_args()
             for play in self.playbook.plays:
                 targets = [h for h in self.inventory.resolve(play.hosts, where=play.where, what="play hosts")

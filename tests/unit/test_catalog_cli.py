@@ -69,4 +69,4 @@ def test_catalog_cli_bad_user_file_is_one_line(tmp_path):
     p.write_text("recipes:\n  - alias: x\n    extends: qwen3.6-27b\n    bogus: 1\n")
     with pytest.raises(Exit) as e:
         cli.models(Context(), recipes=[str(p)])
-    assert str(e.value.message).startswith(f"{p}:4:5: unknown key 'bogus'")
+    assert str(e.value.message).startswith(f"sparkprov: {p}:4:5: unknown key 'bogus'")

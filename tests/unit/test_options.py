@@ -149,19 +149,18 @@ def test_accepted_options_run_and_end_unreachable(env, args):
 
 
 # -- options parsed in files other engineers own: the calls are in issue 16's report --------------
-PENDING = pytest.mark.xfail(strict=True, reason="needs the cli/cluster.py, cli/catalog.py change of issue 16")
 
 
 @pytest.mark.parametrize("args,needles", [
     pytest.param(["cluster-up", *INV, "--check", "--model", "nosuchmodel", "--ray-timeout", "2.5"],
-                 ["nosuchmodel"], marks=PENDING, id="cluster-up --ray-timeout 2.5 is valid"),
+                 ["nosuchmodel"], id="cluster-up --ray-timeout 2.5 is valid"),
     pytest.param(["cluster-up", *INV, "--tp", "abc"], ["--tp 'abc'"], id="cluster-up --tp abc"),
-    pytest.param(["cluster-up", *INV, "--tp", "9"], ["--tp 9 is out of range"], marks=PENDING, id="cluster-up --tp 9"),
-    pytest.param(["nccl-check", *INV, "--iters", "abc"], ["--iters 'abc'"], marks=PENDING, id="nccl-check --iters abc"),
-    pytest.param(["nccl-check", *INV, "--threshold", "abc"], ["--threshold 'abc'"], marks=PENDING,
+    pytest.param(["cluster-up", *INV, "--tp", "99"], ["--tp 99 is out of range"], id="cluster-up --tp 99"),
+    pytest.param(["nccl-check", *INV, "--iters", "abc"], ["--iters 'abc'"], id="nccl-check --iters abc"),
+    pytest.param(["nccl-check", *INV, "--threshold", "abc"], ["--threshold 'abc'"],
                  id="nccl-check --threshold abc"),
-    pytest.param(["recipe", "x", "--tp", "abc"], ["--tp 'abc'"], marks=PENDING, id="recipe --tp abc"),
-    pytest.param(["lint", "all", "--tp", "abc"], ["--tp 'abc'"], marks=PENDING, id="lint --tp abc"),
+    pytest.param(["recipe", "x", "--tp", "abc"], ["--tp 'abc'"], id="recipe --tp abc"),
+    pytest.param(["lint", "all", "--tp", "abc"], ["--tp 'abc'"], id="lint --tp abc"),
 ])
 def test_options_of_other_files(env, args, needles):
     proc = run(args, env)

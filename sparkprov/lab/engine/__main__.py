@@ -1,5 +1,6 @@
 import sys
 
 from .cli import main
+from .engine import run
 
-sys.exit(main())
+sys.exit(main(run=run))

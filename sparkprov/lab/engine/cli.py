@@ -308,7 +308,9 @@ def plugin_names(path: str, manager: str, parser: argparse.ArgumentParser) -> li
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, run=None) -> int:
+    """Parse and check like vLLM, then hand the arguments to `run` (the engine: __main__ passes
+    it in, so that the engine may use this parser without an import cycle)."""
     from .log import get_logger
     logger = get_logger()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -331,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
                                 "Error: --enable-auto-tool-choice requires --tool-call-parser"))
     if args.api_key is None and os.environ.get("VLLM_API_KEY"):
         args.api_key = [os.environ["VLLM_API_KEY"]]
-    from .engine import run
     return run(args, logger)
 
 
