@@ -317,7 +317,10 @@ def test_ollama_standin_holds_and_frees_memory(lab):
         assert [m["name"] for m in models] == ["llama3.1:8b"]
         assert models[0]["size"] == 200 * 2**20
         pid = ollama.ollama_pid(h)
-        rss = lambda: int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0])
+
+        def rss() -> int:
+            return int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0])
+
         assert rss() > 190 * 1024
         unload = ("import json,urllib.request as u;o=u.build_opener(u.ProxyHandler({}));"
                   "print(o.open(u.Request('http://127.0.0.1:11434/api/generate',data=json.dumps("
