@@ -28,7 +28,7 @@ UP_HELP = {
     "deployments": "Only these deployments of the playbook (comma-separated names)",
     "check": "Preflight and plan only: say what would start or be replaced, change nothing",
     "recipes": "A user recipe file merged over the catalog (repeatable)",
-    "stage": "Not yet: run invoke stage-weights MODEL first (cluster-up fails naming the fix when weights are missing)",
+    "stage": "Stage the weights first, as stage-weights does, in the same run (with --check: says what it would stage)",
     "unload_ollama": "Unload models an Ollama server holds in unified memory before the load (G14)",
     "drop_caches": "Drop the page cache as root before a load (G15; default on, --no-drop-caches to skip)",
     "image_source": "Where a node missing the image gets it: auto (registry, then a peer over the fabric), "
@@ -166,11 +166,6 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
         hosts = hosts_option("hosts", hosts)
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
-        if stage:
-            from sparkprov.errors import InputError
-
-            raise InputError("--stage is not available in this version", fix=f"run invoke stage-weights "
-                             f"{model or 'MODEL'} first, then cluster-up")
         inv = load_inventory(inventory_path(inventory))
         deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
                                              executor=executor or "ray", deployments=deployments,
@@ -181,7 +176,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
             targets = [h for h in targets if h in allowed]
         opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
                                ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify)
-        book = plays.up_book(deps, recipe_files, opts)
+        book = plays.up_book(deps, recipe_files, opts, staged=stage_books(inv, deps, check) if stage else None)
         report = Report(out, quiet=json)
         t0 = time.monotonic()
         runner = plays.run_book(inv, book, targets, _engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
@@ -201,6 +196,13 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
     if not json:
         print_summary(summary)
     finish(report.exit_code())
+
+
+def stage_books(inv, deps, check):
+    """--stage: each deployment's stage plays (the hub listed here first), run before its preflight."""
+    from sparkprov.plays.stage import StageOptions, prepare_stage
+
+    return {d.name: prepare_stage(inv, d.hosts, d.model, StageOptions(check=check))[0] for d in deps}
 
 
 def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):

@@ -21,12 +21,17 @@ from sparkprov.defaults import host_setting
 class Args(ServeArgs):
     drop_caches: bool = True
     unload_ollama: bool = False
+    staged_here: bool = False  # the stage plays of this run put the weights in place (--stage)
 
 
 class ServePreflight(Module):
     name = "serve_preflight"
     Args = Args
     doc = "Check a deployment's node before a start: lint, driver, docker, fabric, weights, memory, port."
+
+    def stale(self, args: Args, host: HostContext):
+        """After this run's stage plays, the store is read again (it was read before they ran)."""
+        return [self.needs(args, host)["store"]] if args.staged_here and not host.check else []
 
     def needs(self, args: Args, host: HostContext):
         dep = args.deployment
@@ -74,7 +79,9 @@ class ServePreflight(Module):
             exports = {"node_ip": ip, "rail_net": net}
         store = facts.store
         missing = [w for w in (node.staged_problem(store, repo, rev) for repo, rev in node.repos(dep)) if w]
-        if missing:
+        if missing and args.staged_here and host.check:
+            notes.append("weights: the stage plays before would put them in place")
+        elif missing:
             fails.append(f"{h}: weights not staged and verified in {store.store or host_setting(host.vars, 'model_store')}: "
                          f"{missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
                          + f" (fix: invoke stage-weights {dep.model} --hosts {','.join(dep.hosts)}, "

@@ -39,9 +39,15 @@ class UpOptions:
     verify: bool = False
 
 
-def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions) -> Playbook:
+def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions,
+            staged: dict[str, Playbook] | None = None) -> Playbook:
+    """`staged`: per deployment, the stage plays (--stage) that put its weights in place first."""
     book = Playbook("cluster-up")
     for d in deployments:
+        if staged and d.name in staged:
+            for p in staged[d.name].plays:
+                p.name = f"{d.name}: {p.name}"
+                book.plays.append(p)
         args = {"deployment": d.as_args(recipe_files)}
         where = d.where
         dep = DeploymentArgs.model_validate(args["deployment"])
@@ -54,7 +60,8 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
         book.plays += [
             # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
             # the tasks themselves run as the login user
-            play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight", pre, where, become=False)],
+            play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight",
+                                                        {**pre, "staged_here": bool(staged)}, where, become=False)],
                  become=o.drop_caches, where=where),
             play(f"{d.name}: image", d.hosts,
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,

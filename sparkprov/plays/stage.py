@@ -73,8 +73,9 @@ class StageOptions:
     forks: int = DEFAULT_FORKS
 
 
-def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions, report: Report) -> dict[str, Any]:
-    """List the hub (control machine), then run the stage plays; the summary the commands print."""
+def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions) -> tuple[Playbook, dict[str, Any]]:
+    """List the hub (on the control machine: a gated repo without a token fails here, before any
+    host) and build the stage plays; their summary so far."""
     from sparkprov.staging.hub import list_stage, resolve_token, spec_for
 
     if o.source and o.source not in hosts:
@@ -86,17 +87,25 @@ def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOption
     image = o.image or spec.image or inventory.hosts[src].vars.get("stage_image") or ""
     endpoint = str(inventory.hosts[hosts[0]].vars.get("hf_endpoint") or "https://huggingface.co").rstrip("/")
     token, token_src = resolve_token()
-    t0 = time.monotonic()
-    items, listings = list_stage(spec, endpoint, token)  # a gated repo without a token fails here
+    items, listings = list_stage(spec, endpoint, token)
     book = stage_book(inventory, hosts, model, items, source=src, endpoint=endpoint, image=image, rehash=o.rehash,
                       streams=o.streams)
+    size = {i.rel: i.size for i in items}
+    return book, {"model": model, "source": src, "endpoint": endpoint, "image": image or None,
+                  "token": token_src or None, "check": o.check,
+                  "repos": {f"{x.repo}@{x.revision}": x.commit for x in listings},
+                  "files": len(size), "bytes": sum(size.values())}
+
+
+def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions, report: Report) -> dict[str, Any]:
+    """The stage plays on the engine; the summary the commands print."""
+    t0 = time.monotonic()
+    book, summary = prepare_stage(inventory, hosts, model, o)
     runner = run_book(inventory, book, hosts, RunOptions(check=o.check, forks=o.forks, gather_ahead=True,
                                                           accept_new_host_keys=o.accept_new_host_keys), report)
-    size = {i.rel: i.size for i in items}
     exported = {h: (runner.exports.get(h) or {}).get("stage") or {} for h in hosts}
-    return {"model": model, "source": src, "endpoint": endpoint, "image": image or None, "token": token_src or None,
-            "check": o.check, "repos": {f"{x.repo}@{x.revision}": x.commit for x in listings},
-            "files": len(size), "bytes": sum(size.values()), "seconds": round(time.monotonic() - t0, 3),
-            "hosts": {h: {"store": exported[h].get("store"), "fabric_address": exported[h].get("fabric"),
-                          "complete": not o.check and not report.hosts[h].failed and not report.hosts[h].unreachable}
-                      for h in hosts}}
+    summary["seconds"] = round(time.monotonic() - t0, 3)
+    summary["hosts"] = {h: {"store": exported[h].get("store"), "fabric_address": exported[h].get("fabric"),
+                            "complete": not o.check and not report.hosts[h].failed and not report.hosts[h].unreachable}
+                        for h in hosts}
+    return summary

@@ -84,7 +84,7 @@ def env(lab, hub, tmp_path_factory):
             os.environ.pop("HF_TOKEN", None)
         else:
             os.environ["HF_TOKEN"] = saved
-    yield {"inv": inv, "dir": d, "lab": lab}
+    yield {"inv": inv, "dir": d, "lab": lab, "token": hub.token}
     subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=300)
     for n in lab.names:
         lab.ssh(n, f"docker rm -f {FOREIGN} >/dev/null 2>&1; rm -rf {STORE}")
@@ -491,3 +491,32 @@ def test_power_cycle_of_a_node_comes_back_by_itself(env, executor, victim):
     rc, st, out = cli(env, "status")
     assert rc == 0, out
     down(env, "--model", TP_MODEL, "--name", f"pc-{executor}")
+
+
+def test_stage_in_the_same_run_and_its_check_changes_nothing(env):
+    """cluster-up --stage on a host that lacks the weights: --check downloads, copies and starts
+    nothing (state read back with plain ssh) and says what it would do; then the real run stages
+    and serves."""
+    lab = env["lab"]
+    down(env)
+    repo = "meta-llama/Llama-3.3-70B-Instruct".replace("/", "--")
+    lab.ssh("spark2", f"rm -rf {STORE}/hub/models--{repo}")
+    before = {h: host_state(lab, h) for h in lab.names}
+    saved = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = env["token"]
+    try:
+        rc, doc, out = up(env, "--check", "--stage")
+        assert rc == 0, out
+        assert {h: host_state(lab, h) for h in lab.names} == before
+        msgs = " | ".join(r["msg"] for r in changed(doc))
+        assert "would: send" in msgs and "to spark2" in msgs and "would: drop the page cache" in msgs, msgs
+        assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
+        rc, doc, out = up(env, "--stage")
+        assert rc == 0, out
+        assert "42" in chat(env, doc["cluster"], "tp")
+    finally:
+        if saved is None:
+            os.environ.pop("HF_TOKEN", None)
+        else:
+            os.environ["HF_TOKEN"] = saved
+    down(env)

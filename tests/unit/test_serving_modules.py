@@ -233,3 +233,17 @@ def test_allreduce_rank1_succeeds_without_a_result_of_its_own():
     p = run(allreduce.Allreduce, args, {"fabric": fabric("spark2"), "image": {"id": "sha256:x"}}, ctx("spark2", exports))
     assert p.changes[0].outcome("UserWarning: Failed to initialize NumPy\n@rc=0\n") is None
     assert "exit status 1" in p.changes[0].outcome("RuntimeError: connection refused\n@rc=1\n")
+
+
+def test_preflight_with_stage_plays_before_it():
+    """--stage: in check mode missing weights are what the stage plays would bring (no failure);
+    in a real run the store is read again after them (stale), and still-missing weights fail."""
+    empty = StoreFacts(store=f"{HOME}/vllm")
+    args = {"deployment": DEP, "staged_here": True}
+    p = run(serve_preflight.ServePreflight, args, preflight_values("spark1", store=empty), ctx(check=True))
+    assert p.failed is None and "stage plays before would put them in place" in p.msg
+    m = serve_preflight.ServePreflight()
+    a = m.Args.model_validate(args)
+    assert m.stale(a, ctx()) == [m.needs(a, ctx())["store"]] and m.stale(a, ctx(check=True)) == []
+    p = run(serve_preflight.ServePreflight, args, preflight_values("spark1", store=empty), ctx())
+    assert "weights not staged" in p.failed
