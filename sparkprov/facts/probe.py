@@ -7,7 +7,6 @@ Modes (one JSON document on stdout):
     ready      wait for the container's engine (Ray nodes, /health), warm up, ask the smoke
                question, record the answer under the container ID -> {smoke | failed, ...}
     status     every sparkprov container with labels and state, and each server's probe
-    smoke      warm-up request, then the smoke request -> {warmup, smoke: {content, reasoning, finish, ...}}
 """
 
 from __future__ import annotations
@@ -190,29 +189,6 @@ elif mode == "status":
                 rr = subprocess.run(["docker", "exec", c["name"], "ray", "status"], capture_output=True, text=True)
                 c["ray_text"] = rr.stdout
             out["containers"].append(c)
-elif mode == "smoke":
-    model = spec["model"]
-    t0 = time.time()
-    st, body = call("/v1/chat/completions", {"model": model, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "Say hello."}],
-                    "chat_template_kwargs": spec["kwargs"]}, timeout=spec.get("timeout", 600))
-    out["warmup"] = {"status": st, "seconds": round(time.time() - t0, 2), "error": None if st == 200 else body[:300]}
-    t0 = time.time()
-    st, body = call("/v1/chat/completions", {"model": model, "max_tokens": spec["max_tokens"], "temperature": 0,
-                    "messages": [{"role": "user", "content": spec["prompt"]}],
-                    "chat_template_kwargs": spec["kwargs"]}, timeout=spec.get("timeout", 600))
-    res = {"status": st, "seconds": round(time.time() - t0, 2)}
-    if st == 200:
-        try:
-            choice = json.loads(body)["choices"][0]
-            msg = choice.get("message") or {}
-            res.update(content=msg.get("content"), reasoning=msg.get("reasoning_content") or msg.get("reasoning"),
-                       finish=choice.get("finish_reason"))
-        except Exception as e:
-            res["error"] = "unreadable reply: %s" % body[:300]
-    else:
-        res["error"] = body[:300]
-    out["smoke"] = res
 print(json.dumps(out))
 '''
 

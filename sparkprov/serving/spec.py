@@ -176,22 +176,27 @@ def _member_of(rank0_id: str) -> dict[str, str]:
     return {"SPARKPROV_RANK0": rank0_id[:12]} if rank0_id else {}
 
 
+def drop_options(argv: list[str], *, valued: tuple[str, ...] = (), bare: tuple[str, ...] = ()) -> list[str]:
+    """argv without some options: `valued` ones with their value (`--x v` or `--x=v`), `bare` ones alone."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        if w in valued:
+            i += 2
+            continue
+        if w in bare or any(w.startswith(v + "=") for v in valued):
+            i += 1
+            continue
+        out.append(w)
+        i += 1
+    return out
+
+
 def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int) -> list[str]:
     """`vllm serve` for one rank of vLLM's own multi-node: the launch's arguments without Ray's
     executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0)."""
-    argv: list[str] = []
-    words = list(launch.vllm_argv)
-    i = 0
-    while i < len(words):
-        w = words[i]
-        if w == "--distributed-executor-backend":
-            i += 2
-            continue
-        if w.startswith("--distributed-executor-backend="):
-            i += 1
-            continue
-        argv.append(w)
-        i += 1
+    argv = drop_options(list(launch.vllm_argv), valued=("--distributed-executor-backend",))
     if pp > 1:
         argv += ["--pipeline-parallel-size", str(pp)]
     argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,

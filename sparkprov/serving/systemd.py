@@ -7,7 +7,7 @@ it in the tests. (The lab has no systemd: there docker's restart policy brings c
 
 from __future__ import annotations
 
-from sparkprov.serving.spec import ContainerSpec
+from sparkprov.serving.spec import ContainerSpec, drop_options
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -25,21 +25,7 @@ def _word(arg: str) -> str:
 def foreground_argv(spec: ContainerSpec) -> list[str]:
     """The spec's `docker run` for systemd: no -d and no docker restart policy (systemd restarts
     it), --rm (each start is a fresh container of the same name)."""
-    argv = list(spec.argv)
-    out, i = [], 0
-    while i < len(argv):
-        w = argv[i]
-        if w == "-d":
-            i += 1
-            continue
-        if w == "--restart":
-            i += 2
-            continue
-        if w.startswith("--restart="):
-            i += 1
-            continue
-        out.append(w)
-        i += 1
+    out = drop_options(list(spec.argv), valued=("--restart",), bare=("-d",))
     return out[:2] + ["--rm"] + out[2:]
 
 
