@@ -122,14 +122,22 @@ def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes):
 def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes):
     from sparkprov.serving.playbook import load_serve_playbook, select
 
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.errors import InputError
+
     if model:
-        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor,
+        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor or "ray",
                                  recipes=recipes)], list(recipes)
     pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
     chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
     deps = select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments))
+    cat = load_catalog(list(pb.recipe_files) + list(recipes))
     for d in deps:
-        if executor:
+        try:
+            cat.get(d.model)
+        except InputError as exc:  # name the deployment's place in its playbook
+            raise d.error(exc.message, fix=exc.fix) from None
+        if executor:  # --executor overrides what the playbook says
             d.executor = executor
     return deps, list(pb.recipe_files) + list(recipes)
 
@@ -168,7 +176,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
         inv = load_inventory(inventory_path(inventory))
         deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
-                                             executor=executor or "ray", deployments=deployments,
+                                             executor=executor, deployments=deployments,
                                              recipes=list(recipes or []))
         targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
         if limit:
