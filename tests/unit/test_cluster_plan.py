@@ -357,7 +357,7 @@ def test_unknown_model_in_a_serve_playbook_names_its_place(tmp_path):
     (tmp_path / "serve.yaml").write_text("deployments:\n  - {name: a, model: llama-3.3-70bb, hosts: spark1}\n")
     (tmp_path / "inv.yaml").write_text("hosts:\n  spark1: {address: 127.0.0.1, port: 9}\n")
     p = subprocess.run([str(REPO / ".venv" / "bin" / "invoke"), "cluster-up", "--playbook", str(tmp_path / "serve.yaml"),
-                        "--inventory", str(tmp_path / "inv.yaml")], cwd=tmp_path, capture_output=True, text=True)
+                        "--inventory", str(tmp_path / "inv.yaml")], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 1 and p.stderr.strip() == (
         f"sparkprov: {tmp_path / 'serve.yaml'}:2:5: deployment 'a': unknown model alias 'llama-3.3-70bb' "
         "(fix: did you mean 'llama-3.3-70b'?)")
