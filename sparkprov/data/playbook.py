@@ -60,6 +60,7 @@ class _PlayFile(BaseModel):
     tags: list[str] = Field(default_factory=list)
     tasks: list[Any] = Field(default_factory=list)
     handlers: list[Any] = Field(default_factory=list)
+    any_errors_fatal: bool = False
 
 
 @dataclass
@@ -91,6 +92,8 @@ class Play:
     tasks: list[Task]
     handlers: list[Task]
     where: tuple[str, int | None, int | None]
+    # a host that fails stops every host of the play (a cluster is all its nodes or nothing)
+    any_errors_fatal: bool = False
 
 
 @dataclass
@@ -180,5 +183,5 @@ def load_playbook(path: str | Path) -> Playbook:
                                     fix=f"define it under handlers: of this play (have: {', '.join(sorted(names)) or 'none'})")
         line, col = pos.at((i,))
         book.plays.append(Play(play.name or f"play {i + 1}", play.hosts, play.become, play.vars, tasks, handlers,
-                               (file, line, col)))
+                               (file, line, col), play.any_errors_fatal))
     return book

@@ -15,8 +15,9 @@ def task(name: str, module: str, args: dict[str, Any], where: tuple, *, become: 
                 become=become, ignore_errors=False, where=where)
 
 
-def play(name: str, hosts: list[str], tasks: list[Task], *, become: bool = False, where: tuple = ("", None, None)) -> Play:
-    return Play(name, list(hosts), become, {}, tasks, [], where)
+def play(name: str, hosts: list[str], tasks: list[Task], *, become: bool = False, where: tuple = ("", None, None),
+         any_errors_fatal: bool = False) -> Play:
+    return Play(name, list(hosts), become, {}, tasks, [], where, any_errors_fatal)
 
 
 def run_book(inventory: Inventory, book: Playbook, hosts: list[str], options: RunOptions, report: Report) -> Runner:

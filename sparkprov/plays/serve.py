@@ -41,9 +41,12 @@ class UpOptions:
 
 def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions,
             staged: dict[str, Playbook] | None = None) -> Playbook:
-    """`staged`: per deployment, the stage plays (--stage) that put its weights in place first."""
+    """`staged`: per deployment, the stage plays (--stage) that put its weights in place first.
+    A cluster is all its nodes or nothing: a node that fails stops the others (any_errors_fatal),
+    so nothing starts on them either."""
     book = Playbook("cluster-up")
     for d in deployments:
+        first = len(book.plays)
         if staged and d.name in staged:
             for p in staged[d.name].plays:
                 p.name = f"{d.name}: {p.name}"
@@ -92,6 +95,9 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
         book.plays.append(play(f"{d.name}: ready", serving, [task(
             f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
                                                "verify": o.verify}, where)], where=where))
+        if d.cluster:
+            for p in book.plays[first:]:
+                p.any_errors_fatal = True
     return book
 
 

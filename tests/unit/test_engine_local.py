@@ -248,3 +248,29 @@ def test_gather_ahead_reads_every_play_in_one_call(setup, tmp_path):
 """ for name in ("a", "b")))
     assert run(inv, playbook=book).hosts["first"].remote_calls == 2  # a gather per play
     assert run(inv, playbook=book, gather_ahead=True).hosts["first"].remote_calls == 1
+
+
+def test_any_errors_fatal_stops_every_host_of_the_play(tmp_path):
+    """A cluster is all its nodes or nothing: with any_errors_fatal a host failing in a play stops
+    the others before the next play (which would start half a cluster)."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  a: {connection: local}\n  b: {connection: local}\n")
+    book = tmp_path / "fatal.yaml"
+    book.write_text(f"""
+- name: check
+  hosts: all
+  any_errors_fatal: true
+  tasks:
+    - name: only b fails
+      command: {{argv: [sh, -c, "exit 1"], creates: {tmp_path}/never}}
+      when: "inventory_hostname == 'b'"
+- name: start
+  hosts: all
+  tasks:
+    - name: would start
+      file: {{path: "{tmp_path}/started-{{{{ inventory_hostname }}}}", content: x}}
+""")
+    report = run(inv, playbook=book)
+    assert not list(tmp_path.glob("started-*"))
+    stopped = [r for r in report.results if r.task == "stopped"]
+    assert [(r.host, r.status) for r in stopped] == [("a", "skipped")] and "any_errors_fatal" in stopped[0].msg
