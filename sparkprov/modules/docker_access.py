@@ -5,12 +5,10 @@
 - the `docker` group exists (created if missing) and the login user is in it. Membership only
   counts in a new login, so the engine reconnects before verifying, and the proof is
   `docker info` run as that user in the new session, not the group file;
-- a smoke test: `docker run --rm --gpus all IMAGE COMMAND` as the login user (image pulled when
-  absent), with `smoke_image` / `smoke_command` from the arguments or the inventory variables of
-  the same names (e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 and [nvidia-smi]); without an
-  image the smoke test is skipped and the message says why. Running a container is a change, not
-  a read: the test runs once per image build, docker server and driver, and its pass is recorded
-  (GpuSmokeRecord), so a run with nothing to do starts no container and check mode never does.
+- the smoke image pulled when absent (`smoke_image` / `smoke_command` from the arguments or the
+  inventory variables of the same names, e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 and
+  [nvidia-smi]); the test itself is the gpu_smoke module's, the task after this one, so that it runs
+  in the new login session.
 
 Exports `docker`: {server_version, runtimes, toolkit, smoke}.
 """
@@ -23,7 +21,7 @@ from pydantic import field_validator
 
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
-from sparkprov.facts.hardware import SMOKE_DIR, DockerDaemon, DockerState, GpuSmokeRecord
+from sparkprov.facts.hardware import DockerDaemon, DockerState
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd
 
@@ -60,14 +58,14 @@ class DockerAccessModule(Module):
         image, command = _smoke(args, host)
         out = {"state": DockerState(), "daemon": DockerDaemon(), "group": GroupInfo(args.group), "user": UserInfo(host.user)}
         if image:
-            out.update(image=DockerDaemon(image), smoke=GpuSmokeRecord(image, command, args.gpus))
+            out.update(image=DockerDaemon(image))
         return out
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h, user, group = host.name, host.user, args.group
         image, command = _smoke(args, host)
         state, daemon, grp, uinfo = facts.state, facts.daemon, facts.group, facts.user
-        smoke_facts = [facts.fact("image"), facts.fact("smoke")] if image else []
+        smoke_facts = [facts.fact("image")] if image else []
         every = [facts.fact(n) for n in ("state", "daemon", "group", "user")] + smoke_facts
         if not state["cli"]:
             return Plan.fail(f"{h}: docker is not installed. Fix: install Docker Engine (DGX OS ships it: "
@@ -116,22 +114,7 @@ class DockerAccessModule(Module):
         parts = [f"docker {state['server_version']} running; {user} reaches it in a new session (group {group})",
                  "NVIDIA container toolkit " + (tk["ctk"] or tk["package"] or "hook " + (tk["hook"] or ""))]
         if image:
-            record = facts.fact("smoke")
-            smoke = facts.smoke
-            run = "docker run --rm" + (" --gpus all " if args.gpus else " ") + " ".join([image, *command])
-            if smoke["state"] != "present":
-                return Plan.fail(f"{h}: GPU smoke test could not run ({smoke['state']})")
-            if not smoke["passed"]:
-                argv = ["docker", "run", "--rm"] + (["--gpus", "all"] if args.gpus else []) + [image, *command]
-                script = (f"o=$(timeout 120 {cmd(*argv)} 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 5\n"
-                          f"[ $r = 0 ] || {{ echo \"smoke test failed (rc=$r)\" >&2; exit $r; }}\n"
-                          f"f={SMOKE_DIR.replace('~', '$HOME', 1)}/{smoke['key']}; mkdir -p \"$(dirname \"$f\")\"; "
-                          "printf '%s\\n' \"$o\" > \"$f\"")
-                return Plan([Change(f"GPU smoke test: `{run}` (once for this image, docker and driver)", script,
-                                    touches=[record], predicts=[(record, {**smoke, "passed": True})])],
-                            exports={"docker": exports})
-            exports["smoke"] = {"image": image, "command": list(command), "ok": True}
-            parts.append(f"`{run}` passed")
+            parts.append(f"smoke image {image} present (gpu_smoke runs the test)")
         else:
             parts.append("GPU smoke test skipped: no smoke_image set (e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 "
                          "with smoke_command [nvidia-smi])")

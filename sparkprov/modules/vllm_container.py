@@ -100,11 +100,18 @@ class VllmContainer(Module):
         predicted = {"access": True, "error": None, "containers": [c for c in cont["containers"] if c["name"] != spec.name
                                                                    and c["name"] not in strays]
                      + [{"name": spec.name, "status": "running", "labels": spec.labels, "id": "(new)"}]}
-        changes.append(Change(f"{'start' if not have else 'replace'} {spec.name} ({spec.role}, {dep.model}, recipe "
-                              f"{spec.hash}): {why}", _run_script(spec, serves),
-                              Diff(f"{h}: {spec.name}", before, f"{spec.name} running recipe {spec.hash}\n"),
-                              touches=[ManagedContainers()] + ([ready] if ready else []), timeout=600,
-                              predicts=[(ManagedContainers(), predicted)]))
+        start = Change(f"{'start' if not have else 'replace'} {spec.name} ({spec.role}, {dep.model}, recipe "
+                       f"{spec.hash}): {why}", _run_script(spec, serves),
+                       Diff(f"{h}: {spec.name}", before, f"{spec.name} running recipe {spec.hash}\n"),
+                       touches=[ManagedContainers()] + ([ready] if ready else []), timeout=600,
+                       predicts=[(ManagedContainers(), predicted)])
+
+        def key_note(out: str) -> None:
+            if "@key=created" in out:  # said once, when the key is made (it never leaves the host)
+                start.summary += " (API key created, 0600)"
+
+        start.outcome = key_note
+        changes.append(start)
         return Plan(changes, exports={"containers": {dep.name: {"name": spec.name, "role": spec.role,
                                                                 "hash": spec.hash}}})
 

@@ -91,13 +91,19 @@ class WeightsStore(Module):
         # links and refs are made once every file is there (the publish phase, or now when only
         # they are missing): a ref never names a snapshot whose files are still to come
         links, refs = ([], {}) if hp.to_fetch else (hp.links, hp.refs)
-        if checks or links or refs:
+        # what is there with the wrong size (a truncated shard, a stray staged file) goes first:
+        # the right bytes then arrive in staging and are published
+        remove = sorted({r for f in hp.files.values() for r in f.remove})
+        if checks or links or refs or remove:
             what = []
             if checks:
                 what.append(f"hash {len(checks)} files ({human(sum(c.item.size for c in checks))}) and publish the good ones")
             if links or refs:
                 what.append(f"link {len(links)} snapshot paths" + (f", write {len(refs)} refs" if refs else ""))
-            changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=refs, parallel=4),
+            if remove:
+                what.append(f"remove {len(remove)} files of the wrong size")
+            changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=refs,
+                                                                  remove=remove, parallel=4),
                                   touches=[facts.fact("store")], timeout=24 * 3600))
         msg = (f"{hp.summary()}; needs {human(hp.need_bytes)}" + (f", {human(hp.free)} free" if hp.free is not None
                                                                    else "")) if hp.to_fetch else ""

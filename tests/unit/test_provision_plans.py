@@ -182,25 +182,24 @@ def test_docker_membership_proven_by_docker_info_in_session():
     assert "docker info` fails in a new session" in p.failed
     ok = plan(docker_access.DockerAccessModule, {"smoke_image": "img:1"},
               docker_facts(("nvidia", "docker"), access=True, image="img:1"), ctx())
-    assert ok.failed is None and "--gpus all img:1` passed" in ok.msg
+    assert ok.failed is None and "smoke image img:1 present" in ok.msg
 
 
 def test_gpu_smoke_test_is_a_change_recorded_once_never_a_read():
-    """A gather never runs a container: the smoke test runs as a change when no pass is recorded
-    for this image, docker and driver, and writes the record; check mode only says it would."""
-    p = plan(docker_access.DockerAccessModule, {"smoke_image": "img:1"},
-             docker_facts(("nvidia", "docker"), access=True, image="img:1", passed=False), ctx())
+    """A gather never runs a container: the smoke test runs as a change (as the login user) when no
+    pass is recorded for this image, docker and driver, and writes the record."""
+    from sparkprov.modules import gpu_smoke
+
+    st = docker_facts(("nvidia", "docker"), access=True)[0]
+    rec = (hw.GpuSmokeRecord("img:1", (), True), {"state": "present", "key": "k" * 32, "passed": False})
+    p = plan(gpu_smoke.GpuSmoke, {"smoke_image": "img:1"}, [st, rec], ctx())
     (change,) = p.changes
     assert "GPU smoke test" in change.summary and "docker run --rm --gpus all img:1" in change.script
-    assert "k" * 32 in change.script and change.predicts[0][1]["passed"] is True
+    assert "k" * 32 in change.script and change.predicts[0][1]["passed"] is True and change.become is False
     assert "docker run" not in hw.GpuSmokeRecord("img:1", (), True).command(ShellCtx("/home/nvidia"))
-
-def test_docker_smoke_skipped_with_reason_and_toolkit_missing_fails():
-    p = plan(docker_access.DockerAccessModule, {}, docker_facts(("nvidia", "docker"), access=True), ctx())
-    assert "smoke test skipped: no smoke_image set" in p.msg
-    facts = docker_facts(("nvidia", "docker"), access=True)
-    facts[0][1]["toolkit"] = {"ctk": None, "hook": None, "package": None}
-    assert "NVIDIA container toolkit is not installed" in plan(docker_access.DockerAccessModule, {}, facts, ctx()).failed
+    ok = plan(gpu_smoke.GpuSmoke, {"smoke_image": "img:1"}, [st, (rec[0], {**rec[1], "passed": True})], ctx())
+    assert ok.failed is None and not ok.changes and "--gpus all img:1` passed" in ok.msg
+    assert plan(gpu_smoke.GpuSmoke, {}, [st], ctx()).skipped
 
 
 # -- model store --------------------------------------------------------------------------
