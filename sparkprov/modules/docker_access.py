@@ -21,7 +21,7 @@ from pydantic import field_validator
 
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
-from sparkprov.facts.hardware import DockerDaemon, DockerState
+from sparkprov.facts.hardware import DockerDaemon, DockerState, GpuSmokeRecord
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd
 
@@ -65,7 +65,8 @@ class DockerAccessModule(Module):
         h, user, group = host.name, host.user, args.group
         image, command = _smoke(args, host)
         state, daemon, grp, uinfo = facts.state, facts.daemon, facts.group, facts.user
-        smoke_facts = [facts.fact("image")] if image else []
+        # the membership and the pull change what the GPU smoke test (gpu_smoke, next) can read
+        smoke_facts = [facts.fact("image"), GpuSmokeRecord(image, command, args.gpus)] if image else []
         every = [facts.fact(n) for n in ("state", "daemon", "group", "user")] + smoke_facts
         if not state["cli"]:
             return Plan.fail(f"{h}: docker is not installed. Fix: install Docker Engine (DGX OS ships it: "

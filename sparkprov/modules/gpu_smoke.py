@@ -48,8 +48,8 @@ class GpuSmoke(Module):
         if not facts.state["access"] and not host.check:
             return Plan.fail(f"{host.name}: {host.user} cannot use docker, so `{run}` cannot run")
         smoke = facts.record
-        if smoke["state"] == "absent" and host.check:
-            return Plan([Change(f"GPU smoke test: `{run}` (once the image is pulled)", ":")])
+        if smoke["state"] != "present" and host.check:  # the image or the membership comes first
+            return Plan([Change(f"GPU smoke test: `{run}` (once docker_access is applied)", ":")])
         if smoke["state"] != "present":
             return Plan.fail(f"{host.name}: GPU smoke test could not run ({smoke['state']})")
         if smoke["passed"]:
