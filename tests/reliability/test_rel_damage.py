@@ -164,7 +164,9 @@ def test_random_damage_is_repaired_reported_and_nothing_else_changes(lab, site, 
     got_stage = changed(staged)
     assert {h for h, t in got_stage if t.startswith("publish")} == stage_hosts, (seed, got_stage)
     sends = " | ".join(m for (h, t), m in got_stage.items() if t.startswith("send"))
-    assert {h for h, t in got_stage if not t.startswith(("publish", "send"))} == set(), (seed, got_stage)
+    # (the damaged host's store check removes the truncated file first, so the right bytes publish)
+    assert {h for h, t in got_stage if t.startswith("store")} <= stage_hosts, (seed, got_stage)
+    assert {h for h, t in got_stage if not t.startswith(("publish", "send", "store"))} == set(), (seed, got_stage)
     for d, h in picks:
         if d.task == "send":
             assert d.fragment in sends and f"to {h} " in sends, (seed, got_stage)
