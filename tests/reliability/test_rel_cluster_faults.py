@@ -22,6 +22,10 @@ def served(lab, tmp_path_factory):
     env = cli_env(token_file(d / "hf-token", lab_hub_token(lab)))
     inv = write_inventory(lab, d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
     pb = serve_playbook(d / "cluster.yaml", "relfault")
+    from sparkprov.lab.image import ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the serving images in the lab registry (lab.up does not push them)
     converge(inv)
     staged = run_invoke("stage-weights", TP_MODEL, "--inventory", str(inv), env=env)
     assert staged.returncode == 0, staged.stdout[-3000:] + staged.stderr[-2000:]
