@@ -22,7 +22,7 @@ from pydantic import field_validator
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
 from sparkprov.facts.hardware import DockerDaemon, DockerState, GpuSmokeRecord
-from sparkprov.modules._provision import setting
+from sparkprov.modules.gpu_smoke import smoke_setting as _smoke
 from sparkprov.transport.shell import cmd
 
 TOOLKIT_FIX = ("sudo apt install nvidia-container-toolkit && sudo nvidia-ctk runtime configure --runtime=docker "
@@ -43,16 +43,10 @@ class Args(ModuleArgs):
         return v
 
 
-def _smoke(args: Args, host: HostContext) -> tuple[str | None, tuple[str, ...]]:
-    image = setting(args.smoke_image, host, "smoke_image")
-    command = setting(args.smoke_command, host, "smoke_command", [])
-    return (str(image) if image else None), tuple(str(c) for c in command)
-
-
 class DockerAccessModule(Module):
     name = "docker_access"
     Args = Args
-    doc = "Docker running, NVIDIA container toolkit present, login user in the docker group (new session), GPU smoke test."
+    doc = "Docker running, NVIDIA container toolkit present, login user in the docker group (new session), smoke image pulled."
 
     def needs(self, args: Args, host: HostContext):
         image, command = _smoke(args, host)

@@ -24,7 +24,9 @@ class Args(ModuleArgs):
     gpus: bool = True
 
 
-def _smoke(args: Args, host: HostContext) -> tuple[str | None, tuple[str, ...]]:
+def smoke_setting(args, host: HostContext) -> tuple[str | None, tuple[str, ...]]:
+    """The smoke image and command: the arguments, else the inventory variables of the same names
+    (docker_access pulls the image with the same reading)."""
     image = setting(args.smoke_image, host, "smoke_image")
     command = setting(args.smoke_command, host, "smoke_command", [])
     return (str(image) if image else None), tuple(str(c) for c in command)
@@ -36,11 +38,11 @@ class GpuSmoke(Module):
     doc = "A GPU container runs for the login user (once per image, docker and driver; the pass is recorded)."
 
     def needs(self, args: Args, host: HostContext):
-        image, command = _smoke(args, host)
+        image, command = smoke_setting(args, host)
         return {"state": DockerState(), **({"record": GpuSmokeRecord(image, command, args.gpus)} if image else {})}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        image, command = _smoke(args, host)
+        image, command = smoke_setting(args, host)
         if not image:
             return Plan.skip("no smoke_image set (e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 with "
                              "smoke_command [nvidia-smi])")
