@@ -21,7 +21,9 @@ from .state import HOST_PATH, LOGIN_USER, HostRecord, LabRecord, host_dir
 # the read-only lower layer, the host's writes land in its own upper layer. Binds: an empty
 # per-host directory (nothing of the control machine shows through).
 OVERLAYS = ("/etc", "/var/lib", "/var/log", "/var/cache", "/root")
-BINDS = ("/home", "/tmp", "/var/tmp", "/usr/local", "/opt", "/run")  # /run must stay last
+# /srv too: a real Spark's is its own, and two hosts sharing one raced each other's temp files
+# (one host's rename took the other's half-written file away).
+BINDS = ("/home", "/tmp", "/var/tmp", "/usr/local", "/opt", "/srv", "/run")  # /run must stay last
 USR_LOCAL_DIRS = ("bin", "etc", "games", "include", "lib", "sbin", "share", "src")
 # Groups a fresh DGX Spark's first user is in (those this Debian has).
 LOGIN_GROUPS = ("adm", "cdrom", "sudo", "dip", "plugdev", "video", "render", "lpadmin")

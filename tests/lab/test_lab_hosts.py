@@ -24,18 +24,18 @@ def test_host_isolation(lab):
     a, b = "spark1", "spark2"
     try:
         assert lab.sh(a, "useradd -m isotest && echo x > /etc/isotest.conf && "
-                         "echo y > /tmp/isotest && echo z > /var/lib/isotest && "
+                         "echo y > /tmp/isotest && echo z > /var/lib/isotest && echo s > /srv/isotest && "
                          "mkdir -p /etc/netplan && echo n > /etc/netplan/99-isotest.yaml && "
                          "ip addr add 192.168.250.1/24 dev enp1s0f0np0").returncode == 0
         assert lab.sh(a, "id isotest && test -f /etc/isotest.conf && test -f /tmp/isotest "
                          "&& ip -br addr show enp1s0f0np0 | grep -q 192.168.250.1").returncode == 0
         for check in ("id isotest", "test -e /etc/isotest.conf", "test -e /tmp/isotest",
-                      "test -e /var/lib/isotest", "test -e /home/isotest",
+                      "test -e /var/lib/isotest", "test -e /home/isotest", "test -e /srv/isotest",
                       "test -e /etc/netplan/99-isotest.yaml",
                       "ip -br addr | grep -q 192.168.250.1"):
             assert lab.sh(b, check).returncode != 0, f"{check} leaked from {a} to {b}"
         # nor onto the control machine
-        for p in ("/etc/isotest.conf", "/tmp/isotest", "/var/lib/isotest", "/home/isotest"):
+        for p in ("/etc/isotest.conf", "/tmp/isotest", "/var/lib/isotest", "/home/isotest", "/srv/isotest"):
             assert subprocess.run(["test", "-e", p]).returncode != 0, p
         assert subprocess.run(["id", "isotest"], capture_output=True).returncode != 0
         assert "192.168.250.1" not in subprocess.run(["ip", "-br", "addr"], capture_output=True,
@@ -44,7 +44,7 @@ def test_host_isolation(lab):
         assert lab.exec(a, ["hostname"]).stdout.strip() == a
         assert lab.exec(b, ["hostname"]).stdout.strip() == b
     finally:
-        lab.sh(a, "userdel -r isotest; rm -f /etc/isotest.conf /tmp/isotest /var/lib/isotest "
+        lab.sh(a, "userdel -r isotest; rm -f /etc/isotest.conf /tmp/isotest /var/lib/isotest /srv/isotest "
                   "/etc/netplan/99-isotest.yaml; ip addr flush dev enp1s0f0np0")
 
 
