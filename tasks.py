@@ -90,7 +90,7 @@ def _stage_help():
 @task(help=_stage_help())
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False,
                   source=None, streams=None, image=None, accept_new_host_keys=False, progress_interval=None,
-                  forks=None):
+                  forks=None, revision=None, include=None, exclude=None):
     """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
     from sparkprov.cli.common import user_errors
     from sparkprov.cli.options import float_option, int_option, text_option
@@ -102,7 +102,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         progress_interval = float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
     run(c, model, hosts=hosts, inventory=inventory, limit=limit, check=check, rehash=rehash, json=json,
         source=source, streams=streams, image=image, accept_new_host_keys=accept_new_host_keys,
-        progress_interval=progress_interval, forks=forks)
+        progress_interval=progress_interval, forks=forks, revision=revision, include=include, exclude=exclude)
 
 
 ns = Collection(provision, play, facts, schema, stage_weights, catalog_tasks.models, catalog_tasks.recipe,

@@ -84,7 +84,8 @@ def choice_option(name: str, value, choices: Sequence[str], *, default: str | No
 
 
 def csv_option(name: str, value, *, choices: Iterable[str] | None = None,
-               pattern: str = r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*", default: list[str] | None = None) -> list[str] | None:
+               pattern: str = r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*", default: list[str] | None = None,
+               allowed_text: str = "letters, digits and . _ - : @ / +") -> list[str] | None:
     """A comma-separated list of words. Given but empty ('', ' , ') is an error, not "nothing":
     a script with an empty variable must not silently mean "no filter"."""
     if value is None:
@@ -102,7 +103,7 @@ def csv_option(name: str, value, *, choices: Iterable[str] | None = None,
                               fix=f"e.g. {_flag(name)} {allowed[0]}" if allowed else None)
         if allowed is None and not re.fullmatch(pattern, w):
             raise OptionError(f"{_flag(name)}: {_show(w)} is not a valid name",
-                              fix="use letters, digits and . _ - : @ / +")
+                              fix=f"use {allowed_text}")
     return list(dict.fromkeys(words))
 
 
@@ -159,6 +160,17 @@ def text_option(name: str, value, *, default: str | None = None, max_len: int = 
     if len(value) > max_len or any(not c.isprintable() for c in value):
         raise OptionError(f"{_flag(name)} {_show(value[:80])}: control characters or too long",
                           fix=f"give one line of at most {max_len} characters")
+    return value
+
+
+def revision_option(name: str, value) -> str | None:
+    """A hub revision: a branch, a tag, refs/pr/N or a commit id."""
+    if value is None:
+        return None
+    text_option(name, value, max_len=256)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", value) or ".." in value or value.endswith("/"):
+        raise OptionError(f"{_flag(name)} {_show(value)} is not a branch, tag or commit",
+                          fix=f"e.g. {_flag(name)} main, {_flag(name)} refs/pr/1 or a 40-character commit id")
     return value
 
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import sys
 
+# a repo path pattern: fnmatch's * ? [ ] and the characters of hub file names
+PATH_PATTERN = r"[A-Za-z0-9._*?\[\]/+=@-]+"
+PATH_PATTERN_TEXT = "a file pattern such as '*.safetensors' or 'original/*' (letters, digits, . _ - / + = @ and * ? [ ])"
+
 STAGE_HELP = {
     "model": "Catalog alias (e.g. qwen3.5-122b) or a Hugging Face repo id ORG/NAME[@REVISION]",
     "hosts": "Hosts, groups or patterns to stage on, comma-separated (default: all in the inventory)",
@@ -23,17 +27,22 @@ STAGE_HELP = {
     "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
     "progress_interval": "Kept for scripts; the engine reports each step as it ends",
     "forks": "How many hosts to work on at once (default 32)",
+    "revision": "The model repo at this branch, tag or commit (default: the recipe's, else main)",
+    "include": "Stage only the model repo's files matching these patterns, comma-separated, as hf download "
+               "--include takes them (e.g. '*.safetensors,*.json')",
+    "exclude": "Leave out the model repo's files matching these patterns, comma-separated (e.g. 'original/*')",
 }
 
 
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False, source=None,
-                  streams=None, image=None, accept_new_host_keys=False, progress_interval=None, forks=None):
+                  streams=None, image=None, accept_new_host_keys=False, progress_interval=None, forks=None,
+                  revision=None, include=None, exclude=None):
     """Stage a model's weights (and the recipe's extra files) into the model store of every host:
     download once, fan out over the fabric with rsync, verify sha256 everywhere."""
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.cli.options import float_option, int_option, parse_forks
+    from sparkprov.cli.options import csv_option, float_option, int_option, parse_forks, revision_option
     from sparkprov.engine.run import DEFAULT_FORKS
     from sparkprov.plays.stage import StageOptions, run_stage
 
@@ -42,12 +51,16 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         streams = int_option("streams", streams, 1, 64, default=4)
         forks = parse_forks(forks, DEFAULT_FORKS)
         float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
+        revision = revision_option("revision", revision)
+        include = csv_option("include", include, pattern=PATH_PATTERN, allowed_text=PATH_PATTERN_TEXT)
+        exclude = csv_option("exclude", exclude, pattern=PATH_PATTERN, allowed_text=PATH_PATTERN_TEXT)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         report = Report(out, quiet=json)
         summary = run_stage(inv, targets, model, StageOptions(check=check, rehash=rehash, source=source, streams=streams,
                                                               image=image, accept_new_host_keys=accept_new_host_keys,
-                                                              forks=forks), report)
+                                                              forks=forks, revision=revision, include=include,
+                                                              exclude=exclude), report)
         src = summary["source"]
     print_report(report, json, stage=summary)
     if not json:

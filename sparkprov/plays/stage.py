@@ -71,6 +71,9 @@ class StageOptions:
     image: str | None = None
     accept_new_host_keys: bool = False
     forks: int = DEFAULT_FORKS
+    revision: str | None = None          # the model repo at this branch, tag or commit
+    include: list[str] | None = None     # hf download's --include / --exclude patterns
+    exclude: list[str] | None = None
 
 
 def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions) -> tuple[Playbook, dict[str, Any]]:
@@ -83,17 +86,18 @@ def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOp
                              fix="pick a host the stage runs on")
     # the control machine is a Spark of the stage: the bytes are already here
     src = o.source or next((h for h in hosts if inventory.hosts[h].connection == "local"), hosts[0])
-    spec = spec_for(model)
+    spec = spec_for(model, o.revision)
     image = o.image or spec.image or inventory.hosts[src].vars.get("stage_image") or ""
     endpoint = str(inventory.hosts[hosts[0]].vars.get("hf_endpoint") or "https://huggingface.co").rstrip("/")
     token, token_src = resolve_token()
-    items, listings = list_stage(spec, endpoint, token)
+    items, listings = list_stage(spec, endpoint, token, include=o.include, exclude=o.exclude)
     book = stage_book(inventory, hosts, model, items, source=src, endpoint=endpoint, image=image, rehash=o.rehash,
                       streams=o.streams)
     size = {i.rel: i.size for i in items}
     return book, {"model": model, "source": src, "endpoint": endpoint, "image": image or None,
                   "token": token_src or None, "check": o.check,
                   "repos": {f"{x.repo}@{x.revision}": x.commit for x in listings},
+                  "include": o.include, "exclude": o.exclude,
                   "files": len(size), "bytes": sum(size.values())}
 
 

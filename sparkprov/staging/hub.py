@@ -27,16 +27,20 @@ class StageSpec:
     files: list[tuple[str, str, str, str]] = field(default_factory=list)    # (repo, revision, filename, dest)
 
 
-def spec_for(model: str) -> StageSpec:
-    """A catalog alias, or a repo id ORG/NAME[@REVISION]."""
+def spec_for(model: str, revision: str | None = None) -> StageSpec:
+    """A catalog alias, or a repo id ORG/NAME[@REVISION]. `revision` (--revision: a branch, tag
+    or commit) replaces the model repo's revision; the recipe's extra repos keep theirs."""
     if "/" in model:
         repo, _, rev = model.partition("@")
-        return StageSpec(label=repo, image=None, gated=False, repos=[(repo, rev or "main", None)])
+        if rev and revision and rev != revision:
+            raise SparkprovError(f"{model} names revision {rev!r} and --revision says {revision!r}",
+                                 fix="give the revision once, as ORG/NAME@REV or as --revision")
+        return StageSpec(label=repo, image=None, gated=False, repos=[(repo, revision or rev or "main", None)])
     from sparkprov.catalog.load import load_catalog
 
     recipe = load_catalog().get(model)
     spec = StageSpec(label=model, image=recipe.image, gated=recipe.gated,
-                     repos=[(recipe.model.repo, recipe.model.revision, recipe.model.local_dir)])
+                     repos=[(recipe.model.repo, revision or recipe.model.revision, recipe.model.local_dir)])
     for x in recipe.extra_repos:
         spec.repos.append((x.repo, x.revision, None))
     for s in recipe.stage:
@@ -231,8 +235,12 @@ def _network_error(exc: BaseException, endpoint: str, repo: str) -> SparkprovErr
                               "(HTTPS_PROXY) of this machine")
 
 
-def list_stage(spec: StageSpec, endpoint: str, token: str | None) -> tuple[list[Item], list[RepoListing]]:
-    """Every item of the stage, each revision pinned to a commit."""
+def list_stage(spec: StageSpec, endpoint: str, token: str | None, *, include: list[str] | None = None,
+               exclude: list[str] | None = None) -> tuple[list[Item], list[RepoListing]]:
+    """Every item of the stage, each revision pinned to a commit. `include`/`exclude` are
+    `hf download`'s --include/--exclude: fnmatch patterns on the repo paths of the model repo's
+    files, matched by huggingface_hub's own filter_repo_objects (the files a recipe stages by name
+    are always staged). A pattern that matches nothing is an error, not an empty stage."""
     endpoint = check_endpoint(endpoint)
     for repo, _rev, *_ in spec.repos + spec.files:
         check_repo_id(repo)
@@ -242,7 +250,10 @@ def list_stage(spec: StageSpec, endpoint: str, token: str | None) -> tuple[list[
         lst = list_repo(endpoint, repo, rev, token, gated_hint=spec.gated and repo == spec.repos[0][0],
                         local_dir=local_dir)
         listings[(repo, rev)] = lst
-        items.extend(lst.files)
+        files = lst.files
+        if repo == spec.repos[0][0] and (include or exclude):
+            files = filtered(lst, include, exclude)
+        items.extend(files)
     for repo, rev, filename, dest in spec.files:
         lst = listings.get((repo, rev))
         if lst is None:
@@ -255,3 +266,20 @@ def list_stage(spec: StageSpec, endpoint: str, token: str | None) -> tuple[list[
         items.append(Item(repo=m.repo, revision=m.revision, commit=m.commit, path=m.path, size=m.size,
                           oid=m.oid, sha256=m.sha256, dest=dest))
     return items, list(listings.values())
+
+
+def filtered(lst: RepoListing, include: list[str] | None, exclude: list[str] | None) -> list[Item]:
+    from huggingface_hub.utils import filter_repo_objects
+
+    where = f"{lst.repo}@{lst.revision}"
+    for flag, patterns in (("--include", include), ("--exclude", exclude)):
+        for p in patterns or []:
+            if not list(filter_repo_objects(lst.files, allow_patterns=[p], key=lambda i: i.path)):
+                raise SparkprovError(f"{flag} {p!r} matches no file of {where}",
+                                     fix="check the pattern against the repo's files (e.g. '*.safetensors', 'original/*')")
+    kept = list(filter_repo_objects(lst.files, allow_patterns=include or None, ignore_patterns=exclude or None,
+                                    key=lambda i: i.path))
+    if not kept:
+        raise SparkprovError(f"--include/--exclude leave no file of {where} to stage",
+                             fix="loosen the patterns")
+    return kept
