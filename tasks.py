@@ -47,6 +47,12 @@ def provision(c, hosts=None, inventory=None, playbook=None, check=False, diff=Fa
 def play(c, playbook, hosts=None, inventory=None, check=False, diff=False, json=False, limit=None, tags=None,
          skip_tags=None, forks=None, accept_new_host_keys=False, verbose=False):
     """Run any playbook against the inventory."""
+    if isinstance(playbook, str) and playbook.startswith("-"):
+        from sparkprov.cli.common import user_errors
+        from sparkprov.cli.options import positional
+
+        with user_errors():
+            positional("play", "playbook", playbook)
     _run(playbook, inventory=inventory, hosts=hosts, limit=limit, check=check, diff=diff, as_json=json, tags=tags,
          skip_tags=skip_tags, forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose)
 
@@ -93,11 +99,11 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
                   forks=None, revision=None, include=None, exclude=None):
     """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
     from sparkprov.cli.common import user_errors
-    from sparkprov.cli.options import float_option, int_option, text_option
+    from sparkprov.cli.options import float_option, int_option, positional
     from sparkprov.cli.stage import stage_weights as run
 
     with user_errors():
-        text_option("model", model)
+        positional("stage-weights", "model", model)
         streams = int_option("streams", streams, 1, 64, default=4)
         progress_interval = float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
     run(c, model, hosts=hosts, inventory=inventory, limit=limit, check=check, rehash=rehash, json=json,

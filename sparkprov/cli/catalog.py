@@ -144,9 +144,10 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
         return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
-    from sparkprov.cli.options import int_option
+    from sparkprov.cli.options import int_option, positional
 
     try:
+        positional("recipe", "alias", alias)
         tp = int_option("tp", tp, 1, 64)
         if executor is not None:
             return _cluster_commands(alias, tp or 2, executor, hosts, inventory, recipes, argv)
@@ -237,9 +238,10 @@ def lint(c, alias, tp=None, host=None, inventory=None, recipes=None, colocate=No
     from sparkprov.catalog.lint import errors, lint_launch
     from sparkprov.catalog.render import render_launch
 
-    from sparkprov.cli.options import csv_option, int_option
+    from sparkprov.cli.options import csv_option, int_option, positional
 
     try:
+        positional("lint", "alias", alias)
         tp = int_option("tp", tp, 1, 64)
         colocate = ",".join(csv_option("colocate", colocate) or [])
         cat = _catalog(recipes)

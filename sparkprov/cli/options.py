@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from sparkprov.errors import InputError
 
 __all__ = ["OptionError", "int_option", "float_option", "choice_option", "csv_option", "size_option",
-           "hosts_option", "text_option", "FORKS", "parse_forks"]
+           "hosts_option", "text_option", "positional", "FORKS", "parse_forks"]
 
 
 class OptionError(InputError):
@@ -171,6 +171,25 @@ def revision_option(name: str, value) -> str | None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", value) or ".." in value or value.endswith("/"):
         raise OptionError(f"{_flag(name)} {_show(value)} is not a branch, tag or commit",
                           fix=f"e.g. {_flag(name)} main, {_flag(name)} refs/pr/1 or a 40-character commit id")
+    return value
+
+
+def positional(task: str, name: str, value) -> str:
+    """A task's first argument (a model, alias or playbook). Invoke fills it with whatever comes
+    first, so `invoke stage-weights --help` arrives here as the model '--help': that is shown
+    the task's help, as `invoke --help stage-weights` does; any other option in its place is one
+    line saying where the argument goes."""
+    import os
+    import sys
+
+    if value in ("--help", "-h") and task in sys.argv:
+        at = sys.argv.index(task)
+        os.execv(sys.executable, [sys.executable, "-m", "invoke", *sys.argv[1:at], "--help", task])
+    text_option(name, value)
+    if value.startswith("-"):
+        raise OptionError(f"{task}: {value!r} stands where the {name} goes",
+                          fix=f"give the {name} first: invoke {task} {name.upper()} [options] "
+                              f"(the options: invoke --help {task})")
     return value
 
 

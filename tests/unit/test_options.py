@@ -265,3 +265,13 @@ def test_choice_csv_hosts_options():
     for bad in ("", ",", " : "):
         with pytest.raises(OptionError, match="names no host"):
             hosts_option("hosts", bad)
+
+
+@pytest.mark.parametrize("task", ["stage-weights", "recipe", "lint", "play"])
+def test_help_after_a_task_with_a_positional_shows_the_task_help(env, task):
+    """`invoke TASK --help` on a task whose first argument is positional: Invoke hands '--help' over
+    as that argument; the user sees the task's help, as with `invoke --help TASK`."""
+    proc = run([task, "--help"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"Usage: inv[oke] [--core-opts] {task} [--options]")
+    assert "--" in proc.stdout.split("Options:", 1)[1]
