@@ -61,6 +61,44 @@ def test_gather_framing_survives_hostile_output():
     assert parsed.values[HostInfo().key]["user"]
 
 
+@dataclass(frozen=True)
+class RootEcho(Echo):
+    needs_root = True
+
+
+def test_root_facts_share_one_root_shell_and_keep_their_framing(monkeypatch):
+    """Facts that need root run in one root shell per gather (chunked under the argument size
+    limit); each keeps its own output, stderr and exit status, in between the user's facts.
+    Run as root here, so that the root shell is the script's own (`__sp_root "$@"`)."""
+    import sparkprov.engine.gather as gather
+
+    monkeypatch.setattr(gather, "ROOT_BLOCK_BYTES", 60)  # several root shells for the facts below
+    nasty = "it's $(id) `x` \n@@SP:0:0:E:0"
+    facts = [RootEcho("r1"), Echo("u1"), RootEcho(nasty), RootEcho("r3 " + "x" * 100), HostInfo()]
+    gs = build_gather(facts, ShellCtx(None), become=True, password=None, probe_become=True)
+    assert gs.script.count("__sp_root sh -c") == 3
+    res = LocalTransport("local").run_script(gs.script)
+    parsed = parse_gather(gs, res.stdout)
+    assert parsed.errors == {}
+    assert parsed.become == "root"
+    assert parsed.values[RootEcho(nasty).key] == {"out": nasty, "err": "oops"}
+    assert parsed.values[RootEcho("r1").key]["out"] == "r1"
+    assert parsed.values[Echo("u1").key]["out"] == "u1"
+
+
+def test_a_refused_root_shell_fails_each_root_fact_with_sudos_answer():
+    """When becoming root fails, every fact that needed it fails with that reason and exit status
+    (as when each ran its own sudo); the user's facts are read all the same."""
+    facts = [RootEcho("r1"), Echo("u1"), RootEcho("r2")]
+    gs = build_gather(facts, ShellCtx(None), become=True, password=None, probe_become=False)
+    refused = 'sudo() { echo "sudo: a password is required" >&2; return 1; }\nid() { [ "$1" = -u ] && echo 1000 || command id "$@"; }\n'
+    res = LocalTransport("local").run_script(refused + gs.script)
+    parsed = parse_gather(gs, res.stdout)
+    assert parsed.values[Echo("u1").key]["out"] == "u1"
+    for f in (RootEcho("r1"), RootEcho("r2")):
+        assert parsed.errors[f.key] == "unexpected rc"  # the fact's own parse saw rc 97, not its 3
+
+
 def test_shell_ctx_expands_home_without_quoting_it_away():
     assert ShellCtx("/home/nvidia").path("~/vllm") == "/home/nvidia/vllm"
     assert ShellCtx("/home/n v").path("~/a b") == "'/home/n v/a b'"
