@@ -471,7 +471,10 @@ class Runner:
             else:
                 plan = p.plan
                 if p in verify:
-                    again = p.module.plan(p.args, p.module.view(p.args, FactView(hr.values, hr.errors), p.ctx), p.ctx)
+                    try:
+                        again = p.module.plan(p.args, p.module.view(p.args, FactView(hr.values, hr.errors), p.ctx), p.ctx)
+                    except FactError as exc:
+                        again = Plan.fail(f"could not read state back: {exc}")
                     if again.failed:
                         plan = Plan.fail(f"after applying: {again.failed}")
                     elif again.changes:

@@ -7,8 +7,14 @@ Runs in a play after fabric and ssh_mesh (plays are barriers) from what they exp
   address on every rail, sourced from this host's address on that rail;
 - `ssh -o BatchMode=yes -o StrictHostKeyChecking=yes USER@ADDR true` succeeds for every peer,
   on its first rail (the ssh_mesh guarantee; `ssh: false` leaves it out). Pings run all at once,
-  logins a few at a time in an order rotated per host, so the check takes about as long at 16
-  hosts as at 2 and no peer's sshd sheds logins.
+  logins a few at a time in an order rotated per host, so that no peer's sshd sheds logins.
+  Logins are n x (n-1) SSH handshakes: a round that succeeds is recorded on the host
+  (~/.cache/sparkprov/mesh-ssh-proof) under a key made of everything they depend on that
+  sparkprov manages (user, both ends' mesh keys, host keys, authorized_keys, known_hosts and
+  ssh config as ssh_mesh converged them, the addresses). A rerun with the same key logs in to
+  no one, so a no-op provision costs the same at 16 hosts as at 2; any change on either end
+  (a key, a pin, an address, a re-imaged peer) changes the key and the round runs again.
+  `ssh: always` logs in on every run; deleting the record forces one round.
 Exports the settings the cluster step binds NCCL to (G32) as `nccl`: {node_ip,
 NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES, NCCL_IB_HCA} and `fabric_verified`.
 In check mode, with fabric or ssh changes still pending anywhere, it is skipped.
@@ -16,16 +22,36 @@ In check mode, with fabric or ssh changes still pending anywhere, it is skipped.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from typing import Literal
+
 from pydantic import Field
 
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import MeshProbe
-from sparkprov.modules._provision import play_exports
+from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.hardware import PROOF_RECORD, MeshProbe
+from sparkprov.modules._provision import play_exports, write_file_script
 
 
 class Args(ModuleArgs):
     size: int = Field(default=8972, ge=0, le=65507)  # 9000 - 20 (IP) - 8 (ICMP)
-    ssh: bool = True
+    ssh: bool | Literal["always"] = True
+
+
+def proof_key(host: HostContext, targets: list[str]) -> str:
+    """The digest of what this host's logins to its peers depend on, from the exports of
+    ssh_keypair (`ssh`: public key, host keys), ssh_mesh (`ssh_mesh.digest`: authorized_keys,
+    known_hosts, config as converged) and fabric (addresses) of this host and every peer.
+    "" when any of them is missing: then the logins always run."""
+    parts = {"user": host.user, "targets": targets}
+    for h in sorted(play_exports(host, "fabric")):
+        ex = host.exports.get(h, {})
+        ssh, mesh = ex.get("ssh") or {}, ex.get("ssh_mesh") or {}
+        if not ssh.get("pub") or not mesh.get("digest"):
+            return ""
+        parts[h] = {"pub": ssh["pub"], "host_keys": ssh.get("host_keys"), "mesh": mesh["digest"],
+                    "rails": [r["address"] for r in ex["fabric"]["rails"]]}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _probe(args: Args, host: HostContext) -> MeshProbe | None:
@@ -47,7 +73,10 @@ def _probe(args: Args, host: HostContext) -> MeshProbe | None:
         # proven per rail by the pings
         if fab["rails"]:
             targets.append(fab["rails"][0]["address"])
-    return MeshProbe(tuple(pings), args.size, host.user, tuple(targets) if args.ssh else ())
+    if not args.ssh:
+        targets = []
+    key = proof_key(host, targets) if targets and args.ssh is True else ""
+    return MeshProbe(tuple(pings), args.size, host.user, tuple(targets), key)
 
 
 def _pending(args: Args, host: HostContext) -> list[str]:
@@ -108,7 +137,18 @@ class FabricMeshModule(Module):
             return Plan.fail("; ".join(problems) + ". Fix: MTU 9000 and addresses on both ends (rerun provision), "
                              "check the QSFP cable")
         n_peers = len(fabrics) - 1
+        proven = probe.get("ssh_proven")
+        ssh_note = ("" if not args.ssh else f"; ssh to {n_peers} peer(s) proven by an earlier round, nothing changed since"
+                    if proven else f"; ssh to {len(probe['ssh'])} peer(s)")
         msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {n_peers} peer(s) on {len(mine['rails'])} "
-               f"rail(s)" + (f"; ssh to {len(probe['ssh'])} peer(s)" if args.ssh else "")
-               + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
-        return Plan(msg=msg, exports={"nccl": nccl, "fabric_verified": True})
+               f"rail(s)" + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
+        exports = {"nccl": nccl, "fabric_verified": True}
+        mesh = facts.fact("probe")
+        if mesh.proof_key and not proven and probe["ssh"]:
+            record = host.path(PROOF_RECORD)
+            return Plan([Change(f"record the SSH mesh proof ({len(probe['ssh'])} peer(s)) in {record}",
+                                write_file_script(record, mesh.proof_key.encode(), mode="0644"),
+                                touches=[mesh], become=False,
+                                predicts=[(mesh, {**probe, "ssh": {}, "ssh_proven": True})])],
+                        msg=msg, exports=exports)
+        return Plan(msg=msg, exports=exports)

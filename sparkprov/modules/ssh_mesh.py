@@ -142,4 +142,13 @@ class SshMeshModule(Module):
                                   write_file_script(cfp, ca.encode(), mode=format(cf.get("mode") or 0o600, "04o"), owner=user),
                                   Diff(cfp, cb, ca), [PathState("~/.ssh/config", with_content=True)]))
         return Plan(changes, msg=f"{len(peers)} peer(s): " + ", ".join(f"{p} {' '.join(addresses[p])}" for p in peers),
-                    exports={"ssh_mesh": {"peers": addresses, "converged": not changes}})
+                    exports={"ssh_mesh": {"peers": addresses, "converged": not changes,
+                                          "digest": _digest(after, ka, ca)}})
+
+
+def _digest(*contents: str) -> str:
+    """What this node's logins depend on, as converged (authorized_keys, known_hosts, config):
+    part of fabric_mesh's proof key, so that a change on either end proves the mesh again."""
+    import hashlib
+
+    return hashlib.sha256("\0".join(contents).encode()).hexdigest()

@@ -198,7 +198,11 @@ class SSHTransport(Transport):
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     busy = True
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # Done at the exit status AND the end of the data: sshd may send the exit status
+                # while output is still in flight (a loaded host), so the status alone ended reads
+                # early (seen as a re-read whose last fact sections were missing).
+                if (chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
                     break
                 if chan.closed and not chan.exit_status_ready():
                     raise Unreachable(f"{self.name}: connection lost while running", fix="check the host and rerun")

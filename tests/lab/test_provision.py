@@ -31,7 +31,7 @@ RESET = (
     "for i in enp1s0f1np1 enP2p1s0f1np1; do ip addr flush dev $i scope global; ip link set dev $i mtu 1500; done; "
     f"rm -f {NETPLAN} /home/nvidia/.ssh/config /home/nvidia/.ssh/known_hosts {MESH_KEY} {MESH_KEY}.pub; "
     "sed -i '/sparkprov-mesh@/d' /etc/ssh/authorized_keys/nvidia; "
-    "rm -rf /home/nvidia/vllm-compile-cache; true"
+    "rm -rf /home/nvidia/vllm-compile-cache /home/nvidia/.cache/sparkprov/mesh-ssh-proof; true"
 )
 
 
@@ -130,7 +130,9 @@ def test_fresh_lab_converges_and_state_reads_back_over_plain_ssh(lab, converged)
             assert s.returncode == 0, s.stderr
         assert "PRIVATE KEY" not in lab.sh(h, "cat /etc/ssh/authorized_keys/nvidia /home/nvidia/.ssh/known_hosts").stdout
     mesh = by(first, "spark1")["jumbo frames and ssh on every rail"]
-    assert mesh.status == "ok" and "8972 B, DF" in mesh.msg
+    # the first round logs in to every peer and records the proof (the logins' inputs as its key)
+    assert mesh.status == "changed" and "record the SSH mesh proof (1 peer(s))" in mesh.msg, mesh.msg
+    assert len(lab.sh("spark1", "cat /home/nvidia/.cache/sparkprov/mesh-ssh-proof").stdout) == 64
 
 
 def test_second_run_changes_nothing_in_two_remote_calls(lab, converged, fresh):
@@ -140,6 +142,9 @@ def test_second_run_changes_nothing_in_two_remote_calls(lab, converged, fresh):
     for h in lab.names:
         assert second.hosts[h].changed == 0, [(r.task, r.msg) for r in second.results if r.status == "changed"]
         assert second.hosts[h].remote_calls == 2
+        # nothing the logins depend on changed: the pings run, the peers' sshd see no login
+        mesh = by(second, h)["jumbo frames and ssh on every rail"]
+        assert "8972 B, DF" in mesh.msg and "proven by an earlier round" in mesh.msg, mesh.msg
 
 
 def test_mtu_changed_behind_our_back_is_repaired_and_reported(lab, converged, fresh):

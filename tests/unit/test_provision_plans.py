@@ -347,6 +347,49 @@ def test_G32_mesh_jumbo_ping_failure_names_both_ends():
     assert good.exports["nccl"]["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1" and good.exports["fabric_verified"]
 
 
+def exports_keyed(digest2="d2"):
+    ex = exports_two()
+    for n, d in (("spark1", "d1"), ("spark2", digest2)):
+        ex[n]["ssh"] = {"pub": f"ssh-ed25519 AAAA{n}", "host_keys": [f"ssh-ed25519 HOST{n}"]}
+        ex[n]["ssh_mesh"] = {"converged": True, "digest": d}
+    return ex
+
+
+def test_mesh_ssh_round_is_recorded_and_skipped_until_either_end_changes(tmp_path):
+    """Issue 14: n x (n-1) logins only when something they depend on changed. A successful round
+    is recorded under a key made of both ends' keys, pins and mesh files; the probe run with that
+    record on the host logs in to no one; a peer's changed mesh files change the key."""
+    from sparkprov.facts.base import ShellCtx
+    from sparkprov.transport.local import LocalTransport
+
+    m = fabric_mesh.FabricMeshModule()
+    args = m.Args()
+    host = ctx(exports=exports_keyed(), info={**SPARK_INFO, "home": str(tmp_path)})
+    probe = fabric_mesh._probe(args, host)
+    assert probe.proof_key and probe.ssh_targets == ("192.168.100.12",)
+    ping_ok = {"192.168.100.11 192.168.100.12": {"ok": True, "sent": 2, "received": 2, "error": None}}
+    logged_in = {"ping": ping_ok, "ssh": {"192.168.100.12": {"ok": True, "error": None}}, "ssh_proven": False}
+    p = m.plan(args, m.view(args, view([(probe, logged_in)]), host), host)
+    (record,) = p.changes
+    assert record.become is False and record.touches == [probe]
+    assert p.exports["fabric_verified"]
+    # the recording script as the engine runs it, then the probe itself: no login, no @ssh lines
+    assert LocalTransport("local").run_script(record.script).rc == 0
+    assert (tmp_path / ".cache/sparkprov/mesh-ssh-proof").read_text() == probe.proof_key
+    no_pings = fabric_mesh.MeshProbe((), 8972, "nobody", ("192.0.2.1",), probe.proof_key)  # TEST-NET: never reached
+    out = LocalTransport("local").run_script(no_pings.command(ShellCtx(str(tmp_path)))).stdout
+    assert out.strip() == "@ssh-proven"
+    proven = no_pings.parse(out, "", 0)
+    assert proven == {"ping": {}, "ssh": {}, "ssh_proven": True}
+    again = m.plan(args, m.view(args, view([(probe, {"ping": ping_ok, "ssh": {}, "ssh_proven": True})]), host), host)
+    assert not again.changes and "proven by an earlier round" in again.msg
+    # either end changing what the logins depend on makes a new key; `ssh: always` never records
+    assert fabric_mesh._probe(args, ctx(exports=exports_keyed(digest2="d2-new"))).proof_key != probe.proof_key
+    assert fabric_mesh._probe(m.Args(ssh="always"), host).proof_key == ""
+    no_mesh_export = exports_two()
+    assert fabric_mesh._probe(args, ctx(exports=no_mesh_export)).proof_key == ""
+
+
 def test_G33_mesh_subnet_disagreement_and_check_mode_skip():
     p = plan(fabric_mesh.FabricMeshModule, {}, [], ctx(exports=exports_two(subnet2="192.168.102.0/24")))
     assert "set fabric_subnets" in p.failed
