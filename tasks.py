@@ -9,6 +9,7 @@ from invoke import Collection, task
 from sparkprov.cli import catalog as catalog_tasks
 from sparkprov.cli import cluster as cluster_cli
 from sparkprov.cli import lab as lab_tasks
+from sparkprov.cli import monitor as monitor_cli
 
 COMMON_HELP = {
     "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
@@ -111,10 +112,29 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         progress_interval=progress_interval, forks=forks, revision=revision, include=include, exclude=exclude)
 
 
+def _store_help():
+    from sparkprov.cli.store import HELP
+
+    return HELP
+
+
+@task(help=_store_help())
+def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=False, compile_cache=False, verify=None,
+          check=False, json=False, forks=None, accept_new_host_keys=False):
+    """Per host: each model in the store (revision, size, verified, in use by); --verify MODEL; prune what no deployment uses."""
+    from sparkprov.cli.store import store as run
+
+    run(c, hosts=hosts, inventory=inventory, limit=limit, prune=prune, prune_unused=prune_unused,
+        compile_cache=compile_cache, verify=verify, check=check, json=json, forks=forks,
+        accept_new_host_keys=accept_new_host_keys)
+
+
 ns = Collection(provision, play, facts, schema, stage_weights, catalog_tasks.models, catalog_tasks.recipe,
                 catalog_tasks.lint, catalog_tasks.images)
 ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
 ns.add_task(task(cluster_cli.cluster_down, name="cluster-down", help=cluster_cli.DOWN_HELP))
 ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))
 ns.add_task(task(cluster_cli.nccl_check, name="nccl-check", help=cluster_cli.NCCL_HELP))
+ns.add_task(task(monitor_cli.monitor, help=monitor_cli.HELP))
+ns.add_task(store)
 ns.add_collection(lab_tasks.ns, "lab")

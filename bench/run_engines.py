@@ -351,6 +351,9 @@ def readme_text(result: dict, json_rel: str) -> str:
     m, v = result["machine"], result["versions"]
     problems = [p for c in result["counts"] for p in c["problems"]]
     retried = [(c["hosts"], r["tool"]) for c in result["counts"] for r in c.get("retried", [])]
+    # the untimed converge runs before the warm runs count too: a failure there is a failure
+    setup_failed = [(c["hosts"], t, x["rc"]) for c in result["counts"] for t, x in c["cross_tool_warm"].items()
+                    if x["rc"] != 0]
     failed = [(c["hosts"], mode, t, c["summary"][mode][t]["failed_runs"]) for c in result["counts"]
               for mode in ("cold", "warm") for t in result["tools"] if c["summary"][mode][t]["failed_runs"]]
     cross = []
@@ -425,7 +428,7 @@ sshd sessions per host (connections per host in brackets).
 Checks of this run:
 
 - hosts verified after every cold run (modes, owners, bytes, membership): {'all as wanted' if not problems else f'{len(problems)} problem(s), see the JSON'}
-- failed runs: {'none' if not failed else failed}; runs retried after exit 1 (the source tree was being edited): {retried or 'none'}
+- failed runs: {'none' if not failed else failed}; runs retried after exit 1 (the source tree was being edited): {retried or 'none'}; failed converge runs before the warm runs (hosts, tool, exit code): {setup_failed or 'none'}
 - the work is the same: after converging with one tool, the next found nothing to change: {'; '.join(cross) or '-'}
 - own counts: {'; '.join(own_lines)}
 - verbose audit at the smallest host count: {'; '.join(audit_lines) or 'not run'}

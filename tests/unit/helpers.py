@@ -24,3 +24,24 @@ def one(findings, severity):
 def user(base, body=""):
     """A user recipe file with one recipe `broken` extending `base`."""
     return f"recipes:\n  - alias: broken\n    extends: {base}\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+def start_local_hub(root, repo_id: str, size: int = 2 * 1024 * 1024):
+    """The lab's hub on loopback serving one generated repo: staging to hosts of connection: local
+    without the lab. Stop with server.shutdown(); server.server_close()."""
+    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+
+    repo = ensure_generated(RepoSpec(repo_id, num_shards=2, total_size=size), root)
+    return start_in_thread([repo], bind="127.0.0.1", port=0), repo
+
+
+def local_stage_inventory(d, server, monkeypatch, **vars):
+    """An inventory of the control machine alone (connection: local) with these vars, staging from
+    `server`, with no Hugging Face token in sight."""
+    inv = d / "inventory.yaml"
+    inv.write_text("hosts:\n  localhost: {connection: local}\nvars:\n"
+                   + "".join(f"  {k}: {v}\n" for k, v in vars.items()) + f"  hf_endpoint: {server.url}\n")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(d / "no-token"))
+    return inv

@@ -13,33 +13,17 @@ from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
 from sparkprov.errors import SparkprovError
 from sparkprov.plays.stage import StageOptions, run_stage
+from helpers import local_stage_inventory
 
 MiB = 1024 * 1024
 REPO = "filters/mini"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
-
-    root = tmp_path_factory.mktemp("hub")
-    repo = ensure_generated(RepoSpec(REPO, num_shards=2, total_size=2 * MiB), root)
-    server = start_in_thread([repo], bind="127.0.0.1", port=0)
-    yield server, repo
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.fixture
-def stage(hub, tmp_path, monkeypatch):
-    server, repo = hub
+def stage(local_hub, tmp_path, monkeypatch):
+    server, repo = local_hub
     store = tmp_path / "store"
-    inv_file = tmp_path / "inventory.yaml"
-    inv_file.write_text(f"hosts:\n  localhost: {{connection: local}}\n"
-                        f"vars:\n  model_store: {store}\n  hf_endpoint: {server.url}\n")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    inv_file = local_stage_inventory(tmp_path, server, monkeypatch, model_store=store)
 
     def run(model=REPO, **kw):
         inv = load_inventory(inv_file)
@@ -99,3 +83,14 @@ def test_bad_filters_fail_before_any_host(stage, kw, message):
         stage(**kw)
     assert message in str(e.value)
     assert not stage.store.exists()
+
+
+def test_rehash_hashes_again_and_ends_verified(stage):
+    """--rehash hashes every file once more (the record of earlier hashes is not trusted) and the
+    run ends with the store verified: the verify step does not ask for another hash."""
+    first, _ = stage(include=["*.json"])
+    assert first.exit_code() == 0
+    again, _ = stage(include=["*.json"], rehash=True)
+    failed = [(r.task, r.msg) for r in again.results if r.status == "failed"]
+    assert again.exit_code() == 0, failed
+    assert snapshot(stage.store, stage.repo) == {p for p in stage.repo.files if p.endswith(".json")}
