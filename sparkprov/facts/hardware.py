@@ -392,7 +392,9 @@ class MeshProbe(Fact):
         lines = ['__mp=$(mktemp -d)', "trap 'rm -rf \"$__mp\"' EXIT"]
 
         def run(n: int, body: str) -> str:
-            return f"( {body} ) > \"$__mp/{n}\" 2>&1; echo $? > \"$__mp/{n}.rc\""
+            # braces: `a; b &` would run a in the foreground and only b in the background (the
+            # probes then ran one after another: 30 pings took 6 s instead of 0.2 s)
+            return f"{{ ( {body} ) > \"$__mp/{n}\" 2>&1; echo $? > \"$__mp/{n}.rc\"; }}"
 
         for n, (_, body) in enumerate(jobs):
             lines.append(f"{run(n, body)} &")

@@ -177,3 +177,26 @@ def test_gpu_sensors_from_gb10_output():
     assert hw.parse_gpu_sensors("39, 3.74 W\n") == {"temperature_c": 39.0, "power_w": 3.74}
     assert hw.parse_gpu_sensors("[N/A], [N/A]\n") == {"temperature_c": None, "power_w": None}
     assert hw.parse_gpu_sensors("@absent\n") == {"temperature_c": None, "power_w": None}
+
+
+def test_mesh_probe_runs_its_pings_at_once(tmp_path):
+    """The probes of MeshProbe run side by side (a `a; b &` slip once ran them one after another:
+    30 pings took 6 s). A stand-in `ping` on PATH waits until all four have started; run one at a
+    time, the first would give up waiting and say so."""
+    from sparkprov.facts.base import ShellCtx
+    from sparkprov.transport.local import LocalTransport
+
+    (tmp_path / "ping").write_text(
+        "#!/bin/sh\n"
+        f"echo start >> {tmp_path}/log\n"
+        f"n=0; while [ \"$(grep -c start {tmp_path}/log)\" -lt 4 ]; do\n"
+        "  n=$((n+1)); [ $n -gt 100 ] && { echo 'ping: alone'; exit 1; }; sleep 0.1\n"
+        "done\n"
+        "echo '2 packets transmitted, 2 received, 0% packet loss'\n")
+    (tmp_path / "ping").chmod(0o755)
+    pings = tuple((f"10.0.{i}.1", f"10.0.{i}.2") for i in range(4))
+    probe = hw.MeshProbe(pings, 8972, "nvidia", ())
+    script = f"PATH={tmp_path}:$PATH\n" + probe.command(ShellCtx(str(tmp_path)))
+    res = probe.parse(LocalTransport("local").run_script(script).stdout, "", 0)
+    assert len(res["ping"]) == 4
+    assert all(r["ok"] for r in res["ping"].values()), res["ping"]
