@@ -140,8 +140,10 @@ class FabricMeshModule(Module):
         proven = probe.get("ssh_proven")
         ssh_note = ("" if not args.ssh else f"; ssh to {n_peers} peer(s) proven by an earlier round, nothing changed since"
                     if proven else f"; ssh to {len(probe['ssh'])} peer(s)")
+        lossy = sorted(k for k, r in probe["ping"].items() if r["received"] < r["sent"])
+        loss_note = f" ({len(lossy)} lost a reply: {', '.join(lossy[:3])})" if lossy else ""
         msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {n_peers} peer(s) on {len(mine['rails'])} "
-               f"rail(s)" + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
+               f"rail(s)" + loss_note + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
         exports = {"nccl": nccl, "fabric_verified": True}
         mesh = facts.fact("probe")
         if mesh.proof_key and not proven and probe["ssh"]:

@@ -131,6 +131,9 @@ def test_G32_ping_and_ssh_probe_parsing():
     bad = res["ping"]["192.168.101.11 192.168.101.12"]
     assert bad["ok"] is False and "message too long" in bad["error"]
     assert res["ssh"]["192.168.100.12"]["ok"] and res["ssh"]["192.168.101.12"]["error"] == "Host key verification failed."
+    # one jumbo reply of two proves the path (a lost reply is loss, not a wrong MTU)
+    lossy = hw.parse_ping("2 packets transmitted, 1 received, 50% packet loss, time 201ms\n")
+    assert lossy["ok"] and lossy["received"] == 1 and lossy["error"] is None
 
 
 def test_docker_state_capture_and_permission_denied():
