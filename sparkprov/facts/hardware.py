@@ -374,12 +374,17 @@ class MeshProbe(Fact):
     proof_key: str = ""
 
     def command(self, sh: ShellCtx) -> str:
-        # Every probe runs at once (pings) or a few at a time (logins), each into its own file,
-        # printed in order afterwards: the wall time is that of the slowest probe, not the sum.
+        # Probes run a few at a time (PINGS_AT_ONCE, SSH_AT_ONCE), each into its own file, printed
+        # in order afterwards: the wall time is that of the slowest wave, not the sum. One echo
+        # per try (the second of `-c 2` only waits out ping's 0.2 s interval); a try that gets no
+        # reply is repeated twice, so a lost packet is not a broken path.
         jobs = []
         for src, addr in self.pings:
-            jobs.append((f"@ping {src} {addr}", cmd("ping", "-n", "-M", "do", "-s", self.size, "-c", "2", "-i", "0.2",
-                                                       "-W", "2", "-I", src, addr)))
+            ping = cmd("ping", "-n", "-M", "do", "-s", self.size, "-c", "1", "-W", "2", "-I", src, addr)
+            # only the error and statistics lines: the summary keeps the last three lines
+            jobs.append((f"@ping {src} {addr}", f"for t in 1 2 3; do o=$({ping} 2>&1); r=$?; "
+                         "[ $r -eq 0 ] && break; done; printf '%s\\n' \"$o\" | grep -v -e '^PING ' -e ' bytes from ' "
+                         "-e '^---' -e '^rtt ' -e '^$'; exit $r"))
         logins = []
         for addr in self.ssh_targets:
             login = cmd("ssh", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",

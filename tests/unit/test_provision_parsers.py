@@ -203,3 +203,31 @@ def test_mesh_probe_runs_its_pings_at_once(tmp_path):
     res = probe.parse(LocalTransport("local").run_script(script).stdout, "", 0)
     assert len(res["ping"]) == 4
     assert all(r["ok"] for r in res["ping"].values()), res["ping"]
+
+
+def test_mesh_probe_keeps_pings_error_line_and_retries_a_lost_reply(tmp_path):
+    """The probe's summary of a ping keeps the error line (a wrong MTU names itself) and tries a
+    path three times before calling it broken. A stand-in `ping` on PATH prints iputils' format:
+    too long for one address, one lost reply then an answer for the other."""
+    from sparkprov.facts.base import ShellCtx
+    from sparkprov.transport.local import LocalTransport
+
+    (tmp_path / "ping").write_text(
+        "#!/bin/sh\n"
+        'for a; do last=$a; done\n'
+        'if [ "$last" = 10.0.0.2 ]; then\n'
+        "  printf 'PING 10.0.0.2 (10.0.0.2) from 10.0.0.1 : 8972(9000) bytes of data.\\n"
+        "ping: local error: message too long, mtu=1500\\n\\n--- 10.0.0.2 ping statistics ---\\n"
+        "1 packets transmitted, 0 received, +1 errors, 100%% packet loss, time 0ms\\n\\n'; exit 1; fi\n"
+        f'echo x >> {tmp_path}/tries; if [ "$(wc -l < {tmp_path}/tries)" -lt 2 ]; then\n'
+        "  printf '\\n--- 10.0.1.2 ping statistics ---\\n1 packets transmitted, 0 received, 100%% packet loss\\n'; exit 1; fi\n"
+        "printf 'PING 10.0.1.2 (10.0.1.2) 8972(9000) bytes of data.\\n8980 bytes from 10.0.1.2: icmp_seq=1 ttl=64 time=0.05 ms\\n\\n"
+        "--- 10.0.1.2 ping statistics ---\\n1 packets transmitted, 1 received, 0%% packet loss, time 0ms\\n"
+        "rtt min/avg/max/mdev = 0.050/0.050/0.050/0.000 ms\\n'\n")
+    (tmp_path / "ping").chmod(0o755)
+    probe = hw.MeshProbe((("10.0.0.1", "10.0.0.2"), ("10.0.1.1", "10.0.1.2")), 8972, "nvidia", ())
+    out = LocalTransport("local").run_script(f"PATH={tmp_path}:$PATH\n" + probe.command(ShellCtx(str(tmp_path)))).stdout
+    res = probe.parse(out, "", 0)["ping"]
+    assert res["10.0.0.1 10.0.0.2"]["ok"] is False, out
+    assert res["10.0.0.1 10.0.0.2"]["error"] == "ping: local error: message too long, mtu=1500"
+    assert res["10.0.1.1 10.0.1.2"]["ok"] is True and res["10.0.1.1 10.0.1.2"]["received"] == 1, out
