@@ -310,26 +310,36 @@ def test_max_model_len_too_long_fails(hf_home):
 
 
 # ---------------------------------------------------------------- Ray tensor parallel
-RAY_PY = os.environ.get("LAB_ENGINE_RAY_PYTHON", "/tmp/labengine-venv/bin/python")
+@pytest.fixture(scope="session")
+def ray_py():
+    """A Python with Ray and the lab engine's packages, as the lab's Ray image has them: this one
+    if it imports ray (or $LAB_ENGINE_RAY_PYTHON), else a venv under .lab-cache made once with the
+    versions of the lab image's pip layer. Never a skip: a fresh machine installs it."""
+    from sparkprov.lab.image import BASE_RECIPE, CACHE_DIR
 
+    def has_ray(py):
+        return bool(py) and os.path.exists(py) and subprocess.run([py, "-c", "import ray"],
+                                                                  capture_output=True).returncode == 0
 
-def _ray_python():
-    for py in (sys.executable, RAY_PY):
-        if py and os.path.exists(py) and subprocess.run([py, "-c", "import ray"], capture_output=True).returncode == 0:
+    for py in (sys.executable, os.environ.get("LAB_ENGINE_RAY_PYTHON")):
+        if has_ray(py):
             return py
-    return None
-
-
-RAY = _ray_python()
-ray_only = pytest.mark.skipif(RAY is None, reason="ray is not importable")
+    venv = CACHE_DIR.parent / "ray-venv"
+    py = str(venv / "bin" / "python")
+    if not has_ray(py):
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        r = subprocess.run([py, "-m", "pip", "install", "-q", *BASE_RECIPE["pip"]], capture_output=True, text=True,
+                           timeout=1200)
+        assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-2000:]
+    return py
 
 
 @pytest.fixture
-def ray_cluster(tmp_path, hf_home):
+def ray_cluster(tmp_path, hf_home, ray_py):
     clusters = []
 
     def start(gpus):
-        ray_bin = str(Path(RAY).parent / "ray")
+        ray_bin = str(Path(ray_py).parent / "ray")
         port = free_port()
         # Ray registers the node under its non-loopback IP whatever --node-ip-address says, so
         # VLLM_HOST_IP stays unset (the engine then finds the same IP as Ray); the collective
@@ -350,11 +360,10 @@ def ray_cluster(tmp_path, hf_home):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@ray_only
-def test_ray_tp2(ray_cluster, hf_home):
+def test_ray_tp2(ray_cluster, hf_home, ray_py):
     env = ray_cluster(2)
     e = Engine(hf_home, "Qwen/Qwen3-0.6B", ("--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"),
-               python=RAY, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")})
+               python=ray_py, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")})
     try:
         e.wait_ready(timeout=120)
         st, body = e.chat("What is 17 + 25?", chat_template_kwargs={"enable_thinking": False})
@@ -365,22 +374,20 @@ def test_ray_tp2(ray_cluster, hf_home):
     assert "measured ring bandwidth" in out
 
 
-@ray_only
-def test_ray_tp2_cannot_be_placed(ray_cluster, hf_home):
+def test_ray_tp2_cannot_be_placed(ray_cluster, hf_home, ray_py):
     env = ray_cluster(1)
     t0 = time.time()
     r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "-tp", "2"],
-                dict(env, LAB_ENGINE_PG_TIMEOUT="5"), timeout=120, python=RAY)
+                dict(env, LAB_ENGINE_PG_TIMEOUT="5"), timeout=120, python=ray_py)
     assert r.returncode == 1
     assert "exceeds the total number of available GPUs" in r.stderr
     assert time.time() - t0 < 60
 
 
-@ray_only
-def test_ray_pg_timeout_when_gpus_are_taken(ray_cluster, hf_home):
+def test_ray_pg_timeout_when_gpus_are_taken(ray_cluster, hf_home, ray_py):
     env = ray_cluster(2)
     # Another job holds one GPU: the placement group can never be satisfied.
-    holder = subprocess.Popen([RAY, "-c", "import ray,time; ray.init(address='auto');"
+    holder = subprocess.Popen([ray_py, "-c", "import ray,time; ray.init(address='auto');"
                                "from ray.util.placement_group import placement_group as pg;"
                                "p=pg([{'GPU':1}]); ray.get(p.ready()); print('held', flush=True); time.sleep(300)"],
                               env=env, stdout=subprocess.PIPE, text=True)
@@ -388,7 +395,7 @@ def test_ray_pg_timeout_when_gpus_are_taken(ray_cluster, hf_home):
         assert holder.stdout.readline().strip() == "held"
         t0 = time.time()
         r = run_cli(["serve", "Qwen/Qwen3-0.6B", "--port", str(free_port()), "-tp", "2"],
-                    dict(env, LAB_ENGINE_PG_TIMEOUT="4"), timeout=120, python=RAY)
+                    dict(env, LAB_ENGINE_PG_TIMEOUT="4"), timeout=120, python=ray_py)
         assert r.returncode == 1
         assert "Cannot provide a placement group" in r.stderr
         assert time.time() - t0 < 60
@@ -634,11 +641,10 @@ def test_an_old_vllm_knows_no_native_multinode(hf_home, tmp_path):
     assert r.returncode == 2 and "unrecognized arguments: --nnodes 2" in r.stderr
 
 
-@ray_only
-def test_ray_tp2_dies_when_a_rank_is_lost(ray_cluster, hf_home, tmp_path):
+def test_ray_tp2_dies_when_a_rank_is_lost(ray_cluster, hf_home, tmp_path, ray_py):
     env = ray_cluster(2)
     e = LoggedEngine(hf_home, tmp_path, "ray", ("-tp", "2", "--distributed-executor-backend", "ray"),
-                     python=RAY, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")},
+                     python=ray_py, **{k: env[k] for k in ("GLOO_SOCKET_IFNAME", "RAY_ADDRESS")},
                      LAB_ENGINE_COLLECTIVE_BYTES=str(1 << 20))
     try:
         assert e.wait_for(lambda: e.health() == 200, 120), e.text()
