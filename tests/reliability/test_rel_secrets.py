@@ -145,6 +145,10 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
     env = cli_env(tok)
     inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
     pb = serve_playbook(tmp_path / "cluster.yaml", "relsecret")
+    from sparkprov.lab.image import ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the serving images in the lab registry (lab.up does not push them)
     converge(inv)
     assert run_invoke("cluster-down", "--inventory", str(inv), env=env).returncode == 0
     for h in lab.names:  # something for provision to do under sudo; a fresh store; a new API key
@@ -162,6 +166,8 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
                                ("up", ["cluster-up", "--inventory", str(inv), "--playbook", str(pb), "--tp", "2",
                                        "--ray-timeout", "120", "--health-timeout", "180"])):
                 runs[name] = subprocess.run(invoke_argv(*argv), capture_output=True, text=True, env=env, timeout=420)
+                if runs[name].returncode:  # all of it, in the captured output (pytest shortens the message)
+                    print(runs[name].stdout, runs[name].stderr)
                 assert runs[name].returncode == 0, (name, runs[name].stdout[-3000:] + runs[name].stderr[-2000:])
                 time.sleep(0.5)  # a last sample of this step's processes
         api_key = lab.sh("spark1", f"cat {KEY_FILE}").stdout.strip()

@@ -26,15 +26,6 @@ def user(base, body=""):
     return f"recipes:\n  - alias: broken\n    extends: {base}\n" + textwrap.indent(textwrap.dedent(body), "    ")
 
 
-def start_local_hub(root, repo_id: str, size: int = 2 * 1024 * 1024):
-    """The lab's hub on loopback serving one generated repo: staging to hosts of connection: local
-    without the lab. Stop with server.shutdown(); server.server_close()."""
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
-
-    repo = ensure_generated(RepoSpec(repo_id, num_shards=2, total_size=size), root)
-    return start_in_thread([repo], bind="127.0.0.1", port=0), repo
-
-
 def local_stage_inventory(d, server, monkeypatch, **vars):
     """An inventory of the control machine alone (connection: local) with these vars, staging from
     `server`, with no Hugging Face token in sight."""
