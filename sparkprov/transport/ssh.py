@@ -33,6 +33,9 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 
+EOF_GRACE = 2.0  # seconds the output may still arrive after the exit status
+
+
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
@@ -190,6 +193,7 @@ class SSHTransport(Transport):
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
             deadline = time.monotonic() + timeout if timeout else None
+            status_at = 0.0
             while True:
                 busy = False
                 while chan.recv_ready():
@@ -200,10 +204,15 @@ class SSHTransport(Transport):
                     busy = True
                 # Done at the exit status AND the end of the data: sshd may send the exit status
                 # while output is still in flight (a loaded host), so the status alone ended reads
-                # early (seen as a re-read whose last fact sections were missing).
-                if (chan.exit_status_ready() and (chan.eof_received or chan.closed)
-                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
-                    break
+                # early (seen as a re-read whose last fact sections were missing). A process the
+                # script left behind may hold the output open for good: the end of the data is
+                # awaited EOF_GRACE seconds after the status, not longer.
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    if chan.eof_received or chan.closed:
+                        break
+                    status_at = status_at or time.monotonic()
+                    if time.monotonic() - status_at > EOF_GRACE:
+                        break
                 if chan.closed and not chan.exit_status_ready():
                     raise Unreachable(f"{self.name}: connection lost while running", fix="check the host and rerun")
                 if deadline and time.monotonic() > deadline:

@@ -442,6 +442,25 @@ def test_native_executor_serves_without_ray(env):
     assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
 
 
+def _down_within(endpoint, key, bound):
+    """Seconds until /health stops answering 200 (None: it kept answering). A rank lost makes the
+    engine die, as vLLM does, but not at once: until then the old engine still answers."""
+    import time
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        try:
+            req = urllib.request.Request(endpoint.rsplit("/v1", 1)[0] + "/health", headers={"Authorization": f"Bearer {key}"})
+            with opener.open(req, timeout=5) as r:
+                if r.status != 200:
+                    return time.monotonic() - t0
+        except (OSError, ValueError):
+            return time.monotonic() - t0
+        time.sleep(1)
+    return None
+
+
 def _smoke_until(env, endpoint, model, key, bound):
     """Ask the smoke question until the right answer comes back; seconds it took (None: never)."""
     import time
@@ -482,11 +501,15 @@ def test_power_cycle_of_a_node_comes_back_by_itself(env, executor, victim):
                          timeout=300)
     assert res.returncode == 0, res.stderr
     booted = time.monotonic() - t0
+    # the deployment goes down first (the rebooted node's processes are gone; a lost rank kills
+    # the engine on the others), then comes back by itself
+    died = _down_within(d["endpoint"], key, bound=180)
+    assert died is not None, f"the {executor} engine kept answering with {victim} rebooted (a lost rank must kill it)"
     rc, st, _ = cli(env, "status")
     degraded = rc
     secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
-    print(f"\n[recovery] {executor}, {victim} rebooted: boot {booted:.1f}s, answering again {secs}s after the boot; "
-          f"status right after the boot exited {degraded}")
+    print(f"\n[recovery] {executor}, {victim} rebooted: boot {booted:.1f}s, down {died:.1f}s after the boot, "
+          f"answering again {secs}s after that; status while down exited {degraded}")
     assert secs is not None, f"{executor} deployment did not come back within 480 s after {victim} rebooted"
     rc, st, out = cli(env, "status")
     assert rc == 0, out
