@@ -406,13 +406,14 @@ class MeshProbe(Fact):
             # probes then ran one after another: 30 pings took 6 s instead of 0.2 s)
             return f"{{ ( {body} ) > \"$__mp/{n}\" 2>&1; echo $? > \"$__mp/{n}.rc\"; }}"
 
-        for k in range(0, len(jobs), PINGS_AT_ONCE):
-            lines += [f"{run(n, jobs[n][1])} &" for n in range(k, min(k + PINGS_AT_ONCE, len(jobs)))] + ["wait"]
-        waves = []
-        for k in range(0, len(logins), SSH_AT_ONCE):
-            for n in range(k, min(k + SSH_AT_ONCE, len(logins))):
-                waves.append(f"{run(len(jobs) + n, logins[n][1])} &")
-            waves.append("wait")
+        def in_waves(first: int, probes: list[tuple[str, str]], at_once: int) -> list[str]:
+            out = []
+            for k in range(0, len(probes), at_once):
+                out += [f"{run(first + n, probes[n][1])} &" for n in range(k, min(k + at_once, len(probes)))] + ["wait"]
+            return out
+
+        lines += in_waves(0, jobs, PINGS_AT_ONCE)
+        waves = in_waves(len(jobs), logins, SSH_AT_ONCE)
         shown = [f"printf '%s\\n' {quote(head)}; tail -n 3 \"$__mp/{n}\"; echo \"@rc=$(cat \"$__mp/{n}.rc\")\""
                  for n, (head, _) in enumerate(jobs + logins)]
         if logins and self.proof_key:

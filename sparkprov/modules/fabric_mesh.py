@@ -6,8 +6,8 @@ Runs in a play after fabric and ssh_mesh (plays are barriers) from what they exp
 - from this host, `ping -M do -s 8972` (unfragmented 9000-byte frames) reaches every peer's
   address on every rail, sourced from this host's address on that rail;
 - `ssh -o BatchMode=yes -o StrictHostKeyChecking=yes USER@ADDR true` succeeds for every peer,
-  on its first rail (the ssh_mesh guarantee; `ssh: false` leaves it out). Pings run all at once,
-  logins a few at a time in an order rotated per host, so that no peer's sshd sheds logins.
+  on its first rail (the ssh_mesh guarantee; `ssh: false` leaves it out). Pings run eight at a
+  time, logins four at a time in an order rotated per host, so that no peer's sshd sheds logins.
   Logins are n x (n-1) SSH handshakes: a round that succeeds is recorded on the host
   (~/.cache/sparkprov/mesh-ssh-proof) under a key made of everything they depend on that
   sparkprov manages (user, both ends' mesh keys, host keys, authorized_keys, known_hosts and

@@ -64,7 +64,8 @@ class WeightsStore(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         sf = facts.store
-        hp = plan_host(host.name, items_of(args), sf, rehash=args.rehash and args.phase == "check")
+        rehashing = args.rehash and args.phase == "check"
+        hp = plan_host(host.name, items_of(args), sf, rehash=rehashing)
         fabric = str(host.vars.get("fabric_address") or (facts.fabric or {}).get("node_ip") or "") or None
         exports = {EXPORT: {"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
                                                                                         Status.STAGED)),
@@ -104,7 +105,6 @@ class WeightsStore(Module):
                 what.append(f"remove {len(remove)} files of the wrong size")
             # --rehash distrusts every record, its own fresh ones too: re-planning it would hash
             # again forever. The publish play after it plans without rehash: that is its check.
-            rehashing = args.rehash and args.phase == "check"
             changes.append(Change("; ".join(what), verify.script(sf.store, checks, links=links, refs=refs,
                                                                   remove=remove, parallel=4),
                                   touches=[facts.fact("store")], timeout=24 * 3600, verify=not rehashing))
