@@ -6,8 +6,10 @@ Imports stay inside the tasks so that listing them is instant.
 
 from invoke import Collection, task
 
+from sparkprov.cli import bench as bench_cli
 from sparkprov.cli import catalog as catalog_tasks
 from sparkprov.cli import cluster as cluster_cli
+from sparkprov.cli import gateway as gateway_cli
 from sparkprov.cli import lab as lab_tasks
 from sparkprov.cli import monitor as monitor_cli
 
@@ -136,5 +138,7 @@ ns.add_task(task(cluster_cli.cluster_down, name="cluster-down", help=cluster_cli
 ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))
 ns.add_task(task(cluster_cli.nccl_check, name="nccl-check", help=cluster_cli.NCCL_HELP))
 ns.add_task(task(monitor_cli.monitor, help=monitor_cli.HELP))
+ns.add_task(task(bench_cli.bench, help=bench_cli.HELP))
+ns.add_task(task(gateway_cli.gateway, help=gateway_cli.HELP))
 ns.add_task(store)
 ns.add_collection(lab_tasks.ns, "lab")

@@ -142,14 +142,6 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
     return deps, list(pb.recipe_files) + list(recipes)
 
 
-def _engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
-    from sparkprov.cli.options import parse_forks
-    from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
-
-    return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
-                      forks=parse_forks(forks, DEFAULT_FORKS), gather_ahead=True)
-
-
 def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
@@ -157,7 +149,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     import time
 
-    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
@@ -187,7 +179,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         book = plays.up_book(deps, recipe_files, opts, staged=stage_books(inv, deps, check) if stage else None)
         report = Report(out, quiet=json)
         t0 = time.monotonic()
-        runner = plays.run_book(inv, book, targets, _engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
+        runner = plays.run_book(inv, book, targets, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
                                                                     forks=forks), report)
         cleaned = []
         if not check:
@@ -196,10 +188,15 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
                     live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
                     # remove what this run started, so that nothing half-up holds the GPUs
                     plays.run_book(inv, plays.down_book(live, [d.name], reason="bring-up failed"), live,
-                                   _engine_options(accept_new_host_keys=accept_new_host_keys), report)
+                                   engine_options(accept_new_host_keys=accept_new_host_keys), report)
                     cleaned.append(d.name)
         summary = up_summary(inv, deps, runner, report, check=check, cleaned=cleaned,
                              seconds=time.monotonic() - t0)
+        if not check and (cleaned or any(r.module == "vllm_container" and r.status == "changed"
+                                         for r in report.results)):
+            # a running gateway routes to what serves now (a run that changed nothing leaves it be)
+            from sparkprov.cli.gateway import refresh
+            summary["gateway"] = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
     print_report(report, json, cluster=summary)
     if not json:
         print_summary(summary)
@@ -251,6 +248,8 @@ def print_summary(summary) -> None:
             for h, c in (d.get("containers") or {}).items():
                 if c:
                     print(f"  {h}: {c['name']} ({c['role']}, recipe {c['hash']})")
+    if summary.get("gateway"):
+        print(f"\n{summary['gateway']}")
     calls = ", ".join(f"{h}={n}" for h, n in summary.get("remote_calls", {}).items())
     print(f"\ncluster-up {'(check) ' if summary.get('check') else ''}took {summary['seconds']:.1f}s; remote calls: {calls}")
 
@@ -260,7 +259,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
     import re
 
-    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
@@ -276,10 +275,16 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
             names = (names or []) + [name or re.sub(r"[^a-z0-9_.-]", "-", str(model).lower())[:40]]
         report = Report(out, quiet=json)
         runner = plays.run_book(inv, plays.down_book(targets, names), targets,
-                                _engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
+                                engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
                                 report)
         removed = {h: (runner.exports.get(h) or {}).get("removed", []) for h in targets}
-    print_report(report, json, removed=removed)
+        gateway = None
+        if not check and any(removed.values()):
+            from sparkprov.cli.gateway import refresh
+            gateway = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    print_report(report, json, removed=removed, gateway=gateway)
+    if gateway and not json:
+        print(gateway)
     finish(report.exit_code())
 
 
@@ -290,10 +295,10 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
     Exit 2 when a deployment is degraded, 4 when a host is unreachable."""
     import time
 
-    from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
-    from sparkprov.data.inventory import load_inventory
-
+    from sparkprov.cli.common import engine_options, finish, inventory_path, select_hosts, user_errors
     from sparkprov.cli.options import float_option, int_option
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.plays import serve as plays
 
     with user_errors():
         watch = float_option("watch", watch, 0, 86400, unit="seconds")
@@ -302,7 +307,7 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
         targets = select_hosts(inv, hosts, limit)
         shown = 0
         while True:
-            st, code = read_status(inv, targets, forks=forks, accept_new_host_keys=accept_new_host_keys)
+            st, code = plays.read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys))
             if json:
                 print(_json.dumps({"ok": code == 0, "hosts": st}, indent=2, default=str), flush=True)
             else:
@@ -316,33 +321,6 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
                 break
             time.sleep(watch)
     finish(code)
-
-
-def read_status(inv, targets, *, forks=None, accept_new_host_keys=False):
-    """One status play on the engine: per host what serves and its health; the exit code."""
-    import io
-
-    from sparkprov.engine.report import Report
-    from sparkprov.modules.deployment_health import deployments_led_by, health
-    from sparkprov.plays import serve as plays
-
-    report = Report(io.StringIO(), quiet=True)
-    runner = plays.run_book(inv, plays.status_book(targets), targets,
-                            _engine_options(accept_new_host_keys=accept_new_host_keys, forks=forks), report)
-    st = {}
-    for h in targets:
-        ex = runner.exports.get(h) or {}
-        tally = report.hosts[h]
-        unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
-        failed = next((r.msg for r in report.results if r.host == h and r.status == "failed"), None)
-        doc = ex.get("serving_status") or {}
-        st[h] = {"reachable": not tally.unreachable, "error": unreachable or doc.get("error"),
-                 "docker": bool(doc.get("access")), "containers": doc.get("containers") or [],
-                 "host": doc.get("host") or {},
-                 "deployments": {d: health(d, lead, h, runner.exports)
-                                 for d, lead in deployments_led_by(h, runner.exports).items()},
-                 "problem": failed, "remote_calls": tally.remote_calls}
-    return st, report.exit_code()
 
 
 def print_status(st) -> None:
@@ -375,7 +353,8 @@ def print_status(st) -> None:
             ray = c.get("ray")
             m = c.get("metrics") or {}
             acc = m.get("spec_acceptance")
-            t.add_row(host, c["name"], c["deployment"] or "", c["role"] or "",
+            labels = c.get("labels") or {}
+            t.add_row(host, c["name"], labels.get("sparkprov.deployment") or "", labels.get("sparkprov.role") or "",
                       c["status"] + (f" (restarts {c['restarts']})" if c["restarts"] else ""),
                       f"{ray['nodes']} nodes, {ray['gpus']:g} GPUs" if ray else "",
                       str(c.get("health", "")) if c.get("port") else "",
@@ -395,7 +374,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
                max_bytes=None, iters=None, json=False, limit=None, forks=None, check=False, accept_new_host_keys=False):
     """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
 
-    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
@@ -423,7 +402,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
         report = Report(out, quiet=json)
         runner = plays.run_book(inv, plays.nccl_book(targets, image, backend=backend, threshold=threshold,
                                                      max_bytes=str(max_bytes), iters=iters), targets,
-                                _engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
+                                engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
                                 report)
         result = (runner.exports.get(targets[0]) or {}).get("allreduce")
     print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,

@@ -151,3 +151,13 @@ def finish(code: int) -> None:
 
 def print_json(data) -> None:
     print(json.dumps(data, indent=2, default=str))
+
+
+def engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
+    """The engine's options for the serving commands' plays: every later play's facts are read
+    with the first gather (gather_ahead), so a run with nothing to do costs one call per host."""
+    from sparkprov.cli.options import parse_forks
+    from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
+
+    return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
+                      forks=parse_forks(forks, DEFAULT_FORKS), gather_ahead=True)

@@ -36,7 +36,7 @@ def _hub_token() -> str:
 
 def main() -> int:
     from sparkprov.cli import cluster as cluster_cli
-    from sparkprov.cli.common import REPO, playbook_path, run_playbook
+    from sparkprov.cli.common import REPO, engine_options, playbook_path, run_playbook
     from sparkprov.cli.stage import stage_weights
     from sparkprov.plays import serve as plays
     from sparkprov.engine.report import Report
@@ -68,7 +68,7 @@ def main() -> int:
     cluster_cli.cluster_up(None, model=dep.model, tp=2, hosts=",".join(dep.hosts), inventory=inv_path)
 
     _step(5, "a chat completion through the cluster")
-    runner = plays.run_book(inv, plays.status_book(dep.hosts), dep.hosts, cluster_cli._engine_options(),
+    runner = plays.run_book(inv, plays.status_book(dep.hosts), dep.hosts, engine_options(),
                             Report(io.StringIO(), quiet=True))
     st = {h: (runner.exports.get(h) or {}).get("serving_status") or {} for h in dep.hosts}
     head = next(c for c in st[dep.head]["containers"] if c["labels"].get("sparkprov.role") == "ray-head")

@@ -30,12 +30,12 @@ def monitor(c, out=None, node_exporter_port=None, check=False, hosts=None, inven
 
     The targets (file_sd): every deployment's /metrics (rank 0), node_exporter and dcgm-exporter on every host;
     the deployments are read from the hosts as `status` reads them."""
-    from sparkprov.cli.cluster import read_status
-    from sparkprov.cli.common import finish, inventory_path, select_hosts, user_errors
+    from sparkprov.cli.common import engine_options, finish, inventory_path, select_hosts, user_errors
     from sparkprov.cli.options import int_option, parse_forks, text_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.defaults import host_setting
     from sparkprov.engine.run import DEFAULT_FORKS
+    from sparkprov.plays.serve import read_status
     from sparkprov.serving import monitor as mon
 
     with user_errors():
@@ -44,7 +44,7 @@ def monitor(c, out=None, node_exporter_port=None, check=False, hosts=None, inven
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        st, code = read_status(inv, targets, forks=forks, accept_new_host_keys=accept_new_host_keys)
+        st, code = read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys))
         blind = [(h, st[h]) for h in targets if not st[h]["reachable"] or not st[h]["docker"]]
         for h, s in blind:
             print(f"sparkprov: {h}: {'unreachable' if not s['reachable'] else 'docker'}: {s.get('error')}",

@@ -89,6 +89,23 @@ class KeyFile(Fact):
 
 
 @dataclass(frozen=True)
+class KeyText(Fact):
+    """The content of an API key file, for the gateway that must present it (None: absent or
+    unreadable). A secret: it stays in the run's memory (its repr names the path only), reaches
+    no report, and travels to the gateway host inside a script on stdin, never in an argv."""
+
+    path: str
+
+    def command(self, sh: ShellCtx) -> str:
+        p = sh.path(self.path)
+        return f'p={p}\nif [ -f "$p" ] && [ -r "$p" ]; then printf "@key "; head -c 4096 -- "$p"; echo; else echo absent; fi'
+
+    def parse(self, out: str, err: str, rc: int) -> str | None:
+        line = out.strip()
+        return line[5:].strip() or None if line.startswith("@key ") else None
+
+
+@dataclass(frozen=True)
 class Listeners(Fact):
     """Which of these TCP ports something listens on (any address), from /proc/net/tcp{,6}."""
 

@@ -25,6 +25,10 @@ is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alon
   files become whiteouts). Built once (about a minute), then cached. Without a wheel the serving
   images are built without it (logged; their label ``org.sparkprov.lab.torch`` says why) and
   nccl-check fails saying the image has no torch.
+* **litellm** (keyed by the base layer and :data:`LITELLM_REQUIREMENT`): LiteLLM's proxy in
+  ``/opt/venv``, the same pip route as torch; the gateway image ``ghcr.io/berriai/litellm:*`` is
+  base + litellm with the entrypoint ``litellm``, as the official image runs it. Built only when
+  asked for by name (``ensure_images(url, [name])``), not with the serving images.
 * **smoke**: a static busybox (taken from the base rootfs) and its applet links, for
   ``docker run --gpus all`` smoke tests (:data:`SMOKE_IMAGE`).
 
@@ -103,6 +107,13 @@ FALLBACK_IMAGES = [
     "vllm/vllm-openai:gemma4-cu130",
     "nvcr.io/nvidia/vllm:25.12.post1-py3",
 ]
+# The gateway image (`invoke gateway up`): LiteLLM's proxy as its official image runs it (entrypoint
+# `litellm`, the container's arguments are litellm's). Built on demand (ensure_images with its
+# name), not with the serving images: its layer is ~170 MB of wheels.
+LITELLM_REPO = "berriai/litellm"
+LITELLM_REQUIREMENT = "litellm[proxy]==1.108.7"
+LITELLM_CHECK = "import litellm.proxy.proxy_server"
+
 # Changing this (the build steps of the torch layer) makes a new torch layer.
 TORCH_BUILD_VERSION = 1
 TORCH_CHECK = ("import torch, torch.distributed as d; assert d.is_available() and d.is_gloo_available(); "
@@ -669,11 +680,24 @@ def _tree(rootfs: Path) -> dict[str, tuple]:
     return out
 
 
-def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
-    """Build the torch layer (a diff over the base) as ``dest`` (a .tar.gz); return its meta."""
+def _pip_platforms(wheel: Path | None) -> list[str]:
+    """The platform tags pip may take wheels of for the base rootfs (Debian bookworm: glibc 2.36)."""
+    if wheel is not None:
+        return wheel.name[:-4].split("-")[-1].split(".")
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}[_goarch()]
+    return [f"manylinux_2_{v}_{arch}" for v in range(36, 16, -1)] + [f"manylinux2014_{arch}", f"linux_{arch}"]
+
+
+def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dist: str, check: str,
+                     wheel: Path | None = None) -> dict:
+    """A layer (a diff over the base) of `pip install --no-index REQUIREMENT` into the base's venv,
+    written to ``dest`` (a .tar.gz); its meta. This machine's pip (its find-links, index and
+    certificates) downloads the wheels for the base's Python and platform; the install runs in
+    the base rootfs (chroot) from those files alone. ``wheel``: a local wheel that is the
+    requirement (torch's, found on this machine)."""
     if os.geteuid() != 0:
-        raise ImageError("building the lab torch layer needs root (chroot)")
-    work = Path(tempfile.mkdtemp(prefix=".tmp-torch-", dir=dest.parent))
+        raise ImageError(f"building the lab {what} layer needs root (chroot)")
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
     try:
         rootfs = work / "rootfs"
         rootfs.mkdir()
@@ -686,24 +710,24 @@ def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
         t1 = time.monotonic()
         wheels = rootfs / "tmp" / "sparkprov-wheels"
         wheels.mkdir(parents=True)
-        shutil.copy2(wheel, wheels / wheel.name)
-        plat = wheel.name[:-4].split("-")[-1]
+        if wheel is not None:
+            shutil.copy2(wheel, wheels / wheel.name)
         pytag = "cp" + base.python.replace(".", "")
-        # this machine's pip (its find-links, index and certificates) fetches the dependencies
         dl = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
               "--dest", str(wheels), "--only-binary=:all:", "--python-version", base.python,
               "--implementation", "cp", "--abi", pytag]
-        for p in plat.split("."):
+        for p in _pip_platforms(wheel):
             dl += ["--platform", p]
-        _log(f"torch layer: pip download the dependencies of {wheel.name}")
-        r = subprocess.run(dl + [str(wheels / wheel.name)], capture_output=True, text=True)
+        _log(f"{what} layer: pip download {requirement} and its dependencies")
+        r = subprocess.run(dl + [str(wheels / wheel.name) if wheel is not None else requirement],
+                           capture_output=True, text=True)
         if r.returncode != 0:
-            raise ImageError(f"pip download of torch's dependencies failed: {r.stderr.strip()[-800:]}")
+            raise ImageError(f"pip download of {requirement} failed: {r.stderr.strip()[-800:]}")
         t2 = time.monotonic()
-        _log("torch layer: pip install --no-index (in the base rootfs)")
+        _log(f"{what} layer: pip install --no-index (in the base rootfs)")
         _chroot(rootfs, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--find-links",
-                "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}")
-        _chroot(rootfs, f"{VENV}/bin/python", "-c", TORCH_CHECK)
+                "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}" if wheel is not None else requirement)
+        _chroot(rootfs, f"{VENV}/bin/python", "-c", check)
         t3 = time.monotonic()
         for junk in ("tmp", "var/tmp", "root/.cache", "dev"):
             p = rootfs / junk
@@ -742,17 +766,23 @@ def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
         t4 = time.monotonic()
         version = subprocess.run(
             ["chroot", str(rootfs), f"{VENV}/bin/python", "-c",
-             "import importlib.metadata as m; print(m.version('torch'))"],
+             f"import importlib.metadata as m; print(m.version({dist!r}))"],
             check=True, capture_output=True, text=True).stdout.strip()
         return {"digest": digest, "diff_id": diff_id, "size": size,
-                "created_by": f"sparkprov lab: pip install --no-index {wheel.name} into {VENV}",
-                "torch": version, "wheel": wheel.name, "paths": len(changed), "whiteouts": len(removed),
-                "unpacked_bytes": added_bytes,
+                "created_by": f"sparkprov lab: pip install --no-index {wheel.name if wheel else requirement} into {VENV}",
+                dist: version, "version": version, "wheel": wheel.name if wheel else None,
+                "paths": len(changed), "whiteouts": len(removed), "unpacked_bytes": added_bytes,
                 "timings_s": {"extract_base": round(t1 - t0, 1), "pip_download": round(t2 - t1, 1),
                               "pip_install": round(t3 - t2, 1), "tar_gzip": round(t4 - t3, 1),
                               "total": round(t4 - t0, 1)}}
     finally:
         _safe_rmtree(work)
+
+
+def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
+    """Build the torch layer (a diff over the base) as ``dest`` (a .tar.gz); return its meta."""
+    return _build_pip_layer(base, dest, what="torch", requirement=wheel.name, dist="torch", check=TORCH_CHECK,
+                            wheel=wheel)
 
 
 @dataclass(frozen=True)
@@ -792,6 +822,28 @@ def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
     meta = json.loads(metaf.read_text())
     return TorchLayer(Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]),
                       meta["torch"], "", meta)
+
+
+def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
+    """LiteLLM's proxy over ``base`` (pip, from this machine's index), built once and cached."""
+    key = _hash_obj({"base": base.layer.digest, "req": LITELLM_REQUIREMENT, "arch": _goarch()})[:16]
+    dest = cache_dir / f"litellm-{key}.tar.gz"
+    metaf = cache_dir / f"litellm-{key}.json"
+    with _cache_lock(cache_dir):
+        if not (dest.exists() and metaf.exists()):
+            for stale in cache_dir.glob(".tmp-litellm-*"):
+                _safe_rmtree(stale)
+            meta = _build_pip_layer(base, dest, what="litellm", requirement=LITELLM_REQUIREMENT, dist="litellm",
+                                    check=LITELLM_CHECK)
+            tmp = metaf.with_name(metaf.name + ".tmp")
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, metaf)
+            _log(f"litellm layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB gzip")
+            for old in cache_dir.glob("litellm-*"):
+                if old.name not in (dest.name, metaf.name):
+                    old.unlink()
+    meta = json.loads(metaf.read_text())
+    return Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"])
 
 
 # --------------------------------------------------------------------------- names and configs
@@ -851,7 +903,7 @@ def _load_catalog():
 # The catalog's `entrypoint` of an image -> the lab image's ENTRYPOINT.
 CUSTOM_ENTRYPOINT = "/usr/local/bin/lab-custom-entrypoint"
 ENTRYPOINTS = {"vllm-serve": ["vllm", "serve"], "passthrough": None,
-               "custom": [CUSTOM_ENTRYPOINT]}
+               "custom": [CUSTOM_ENTRYPOINT], "litellm": ["litellm"]}
 CUSTOM_SCRIPT = (
     "#!/bin/sh\n"
     "# Lab image of a catalog image whose own entrypoint is not vLLM's (entrypoint: custom).\n"
@@ -867,6 +919,8 @@ def image_kind(ref: Ref, catalog=None) -> str:
     Without a catalog entry: vllm-openai repositories are "vllm-serve", others "passthrough"."""
     if ref.path == parse_ref(SMOKE_IMAGE).path:
         return "smoke"
+    if ref.path == LITELLM_REPO:
+        return "litellm"
     img = catalog.image(ref.name) if catalog is not None else None
     if img is not None:
         return img.entrypoint
@@ -940,7 +994,8 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
     base = ensure_base(cache_dir)
     kinds = {r.name: image_kind(r, catalog) for r in refs}
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
-        k != "smoke" for k in kinds.values()) else None
+        k not in ("smoke", "litellm") for k in kinds.values()) else None
+    litellm = ensure_litellm_layer(base, cache_dir) if "litellm" in kinds.values() else None
     torch = ensure_torch_layer(base, cache_dir, find_links) if engine is not None else None
     smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
     out, seen = [], {}
@@ -950,6 +1005,9 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
                   "org.sparkprov.lab.entrypoint": kind}
         if kind == "smoke":
             layers = [smoke]
+        elif kind == "litellm":
+            layers = [base.layer, litellm]
+            labels["org.sparkprov.lab.litellm"] = LITELLM_REQUIREMENT
         else:
             # base, [torch], Ray or no Ray, [vLLM version], engine (last: it changes most often)
             if torch.layer is not None:

@@ -1,4 +1,4 @@
-"""The serving commands as playbooks for the engine: cluster-up, cluster-down, status, nccl-check.
+"""The serving commands as playbooks for the engine: cluster-up, cluster-down, status, nccl-check, bench.
 
 Each command builds plays of the serving modules (sparkprov/modules/serve_*.py, vllm_*.py,
 docker_image.py, allreduce.py) and runs them on the engine that provision uses, so they share
@@ -23,6 +23,7 @@ from typing import Any
 
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
+from sparkprov.engine.run import RunOptions
 from sparkprov.modules.ray_image import derived_tag
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
@@ -103,7 +104,8 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
 
 def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "") -> Playbook:
     return Playbook("cluster-down", [play("cluster-down", hosts, [task(
-        "remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason},
+        "remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason,
+                                                        "exclude_roles": ["gateway"]},  # gateway down removes it
         ("cluster-down", None, None))])])
 
 
@@ -113,6 +115,31 @@ def status_book(hosts: list[str]) -> Playbook:
                                play("deployments", hosts, [task("deployments", "deployment_health", {}, where)])])
 
 
+def read_status(inv, targets: list[str], options: RunOptions) -> tuple[dict[str, dict], int]:
+    """One status play: per host what serves, its health and each deployment it leads; the exit
+    code. status, monitor, gateway and bench read the fleet through this."""
+    import io
+
+    from sparkprov.modules.deployment_health import deployments_led_by, health
+
+    report = Report(io.StringIO(), quiet=True)
+    runner = run_book(inv, status_book(targets), targets, options, report)
+    st = {}
+    for h in targets:
+        ex = runner.exports.get(h) or {}
+        tally = report.hosts[h]
+        unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
+        failed = next((r.msg for r in report.results if r.host == h and r.status == "failed"), None)
+        doc = ex.get("serving_status") or {}
+        st[h] = {"reachable": not tally.unreachable, "error": unreachable or doc.get("error"),
+                 "docker": bool(doc.get("access")), "containers": doc.get("containers") or [],
+                 "host": doc.get("host") or {},
+                 "deployments": {d: health(d, lead, h, runner.exports)
+                                 for d, lead in deployments_led_by(h, runner.exports).items()},
+                 "problem": failed, "remote_calls": tally.remote_calls}
+    return st, report.exit_code()
+
+
 def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
     where = ("nccl-check", None, None)
     common = {"hosts": hosts, "image": image, **bench}
@@ -120,6 +147,38 @@ def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
         play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where)]),
         play("nccl-check: all-reduce", hosts, [task("all-reduce", "allreduce", {**common, "phase": "run"}, where)]),
     ])
+
+
+def bench_book(hosts: list[str], **bench: Any) -> Playbook:
+    """Every host reads its containers; the ones that serve the deployment run the client."""
+    where = ("bench", None, None)
+    return Playbook("bench", [play("bench", hosts, [task(f"bench {bench['deployment']}", "serve_bench", bench,
+                                                         where)])])
+
+
+def gateway_book(gateway_host: str, routes: list[dict[str, Any]], **gateway: Any) -> Playbook:
+    """The serving hosts hand over their servers' keys (no_log), then the gateway host converges."""
+    where = ("gateway", None, None)
+    key_files: dict[str, list[str]] = {}
+    for r in routes:
+        if r.get("key_file"):
+            key_files.setdefault(r["host"], [])
+            if r["key_file"] not in key_files[r["host"]]:
+                key_files[r["host"]].append(r["key_file"])
+    plays = []
+    for host, files in key_files.items():
+        t = task("server keys", "gateway_keys", {"key_files": files}, where)
+        t.no_log = True
+        plays.append(play(f"gateway: keys on {host}", [host], [t], where=where))
+    plays.append(play("gateway", [gateway_host], [task("gateway", "gateway", {**gateway, "routes": routes}, where)],
+                      where=where))
+    return Playbook("gateway", plays)
+
+
+def gateway_down_book(gateway_host: str) -> Playbook:
+    where = ("gateway", None, None)
+    return Playbook("gateway", [play("gateway", [gateway_host], [task("gateway", "gateway", {"state": "absent"},
+                                                                      where)], where=where)])
 
 
 def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:

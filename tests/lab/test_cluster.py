@@ -14,7 +14,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -228,7 +230,75 @@ def test_lost_rank_makes_status_fail(env):
     down(env)
 
 
-def test_two_models_on_two_hosts(env):
+def test_bench_watch_and_monitor_a_tp2_deployment(env, tmp_path):
+    """invoke bench at concurrency 1 and 4 over the Ray TP 2 deployment: vLLM's client in the head's
+    container, the key handed over on the host; JSON and plot under the recipe hash; --compare
+    against the run before; --check runs nothing and writes nothing. Then status --watch and
+    invoke monitor on the same deployment."""
+    lab = env["lab"]
+    rc, doc, out = up(env)
+    assert rc == 0, out
+    results = tmp_path / "bench"
+    args = ("tp", "--concurrency", "1,4", "--input-len", "32", "--output-len", "16", "--results", str(results))
+    before = {h: host_state(lab, h) for h in lab.names}
+    rc, chk, out = cli(env, "bench", *args, "--check")
+    assert rc == 0, out
+    assert chk["bench"]["runs"] == [] and chk["bench"]["served_on"] == ["spark1"], out
+    assert {h: host_state(lab, h) for h in lab.names} == before and not results.exists()
+
+    rc, b1, out = cli(env, "bench", *args)
+    assert rc == 0, out
+    (run,) = b1["bench"]["runs"]
+    assert run["host"] == "spark1" and [r["concurrency"] for r in run["rows"]] == [1, 4], run
+    for r in run["rows"]:
+        assert r["completed"] == r["num_prompts"] == max(4 * r["concurrency"], 8) and r["failed"] == 0, r
+        assert r["total_output_tokens"] == 16 * r["num_prompts"] and r["total_input_tokens"] >= 32 * r["num_prompts"]
+        assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["itl_p50_ms"] > 0 and r["output_throughput"] > 0, r
+    head = json.loads(lab.ssh("spark1", "docker inspect sparkprov-tp-head").stdout)[0]
+    assert run["recipe_hash"] == head["Config"]["Labels"]["sparkprov.recipe_hash"] and run["image_id"] == head["Image"]
+    path = Path(run["path"])
+    assert path.parent == results / "tp" / run["recipe_hash"] and json.loads(path.read_text())["rows"] == run["rows"]
+    assert Path(run["plot"]).read_bytes()[:4] == b"\x89PNG"
+    key = lab.ssh("spark1", "cat ~/.config/sparkprov/api_key").stdout.strip()
+    assert len(key) >= 32 and key not in path.read_text() and key not in out
+    assert key not in lab.ssh("spark1", "docker inspect sparkprov-tp-head").stdout
+
+    rc, b2, out = cli(env, "bench", *args, "--compare")
+    assert rc == 0, out
+    cmp = b2["bench"]["runs"][0]["compare"]
+    assert cmp["against"] == run["path"] and cmp["same_image"] and set(cmp["levels"]) == {"1", "4"}
+    assert len(list((results / "tp" / run["recipe_hash"]).glob("*.json"))) == 2
+
+    rc, _, out = cli(env, "bench", "nosuch", "--results", str(results))
+    assert rc == 2 and "no host of spark1, spark2 serves nosuch" in out, out
+
+    # status --watch refreshes (two reads, two tables); monitor's files name this deployment, and
+    # every vLLM metric its dashboard queries is one the live rank 0 exposes
+    p = subprocess.run([INVOKE, "status", "--inventory", str(env["inv"]), "--watch", "0.5", "--count", "2"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.count("refreshed ") == 2 and p.stdout.count("tp (rank 0 on spark1): 2/2 nodes") == 2, p.stdout
+    mon = tmp_path / "monitoring"
+    p = subprocess.run([INVOKE, "monitor", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    targets = json.loads((mon / "targets" / "vllm.json").read_text())
+    assert [(t["targets"], t["labels"]["deployment"]) for t in targets] == [(["10.77.0.11:8000"], "tp")], targets
+    req = urllib.request.Request("http://10.77.0.11:8000/metrics", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
+        live = {line.split("{")[0].split(" ")[0] for line in r.read().decode().splitlines() if line.startswith("vllm:")}
+    queried = set(re.findall(r"vllm:[a-z_:]+", (mon / "grafana-dashboard.json").read_text()))
+    assert queried and queried <= live, queried - live
+    down(env)
+
+
+def test_two_models_on_two_hosts_and_one_gateway_in_front(env):
+    """Two models on two hosts; then `invoke gateway up` (LiteLLM's proxy, the lab's build of it)
+    reaches each by model name with its own key; cluster-down of one takes its route away; gateway
+    down removes the proxy and the file holding the servers' keys."""
+    from sparkprov.lab.image import ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparkprov.serving import gateway as gw
+
     lab = env["lab"]
     rc, doc, out = up(env, "--playbook", str(env["dir"] / "serve.yaml"), "--tp", "1")
     assert rc == 0, out
@@ -236,8 +306,53 @@ def test_two_models_on_two_hosts(env):
     deps = doc["cluster"]["deployments"]
     assert "42" in chat(env, doc["cluster"], "one") and "42" in chat(env, doc["cluster"], "two")
     assert deps["one"]["model"] != deps["two"]["model"]
+
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [gw.IMAGE])
+    before = {h: host_state(lab, h) for h in lab.names}
+    rc, chk, out = cli(env, "gateway", "up", "--check")
+    assert rc == 0, out
+    assert {h: host_state(lab, h) for h in lab.names} == before
+    rc, g, out = cli(env, "gateway", "up", timeout=600)
+    assert rc == 0, out
+    assert g["gateway"]["endpoint"] == "http://10.77.0.11:4000/v1" and g["gateway"]["host"] == "spark1", g
+    assert sorted(g["gateway"]["models"]) == sorted([deps["one"]["model"], deps["two"]["model"]])
+    master = lab.ssh("spark1", f"cat {gw.DIR}/{gw.MASTER_KEY}").stdout.strip()
+    assert master.startswith("sk-")
+    for name in ("one", "two"):
+        assert "42" in gateway_chat(g["gateway"]["endpoint"], master, deps[name]["model"])
+    with pytest.raises(urllib.error.HTTPError):
+        gateway_chat(g["gateway"]["endpoint"], "sk-wrong", deps["one"]["model"])
+    inspect = lab.ssh("spark1", f"docker inspect {gw.CONTAINER}").stdout
+    server_keys = [lab.ssh(h, "cat ~/.config/sparkprov/api_key").stdout.strip() for h in ("spark1", "spark2")]
+    assert all(k and k not in inspect for k in server_keys + [master]) and master not in out
+    assert lab.ssh("spark1", f"stat -c %a {gw.DIR}/{gw.CONFIG} {gw.DIR}/{gw.MASTER_KEY}").stdout.split() == ["600", "600"]
+    rc, again, out = cli(env, "gateway", "up")
+    assert rc == 0 and changed(again) == [], out
+
+    # cluster-down of one deployment: the gateway no longer routes to it, the other still answers
+    rc, d, out = cli(env, "cluster-down", "--deployments", "two")
+    assert rc == 0 and "routes updated" in (d.get("gateway") or ""), out
+    assert "42" in gateway_chat(g["gateway"]["endpoint"], master, deps["one"]["model"])
+    with pytest.raises(urllib.error.HTTPError):
+        gateway_chat(g["gateway"]["endpoint"], master, deps["two"]["model"])
+    assert containers(lab, "spark1") == sorted(["sparkprov-one", gw.CONTAINER])  # cluster-down leaves the gateway
+
+    rc, gd, out = cli(env, "gateway", "down")
+    assert rc == 0, out
+    assert containers(lab, "spark1") == ["sparkprov-one"]
+    assert lab.ssh("spark1", f"ls {gw.DIR}").stdout.split() == [gw.MASTER_KEY]  # the servers' keys went with it
     down(env)
     assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+def gateway_chat(endpoint, key, model):
+    body = json.dumps({"model": model, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": False},
+                       "messages": [{"role": "user", "content": "What is 21*2?"}]}).encode()
+    req = urllib.request.Request(endpoint + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=120) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
 def test_wrong_worker_fabric_address_fails_naming_the_host(env):

@@ -660,3 +660,35 @@ def test_ray_tp2_dies_when_a_rank_is_lost(ray_cluster, hf_home, tmp_path, ray_py
         assert "EngineCore encountered a fatal error." in e.text()
     finally:
         e.stop()
+
+
+# ---------------------------------------------------------------- vllm bench serve (the client's stand-in)
+def test_ignore_eos_generates_to_max_tokens(engine_factory):
+    e = engine_factory()
+    e.wait_ready()
+    st, short = e.chat("What is 1+1?", max_tokens=40, chat_template_kwargs={"enable_thinking": False})
+    assert st == 200 and short["usage"]["completion_tokens"] < 40  # the answer stops by itself
+    st, long = e.chat("What is 1+1?", max_tokens=40, ignore_eos=True, chat_template_kwargs={"enable_thinking": False})
+    assert st == 200 and long["usage"]["completion_tokens"] == 40 and long["choices"][0]["finish_reason"] == "length"
+    st, some = e.chat("What is 1+1?", max_tokens=40, min_tokens=25, chat_template_kwargs={"enable_thinking": False})
+    assert st == 200 and some["usage"]["completion_tokens"] == 25
+
+
+def test_bench_serve_measures_and_writes_vllms_result_file(engine_factory, hf_home, tmp_path):
+    e = engine_factory("--api-key", "sekrit", LAB_ENGINE_TOKEN_SECONDS="0.002")
+    e.wait_ready()
+    argv = ["bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", e.base,
+            "--model", "Qwen/Qwen3-0.6B", "--dataset-name", "random", "--random-input-len", "64",
+            "--random-output-len", "16", "--ignore-eos", "--num-prompts", "8", "--max-concurrency", "4",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
+            "--result-dir", str(tmp_path), "--result-filename", "c4.json"]
+    r = run_cli(argv, env_for(hf_home, OPENAI_API_KEY="sekrit"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "c4.json").read_text())
+    assert doc["completed"] == 8 and doc["failed"] == 0 and doc["max_concurrency"] == 4
+    assert doc["total_output_tokens"] == 8 * 16 and doc["total_input_tokens"] >= 8 * 64
+    assert 0 < doc["p50_ttft_ms"] <= doc["p99_ttft_ms"] and doc["p50_itl_ms"] > 0 and doc["p99_e2el_ms"] > 0
+    assert doc["output_throughput"] == pytest.approx(doc["total_output_tokens"] / doc["duration"])
+    # a wrong key: vLLM's client stops at its first request, exit status 1
+    r = run_cli(argv, env_for(hf_home, OPENAI_API_KEY="wrong"))
+    assert r.returncode == 1 and "Initial test run failed" in r.stderr and "401" in r.stderr

@@ -115,6 +115,25 @@ REJECTED = [
      ["the hub at http://127.0.0.1:9 cannot be reached", "hf_endpoint"]),
     (["stage-weights", "org/name", "--inventory", "{d}/hub-bad.yaml", "--check"],
      ["hub endpoint 'ftp//nowhere' is not an http(s) URL", "hf_endpoint"]),
+    # bench
+    (["bench", "tp", *INV, "--concurrency", "0,4"], ["--concurrency 0 is out of range", "1 to 4096"]),
+    (["bench", "tp", *INV, "--concurrency", "1,x"], ["--concurrency: 'x' is not a valid name", "whole numbers"]),
+    (["bench", "tp", *INV, "--concurrency", ""], ["--concurrency '' names nothing"]),
+    (["bench", "tp", *INV, "--concurrency", "4097"], ["--concurrency 4097 is out of range"]),
+    (["bench", "tp", *INV, "--input-len", "0"], ["--input-len 0 is out of range"]),
+    (["bench", "tp", *INV, "--output-len", "2.5"], ["--output-len '2.5' is not a whole number"]),
+    (["bench", "tp", *INV, "--prompts", "-1"], ["--prompts -1 is out of range"]),
+    (["bench", "tp", *INV, "--timeout", "inf"], ["--timeout 'inf' is out of range"]),
+    (["bench", "tp", *INV, "--results", ""], ["--results '' is empty"]),
+    (["bench", "a b", *INV], ["'a b' is not a deployment name"]),
+    # gateway
+    (["gateway", "sideways", *INV], ["--action 'sideways' is not one of up, down"]),
+    (["gateway", "up", *INV, "--port", "0"], ["--port 0 is out of range", "1 to 65535"]),
+    (["gateway", "up", *INV, "--port", "http"], ["--port 'http' is not a whole number"]),
+    (["gateway", "up", *INV, "--bind", "everywhere"], ["--bind 'everywhere' is not an IP address"]),
+    (["gateway", "up", *INV, "--image", "-v /:/host"], ["is not an image reference"]),
+    (["gateway", "up", *INV, "--host", "nosuch"], ["--host 'nosuch' is not a host of"]),
+    (["gateway", "up", *INV, "--timeout", "0"], ["--timeout '0' is out of range"]),
 ]
 
 
@@ -143,6 +162,10 @@ def test_hf_token_with_a_newline_is_one_line_naming_its_source_not_its_value(env
     ["play", "{d}/good.yaml", *INV, "--check", "--tags", "docker", "--forks", "2"],
     ["play", "{d}/good.yaml", *INV, "--check", "--skip-tags", "always"],
     ["facts", *INV, "--forks", "1", "--hosts", "s*"],
+    ["bench", "tp", *INV, "--check", "--concurrency", "1,4", "--input-len", "32", "--output-len", "16",
+     "--prompts", "8", "--timeout", "60", "--results", "{d}/bench", "--compare", "--forks", "2"],
+    ["gateway", "up", *INV, "--check", "--port", "4000", "--bind", "0.0.0.0", "--host", "s1", "--timeout", "30"],
+    ["gateway", "down", *INV, "--check"],
 ], ids=lambda a: " ".join(a)[:60])
 def test_accepted_options_run_and_end_unreachable(env, args):
     """Values that fit get past parsing; the loopback hosts are unreachable: exit 4, a recap."""
@@ -207,6 +230,8 @@ TARGETS = [
     (["facts", *INV], "--forks"),
     (["stage-weights", "org/name", "--inventory", "{d}/hub-down.yaml", "--check"], "--streams"),
     (["stage-weights", "org/name", "--inventory", "{d}/hub-down.yaml", "--check"], "--progress-interval"),
+    (["bench", "tp", *INV, "--check"], "--concurrency"),
+    (["bench", "tp", *INV, "--check"], "--output-len"),
 ]
 
 
@@ -267,7 +292,7 @@ def test_choice_csv_hosts_options():
             hosts_option("hosts", bad)
 
 
-@pytest.mark.parametrize("task", ["stage-weights", "recipe", "lint", "play"])
+@pytest.mark.parametrize("task", ["stage-weights", "recipe", "lint", "play", "bench", "gateway"])
 def test_help_after_a_task_with_a_positional_shows_the_task_help(env, task):
     """`invoke TASK --help` on a task whose first argument is positional: Invoke hands '--help' over
     as that argument; the user sees the task's help, as with `invoke --help TASK`."""

@@ -96,6 +96,20 @@ def gibberish(seed: str, n: int) -> str:
     return " ".join(words)
 
 
+def extend(pieces: list, at_least: int) -> list:
+    """The output made at least `at_least` tokens long (the last piece goes on with filler words),
+    as a model whose stop token is ignored keeps generating."""
+    n = sum(len(w) for _, w in pieces)
+    if n >= at_least:
+        return pieces
+    channel, words = pieces[-1] if pieces else ("content", [])
+    filler = [FILLER[i % len(FILLER)] for i in range(at_least - n)]
+    return (pieces[:-1] if pieces else []) + [(channel, list(words) + filler)]
+
+
+FILLER = "and so the answer goes on at length as the stop token was ignored".split()
+
+
 def take(words: list, budget: int):
     """(taken words, remaining budget, truncated?)"""
     if budget >= len(words):

@@ -521,6 +521,14 @@ def _make_handler(srv: Server):
                     pieces.append(("content", ans.split()))
                 if call:
                     pieces.append(("tool", call[1].split()))
+            # vLLM's extra sampling parameters: ignore_eos generates to max_tokens (what benchmark
+            # clients send), min_tokens at least that many; the stop token comes no earlier
+            mt = body.get("min_tokens")
+            # (ignoring the stop token runs into max_tokens: finish_reason "length", as vLLM says)
+            floor = max_tokens + 1 if body.get("ignore_eos") is True else (
+                mt if isinstance(mt, int) and not isinstance(mt, bool) and mt > 0 else 0)
+            if not call:
+                pieces = generation.extend(pieces, min(floor, max_tokens + 1))
             created = int(time.time())
             role = args.response_role
             stream = bool(body.get("stream"))

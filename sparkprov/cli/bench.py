@@ -1,0 +1,133 @@
+"""`invoke bench DEPLOYMENT`: vLLM's benchmark client against a running deployment, as a play on the
+engine (sparkprov/plays/serve.py bench_book, the module sparkprov/modules/serve_bench.py), so it
+has --check, --json, --limit, --forks, the recap and the exit codes of every command. The runs
+are stored, plotted and compared here (sparkprov/serving/bench.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HELP = {
+    "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
+    "concurrency": "Concurrency levels, comma-separated (default 1,4,16,64; each 1 to 4096)",
+    "input_len": "Prompt length in tokens (default 1024)",
+    "output_len": "Output length in tokens, generated to the end (--ignore-eos; default 128)",
+    "prompts": "Requests per level (default: 4 x the concurrency, at least 8)",
+    "results": "Folder for the results (default ~/.local/share/sparkprov/bench): DEPLOYMENT/RECIPE_HASH/*.json and *.png",
+    "compare": "Show the change against the last stored run of the same recipe, host and parameters",
+    "timeout": "Seconds one level may take (default 3600)",
+    "check": "Say where the client would run; run nothing",
+    "json": "Print one JSON document ({ok, hosts, results, bench}) instead of the tables and recap",
+    "hosts": "Hosts, groups or patterns to look on, comma-separated (default: all in the inventory)",
+    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
+    "limit": "Further limit the hosts (pattern)",
+    "forks": "How many hosts to read at once (default 32)",
+    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
+}
+
+DEPLOYMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+
+
+def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prompts=None, results=None,
+          compare=False, timeout=None, check=False, json=False, hosts=None, inventory=None, limit=None, forks=None,
+          accept_new_host_keys=False):
+    """Throughput and latency of a deployment at each concurrency (vllm bench serve in its container):
+    stored as JSON under its recipe hash and image, plotted (PNG), compared with --compare."""
+    import re
+
+    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
+    from sparkprov.cli.options import (OptionError, csv_option, float_option, int_option, parse_forks, positional,
+                                       text_option)
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.report import Report
+    from sparkprov.engine.run import DEFAULT_FORKS
+    from sparkprov.plays import serve as plays
+    from sparkprov.serving import bench as sb
+
+    out = sys.stderr if json else sys.stdout
+    with user_errors():
+        deployment = positional("bench", "deployment", deployment)
+        if not re.fullmatch(DEPLOYMENT_PATTERN, deployment):
+            raise OptionError(f"bench: {deployment!r} is not a deployment name",
+                              fix="give the name `invoke status` shows (letters, digits, . _ -)")
+        levels = [int_option("concurrency", w, 1, 4096)
+                  for w in csv_option("concurrency", concurrency, pattern=r"[0-9]+", allowed_text="whole numbers",
+                                      default=["1", "4", "16", "64"])]
+        args = {"deployment": deployment, "concurrency": sorted(set(levels)),
+                "input_len": int_option("input-len", input_len, 1, 1_048_576, default=1024),
+                "output_len": int_option("output-len", output_len, 1, 1_048_576, default=128),
+                "prompts": int_option("prompts", prompts, 1, 1_000_000),
+                "timeout": float_option("timeout", timeout, 0, 86400, default=3600.0, unit="seconds")}
+        store_at = Path(text_option("results", results, default="~/.local/share/sparkprov/bench")).expanduser()
+        forks = parse_forks(forks, DEFAULT_FORKS)
+        inv = load_inventory(inventory_path(inventory))
+        targets = select_hosts(inv, hosts, limit)
+        report = Report(out, quiet=json)
+        runner = plays.run_book(inv, plays.bench_book(targets, **args), targets,
+                                engine_options(check=check, forks=forks, accept_new_host_keys=accept_new_host_keys), report)
+        served = [h for h in targets if (runner.exports.get(h) or {}).get("bench_target")]
+        runs = []
+        for h in targets:
+            rec = (runner.exports.get(h) or {}).get("bench")
+            if not rec:
+                continue
+            old = sb.previous(store_at, rec) if compare else None
+            path = sb.store(store_at, rec)
+            png = sb.plot(rec, path.with_suffix(".png"))
+            runs.append({**rec, "path": str(path), "plot": str(png),
+                         "compare": sb.compare(rec, old) if old else None, "compared": bool(compare)})
+    if not served and report.exit_code() == 0:
+        print(f"sparkprov: no host of {', '.join(targets)} serves {deployment} "
+              "(fix: invoke status shows what runs; invoke cluster-up starts it)", file=sys.stderr)
+        finish(2)
+    if json:
+        print_report(report, True, bench={"deployment": deployment, "check": bool(check), "runs": runs,
+                                          "served_on": served})
+    else:
+        for r in runs:
+            print_run(r)
+        if check and served:
+            print(f"would run vllm bench serve for {deployment} on {', '.join(served)}; nothing ran")
+        report.recap()
+    finish(report.exit_code())
+
+
+def print_run(run: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, width=160)
+    t = Table(title=f"{run['deployment']} on {run['host']} ({run.get('recipe')}, recipe {run.get('recipe_hash')}, "
+                    f"image {(run.get('image_id') or '?').split(':')[-1][:12]})")
+    cmp = (run.get("compare") or {}).get("levels") or {}
+    cols = [("concurrency", None), ("output tok/s", "output_throughput"), ("total tok/s", "total_token_throughput"),
+            ("TTFT mean/p50/p99 ms", "ttft"), ("ITL mean/p50/p99 ms", "itl"), ("E2E p50/p99 s", "e2el"),
+            ("failed", "failed")]
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    for r in run["rows"]:
+        d = cmp.get(str(r["concurrency"])) or {}
+
+        def val(key, fmt="{:.1f}"):
+            v = r.get(key)
+            s = fmt.format(v) if isinstance(v, (int, float)) else "-"
+            return s + (f" ({d[key]:+.1f}%)" if d.get(key) is not None else "")
+
+        def lat(m):
+            return "/".join(f"{r[k]:.1f}" if isinstance(r.get(k), (int, float)) else "-"
+                            for k in (f"{m}_mean_ms", f"{m}_p50_ms", f"{m}_p99_ms"))
+
+        e2e = "/".join(f"{r[k] / 1000:.2f}" if isinstance(r.get(k), (int, float)) else "-"
+                       for k in ("e2el_p50_ms", "e2el_p99_ms"))
+        t.add_row(str(r["concurrency"]), val("output_throughput"), val("total_token_throughput"), lat("ttft"),
+                  lat("itl"), e2e, str(r.get("failed") if r.get("failed") is not None else "-"))
+    con.print(t)
+    c = run.get("compare")
+    if c:
+        con.print(f"compared with {c['against']} ({c['time']})"
+                  + ("" if c["same_image"] else ": ANOTHER IMAGE than this run's"))
+    elif run.get("compared"):
+        con.print("no earlier run of this recipe, host and parameters to compare with")
+    con.print(f"stored {run['path']}\nplot   {run['plot']}")

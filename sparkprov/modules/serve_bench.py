@@ -1,0 +1,76 @@
+"""serve_bench: vLLM's benchmark client against a deployment this host serves (`invoke bench`).
+
+Plans from the host's sparkprov containers (the status fact): a host that serves the deployment
+(its container runs and answers /health) runs `vllm bench serve` once per concurrency level inside
+that container (sparkprov/serving/bench.py); a host that does not serve it has nothing to do.
+A benchmark is a measurement, not a state: check mode says what it would run and runs nothing,
+and nothing is re-read afterwards. The rows go to the play's exports (`bench`) for the command
+to store, plot and compare."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from sparkprov.facts.serving import ServingStatus
+from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.serving import bench
+
+
+class Args(ModuleArgs):
+    deployment: str = Field(min_length=1, max_length=128)
+    concurrency: list[int] = Field(min_length=1, max_length=32)
+    input_len: int = Field(default=1024, ge=1, le=1_048_576)
+    output_len: int = Field(default=128, ge=1, le=1_048_576)
+    prompts: int | None = Field(default=None, ge=1, le=1_000_000)  # per level; None: 4 x concurrency, at least 8
+    timeout: float = Field(default=3600, gt=0, le=86400)  # per level
+
+
+class ServeBench(Module):
+    name = "serve_bench"
+    Args = Args
+    doc = "Run vLLM's benchmark client (vllm bench serve) against a deployment this host serves."
+
+    def needs(self, args: Args, host: HostContext):
+        return {"status": ServingStatus()}
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        st = facts.status
+        if not st.get("access"):
+            return Plan.fail(f"{host.name}: docker: {st.get('error')}")
+        mine = [c for c in st["containers"] if c["labels"].get("sparkprov.deployment") == args.deployment
+                and c["labels"].get("sparkprov.port")]
+        if not mine:
+            return Plan(msg=f"{args.deployment} does not serve here")
+        c = mine[0]
+        if c["status"] != "running" or c.get("health") != 200:
+            return Plan.fail(f"{host.name}: {args.deployment} is not answering ({c['name']} is {c['status']}, "
+                             f"/health {c.get('health')}) (fix: invoke status, then invoke cluster-up)")
+        labels = c["labels"]
+        levels = ",".join(map(str, args.concurrency))
+        spec = {"container": c["name"], "port": int(labels["sparkprov.port"]), "model": labels.get("sparkprov.model"),
+                "keyfile": labels.get("sparkprov.api_key_file"), "concurrency": args.concurrency,
+                "input_len": args.input_len, "output_len": args.output_len, "prompts": args.prompts,
+                "timeout": args.timeout, "result_dir": bench.RESULT_DIR}
+        change = Change(f"vllm bench serve in {c['name']} at concurrency {levels} "
+                        f"(input {args.input_len}, output {args.output_len} tokens)", bench.host_script(spec),
+                        verify=False, timeout=args.timeout * len(args.concurrency) + 60)
+        params = {"concurrency": args.concurrency, "input_len": args.input_len, "output_len": args.output_len,
+                  "prompts": args.prompts}
+        change.outcome = lambda out: _judge(out, args, host.name, labels, params, change)
+        return Plan([change], exports={"bench_target": {"container": c["name"], "labels": labels}})
+
+
+def _judge(out: str, args: Args, host: str, labels: dict, params: dict, change: Change) -> str | None:
+    try:
+        doc = bench.parse_host_output(out)
+    except ValueError as e:
+        return f"{host}: {e}"
+    rec = bench.record(host, args.deployment, labels, params, doc)
+    change.exports = {"bench": rec}
+    failed = doc.get("error") or next((r["error"] for r in doc.get("rows", []) if "error" in r), None)
+    done = ", ".join(f"c={r['concurrency']}: {r['output_throughput']:.1f} output tok/s" for r in rec["rows"]
+                     if r.get("output_throughput") is not None)
+    change.summary = f"vllm bench serve in {doc.get('container')}: {done or 'no level finished'}"
+    if failed:
+        return f"{host}: {failed}"
+    return None
