@@ -112,7 +112,11 @@ FALLBACK_IMAGES = [
 # name), not with the serving images: its layer is ~170 MB of wheels.
 LITELLM_REPO = "berriai/litellm"
 LITELLM_REQUIREMENT = "litellm[proxy]==1.108.7"
-LITELLM_CHECK = "import litellm.proxy.proxy_server"
+# (the price list that ships with LiteLLM: importing the proxy must not reach for the internet)
+LITELLM_CHECK = "import os; os.environ['LITELLM_LOCAL_MODEL_COST_MAP'] = 'True'; import litellm.proxy.proxy_server"
+# pip download evaluates environment markers with this machine's Python, not the base's (3.11.2):
+# what the base's install asks for under `python_full_version < "3.11.3"` is named here
+LITELLM_ALSO = ("async-timeout>=4.0.3",)
 
 # Changing this (the build steps of the torch layer) makes a new torch layer.
 TORCH_BUILD_VERSION = 1
@@ -689,7 +693,7 @@ def _pip_platforms(wheel: Path | None) -> list[str]:
 
 
 def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dist: str, check: str,
-                     wheel: Path | None = None) -> dict:
+                     wheel: Path | None = None, also: tuple[str, ...] = ()) -> dict:
     """A layer (a diff over the base) of `pip install --no-index REQUIREMENT` into the base's venv,
     written to ``dest`` (a .tar.gz); its meta. This machine's pip (its find-links, index and
     certificates) downloads the wheels for the base's Python and platform; the install runs in
@@ -719,7 +723,7 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
         for p in _pip_platforms(wheel):
             dl += ["--platform", p]
         _log(f"{what} layer: pip download {requirement} and its dependencies")
-        r = subprocess.run(dl + [str(wheels / wheel.name) if wheel is not None else requirement],
+        r = subprocess.run(dl + [str(wheels / wheel.name) if wheel is not None else requirement, *also],
                            capture_output=True, text=True)
         if r.returncode != 0:
             raise ImageError(f"pip download of {requirement} failed: {r.stderr.strip()[-800:]}")
@@ -826,7 +830,8 @@ def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
 
 def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     """LiteLLM's proxy over ``base`` (pip, from this machine's index), built once and cached."""
-    key = _hash_obj({"base": base.layer.digest, "req": LITELLM_REQUIREMENT, "arch": _goarch()})[:16]
+    key = _hash_obj({"base": base.layer.digest, "req": LITELLM_REQUIREMENT, "also": LITELLM_ALSO,
+                     "arch": _goarch()})[:16]
     dest = cache_dir / f"litellm-{key}.tar.gz"
     metaf = cache_dir / f"litellm-{key}.json"
     with _cache_lock(cache_dir):
@@ -834,7 +839,7 @@ def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
             for stale in cache_dir.glob(".tmp-litellm-*"):
                 _safe_rmtree(stale)
             meta = _build_pip_layer(base, dest, what="litellm", requirement=LITELLM_REQUIREMENT, dist="litellm",
-                                    check=LITELLM_CHECK)
+                                    check=LITELLM_CHECK, also=LITELLM_ALSO)
             tmp = metaf.with_name(metaf.name + ".tmp")
             tmp.write_text(json.dumps(meta, indent=2))
             os.replace(tmp, metaf)
@@ -1112,7 +1117,28 @@ class _Registry:
             return resp.read()
 
 
+def _refuse_unless_local(url: str) -> None:
+    """The lab only talks to loopback and to addresses of its own: a registry URL whose address
+    this machine does not hold (the lab is down: its bridge address is gone) is refused before
+    a packet is sent, as it would otherwise leave through the default route."""
+    import ipaddress
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise ImageError(f"{url}: the lab registry is named by an address, not {host!r}") from None
+    if addr.is_loopback:
+        return
+    out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout
+    mine = {a.get("local") for i in json.loads(out or "[]") for a in i.get("addr_info", [])}
+    if host not in mine:
+        raise ImageError(f"{url}: {host} is not an address of this machine: the lab is not up (invoke lab.up)")
+
+
 def push(registry_url: str, built: list[Built]) -> dict[str, str]:
+    _refuse_unless_local(registry_url)
     reg = _Registry(registry_url)
     out = {}
     for b in built:
