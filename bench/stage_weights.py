@@ -1,28 +1,34 @@
-"""Benchmark: stage a model of a few hundred MB from a throttled lab hub to N hosts.
+"""Benchmark: stage a model of a few hundred MB from a throttled lab hub to N receivers.
 
-    sudo .venv/bin/python bench/stage_weights.py [--size-mb 300] [--throttle-mbps 40] [--hosts 2,4]
+    sudo .venv/bin/python bench/stage_weights.py [--size-mb 300] [--throttle-mbps 40] [--hosts 2,4,8] [--json]
 
 Needs the lab up (`invoke lab.up`, two Sparks). Starts its own hub on the lab bridge (10.77.0.1, a
 free port) serving one generated repo, throttled as a home internet link would be (the limit is
 shared by every connection, like one uplink).
 
-For N hosts it compares:
+For N receivers it measures, in the same run:
 
-  sparkprov   `stage-weights` cold: the control machine (a Spark, connection: local) downloads once
-              with huggingface_hub, then rsync fans out to the other N-1 hosts over SSH; every host
-              hashes what it got. Then the same command warm (a no-op).
-  hf download N concurrent `hf download REPO` (huggingface_hub's CLI, each with its own HF_HOME),
+  cold        `stage-weights`: the control machine (a Spark, connection: local) downloads once
+              with huggingface_hub and sends each file on to the N receivers as soon as it is
+              verified (pipelined fan-out over SSH), each receiver hashing it as it lands.
+  warm        the same command again: a no-op (changed=0, one remote call per host).
+  one         one `hf download REPO` to one host: what a single download of the repo costs.
+  each        N concurrent `hf download REPO` (huggingface_hub's CLI, each with its own HF_HOME),
               all against the same throttled hub: what each Spark downloading for itself costs.
 
-The lab has two simulated Sparks; N > 3 puts two stores on one Spark (inventory hosts spark1a,
-spark1b, ...: same address, different model_store), so every receiver still gets its bytes over
-its own SSH stream.
+The lab has two simulated Sparks; N > 2 puts several stores on one Spark (inventory hosts
+spark1a, spark1b, ...: same address, different model_store), so every receiver still gets its
+bytes over its own SSH stream and hashes them itself.
+
+--json prints one document: {"rows": [{"hosts": N, "cold_s": ..., "one_download_s": ...,
+"warm_s": ..., ...}, ...], ...}.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -53,7 +59,7 @@ def inventory(tmp: Path, n: int, url: str) -> Path:
         sys.exit("the lab is not up: run `invoke lab.up` first")
     receivers = []
     names = list(sparks)
-    for k in range(n - 1):
+    for k in range(n):
         spark = names[k % len(names)]
         receivers.append((f"{spark}{'abcdefgh'[k // len(names)]}", sparks[spark], f"~/bench-stage-{k // len(names)}"))
     lines = ["defaults:", "  user: nvidia", f"  ssh_key: {LAB_STATE / 'id_ed25519'}",
@@ -121,7 +127,8 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=300, help="model size in MiB (default 300)")
     ap.add_argument("--shards", type=int, default=4, help="safetensors shards (default 4)")
     ap.add_argument("--throttle-mbps", type=float, default=40.0, help="hub limit, MB/s for all clients together (default 40)")
-    ap.add_argument("--hosts", default="2,4", help="host counts to run, comma-separated (default 2,4)")
+    ap.add_argument("--hosts", default="2,4,8", help="receiver counts to run, comma-separated (default 2,4,8)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--streams", type=int, default=4, help="stage-weights --streams (default 4)")
     args = ap.parse_args()
 
@@ -144,18 +151,29 @@ def main() -> int:
                 warm_calls = max(h["remote_calls"] for h in warm_doc["hosts"].values())
                 warm_changed = sum(h["changed"] for h in warm_doc["hosts"].values())
                 clean(tmp, inv)
+                one = hf_download_each(1, spec.repo_id, server.url, tmp)
                 each = hf_download_each(n, spec.repo_id, server.url, tmp)
-                rows.append((n, cold, warm, warm_changed, warm_calls, each))
+                rows.append({"hosts": n, "cold_s": round(cold, 2), "one_download_s": round(one, 2),
+                             "warm_s": round(warm, 3), "cold_over_one": round(cold / one, 3),
+                             "warm_changed": warm_changed, "warm_max_calls_per_host": warm_calls,
+                             "each_host_hf_download_s": round(each, 2), "speedup_vs_each": round(each / cold, 2)})
     finally:
         server.shutdown()
         server.server_close()
+    meta = {"model": spec.repo_id, "bytes": size, "files": len(repo.files) - 1,
+            "throttle_mb_s": args.throttle_mbps, "streams": args.streams}
+    if args.json:
+        print(json.dumps({**meta, "rows": rows}, indent=2))
+        return 0
     print(f"\nmodel {spec.repo_id}: {size / 1e6:.1f} MB in {len(repo.files) - 1} files; hub throttled to "
           f"{args.throttle_mbps:g} MB/s (shared); streams={args.streams}\n")
-    print("| hosts | sparkprov cold (s) | sparkprov warm (s) | warm changed / max calls per host "
-          "| each host `hf download` (s) | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, cold, warm, changed, calls, each in rows:
-        print(f"| {n} | {cold:.1f} | {warm:.2f} | {changed} / {calls} | {each:.1f} | {each / cold:.2f}x |")
+    print("| receivers | sparkprov cold (s) | one `hf download` (s) | cold / one | sparkprov warm (s) "
+          "| warm changed / max calls per host | each host `hf download` (s) | speed-up vs each |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['hosts']} | {r['cold_s']:.1f} | {r['one_download_s']:.1f} | {r['cold_over_one']:.2f}x "
+              f"| {r['warm_s']:.2f} | {r['warm_changed']} / {r['warm_max_calls_per_host']} "
+              f"| {r['each_host_hf_download_s']:.1f} | {r['speedup_vs_each']:.2f}x |")
     return 0
 
 

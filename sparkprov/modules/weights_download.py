@@ -18,8 +18,8 @@ import sys
 from pydantic import Field
 
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
-from sparkprov.modules.weights_store import EXPORT, Args as StoreArgs, items_of, store_fact
-from sparkprov.staging import fetch
+from sparkprov.modules.weights_store import DELIVERED, EXPORT, SEND_ERRORS, Args as StoreArgs, items_of, store_fact
+from sparkprov.staging import fanout, fetch
 from sparkprov.staging.facts import DOWNLOADER_PREFIX
 from sparkprov.staging.hub import endpoint_env, resolve_token
 from sparkprov.staging.plan import Status, human, plan_host
@@ -27,12 +27,36 @@ from sparkprov.transport.shell import cmd, quote
 
 
 HELD = "stage_held"  # what the source holds once the download is done
+RUNNER_MARK = "# the downloader\n"  # where the pipelined fan-out wraps the download script
+
+
+def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[fanout.Receiver], dict[str, list[str]]]:
+    """The receivers this source sends to as files land, and what each needs from it: every file
+    it downloads now or holds already that the receiver lacks."""
+    mine = set(held) | {i.rel for i in todo}
+    receivers, wants = [], {}
+    for r in args.hosts:
+        ex = (host.exports.get(r) or {}).get(EXPORT)
+        if r == host.name or not ex:
+            continue  # itself, or failed / unreachable in the store play
+        need = [rel for rel in ex.get("need") or [] if rel in mine]
+        if not need:
+            continue
+        wants[r] = need
+        receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), fanout.routes(
+            host.name, r, fabric=ex.get("fabric"), address=args.addresses.get(r, r), local_hosts=args.local_hosts,
+            ssh_options=args.ssh_options.get(r, []))))
+    return receivers, wants
 
 
 class Args(StoreArgs):
     endpoint: str
     hosts: list[str] = Field(min_length=1)   # every host of the stage (whose needs count)
     workers: int = Field(default=4, ge=1, le=64)
+    # the pipelined fan-out (as weights_send takes them): at most `streams` sends at once
+    streams: int = Field(default=4, ge=1, le=64)
+    addresses: dict[str, str] = Field(default_factory=dict)
+    ssh_options: dict[str, list[str]] = Field(default_factory=dict)
 
 
 def to_download(args, host: HostContext, own) -> list:
@@ -68,17 +92,31 @@ class WeightsDownload(Module):
         held = {HELD: sorted(r for r, f in own.files.items() if f.status is Status.OK)}
         if not todo:
             return Plan(msg="nothing to download: every file is on some host", exports=held)
-        links = [i for i in items_of(args) if i.link and i.rel in {t.rel for t in todo}]
+        items = items_of(args)
+        index = {i.rel: n for n, i in enumerate(items)}
+        links = [i for i in items if i.link and i.rel in {t.rel for t in todo}]
         job = {"endpoint": args.endpoint, "store": sf.store, "workers": args.workers,
                "files": [{"repo": i.repo, "path": i.path, "commit": i.commit, "size": i.size, "large": i.large,
-                          "digest": i.digest, "rel": i.rel, "link": i.link, "link_target": i.link_target}
-                         for i in todo], "refs": own.refs}
+                          "digest": i.digest, "rel": i.rel, "link": i.link, "link_target": i.link_target,
+                          "n": index[i.rel]} for i in todo], "refs": own.refs}
         resume = sum(own.files[i.rel].have for i in todo if i.rel in own.files)
         token, _ = resolve_token()
+        receivers, wants = fan_out(args, host, held[HELD], todo)
         try:
             script, become = self._script(args, host, sf, job, token)
         except ValueError as exc:
             return Plan.fail(f"{host.name}: {exc}")
+        if become:
+            # docker needs root here: the sends are left to the send play, as the login user
+            receivers, wants = [], {}
+        if receivers:
+            start, feed, finish = fanout.pipeline(sf.store, receivers, items, wants, args.streams)
+            head, runner = script.rsplit(RUNNER_MARK, 1)
+            script = (head + start + fanout.queue_now([r for r in held[HELD] if any(r in w for w in wants.values())],
+                                                      items)
+                      + "{ " + runner.rstrip("\n") + "\n} | " + feed + "\n" + finish)
+        else:
+            script = script.replace(RUNNER_MARK, "")
         total = sum(i.size for i in todo)
 
         def outcome(out: str) -> str | None:
@@ -88,6 +126,9 @@ class WeightsDownload(Module):
                     msg = json.loads(line[len("SPARKPROV-FETCH "):])
                     if "file" in msg:
                         results[msg["file"]["rel"]] = msg["file"]
+            if receivers:
+                got, errors = fanout.parse_sent(out, receivers, items)
+                change.exports = {DELIVERED: got, SEND_ERRORS: errors}
             bad = [i for i in todo if not results.get(i.rel, {}).get("ok")]
             if bad:
                 return (f"{len(bad)} of {len(todo)} files failed: "
@@ -97,11 +138,12 @@ class WeightsDownload(Module):
         from sparkprov.staging import verify
 
         publish_links = verify.script(sf.store, [], links=links) if links else ""
-        return Plan([Change(f"download {len(todo)} files ({human(total)}) from {args.endpoint}"
-                            + (f", resuming {human(resume)} on disk" if resume else ""), script,
-                            touches=[facts.fact("store")], become=become, timeout=7 * 24 * 3600, outcome=outcome)]
-                    + ([Change(f"link {len(links)} snapshot paths", publish_links, touches=[facts.fact("store")])]
-                       if links else []), exports=held)
+        change = Change(f"download {len(todo)} files ({human(total)}) from {args.endpoint}"
+                        + (f", resuming {human(resume)} on disk" if resume else "")
+                        + (f"; each file on to {', '.join(r.name for r in receivers)} as it lands" if receivers else ""),
+                        script, touches=[facts.fact("store")], become=become, timeout=7 * 24 * 3600, outcome=outcome)
+        return Plan([change] + ([Change(f"link {len(links)} snapshot paths", publish_links, touches=[facts.fact("store")])]
+                                if links else []), exports=held)
 
     @staticmethod
     def _script(args: Args, host: HostContext, sf, job: dict, token: str | None) -> tuple[str, bool]:
@@ -145,5 +187,5 @@ class WeightsDownload(Module):
             runner = cmd(*argv) + (f' -v "$T/token":{fetch.TOKEN_MOUNT}:ro' if token else "") + " " + cmd(args.image, "-")
         if host.name in args.local_hosts:
             job = {**job, "watch_pid": os.getpid()}
-        lines.append(f"{runner} <<'SPARKPROV_FETCH'\n{fetch.program(job)}\nSPARKPROV_FETCH")
+        lines.append(f"{RUNNER_MARK}{runner} <<'SPARKPROV_FETCH'\n{fetch.program(job)}\nSPARKPROV_FETCH")
         return "\n".join(lines) + "\n", become

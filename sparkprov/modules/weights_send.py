@@ -1,5 +1,6 @@
-"""weights_send: this host sends the files other hosts of the stage lack and it is chosen to send
-(the source for what it holds, else the first host holding a file), with rsync into each
+"""weights_send: this host sends the files other hosts of the stage still lack and it is chosen to
+send (the source for what it holds, else the first host holding a file): what the source's
+pipelined fan-out (the download play, sparkprov/staging/fanout.py) did not deliver, with rsync into each
 receiver's staging area: over the receiver's fabric address from a Spark (provision's SSH mesh),
 from the control machine over its inventory address (its key and known_hosts; the fabric only
 when this machine sits on that link). --partial --append-verify: a cut link resumes. Every
@@ -9,22 +10,16 @@ arrived; this step only moves bytes.
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import subprocess
 from typing import Any
 
 from pydantic import Field
 
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_download import HELD
-from sparkprov.modules.weights_store import EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of, store_fact
+from sparkprov.modules.weights_store import DELIVERED, EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of, store_fact
+from sparkprov.staging import fanout
 from sparkprov.staging.plan import STAGING, human, split_streams, streams_per_pair
 from sparkprov.transport.shell import cmd, quote
-
-SSH_BASE = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "Compression=no", "-T", "-x"]
-
 
 class Args(StoreArgs):
     hosts: list[str] = Field(min_length=1)
@@ -44,34 +39,16 @@ def holders(args, host: HostContext) -> dict[str, list[str]]:
     return out
 
 
-def on_local_link(address: str) -> bool:
-    """True when this machine has an interface address in the same subnet as `address`
-    (reachable without a gateway)."""
-    try:
-        target = ipaddress.ip_address(address)
-        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
-        for iface in json.loads(out or "[]"):
-            for a in iface.get("addr_info", []):
-                net = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
-                if target in net and not net.is_loopback:
-                    return True
-    except (ValueError, OSError, subprocess.SubprocessError, KeyError):
-        return False
-    return False
+def delivered(args, host: HostContext) -> dict[str, set[str]]:
+    """receiver -> files the source's pipelined fan-out already put there (sent and verified)."""
+    got = (host.exports.get(args.source) or {}).get(DELIVERED) or {}
+    return {r: set(rels) for r, rels in got.items()}
 
 
 def routes(args, sender: str, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Where `sender` sends to `receiver`, best first, with the ssh options for each."""
-    fabric, addr = export.get("fabric"), args.addresses.get(receiver, receiver)
-    if sender not in args.local_hosts:
-        return [(fabric or addr, SSH_BASE)]
-    opts = SSH_BASE + args.ssh_options.get(receiver, [])
-    out = []
-    # only a control machine on the fabric itself sends there; anything else would route a
-    # private address through its default gateway
-    if fabric and fabric != addr and on_local_link(fabric):
-        out.append((fabric, opts + ["-o", f"HostKeyAlias={addr}"]))
-    return out + [(addr, opts)]
+    """Where `sender` sends to `receiver`, best first, with the ssh argv for each."""
+    return fanout.routes(sender, receiver, fabric=export.get("fabric"), address=args.addresses.get(receiver, receiver),
+                         local_hosts=args.local_hosts, ssh_options=args.ssh_options.get(receiver, []))
 
 
 class WeightsSend(Module):
@@ -85,6 +62,7 @@ class WeightsSend(Module):
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         by_rel = {i.rel: i for i in items_of(args)}
         have = holders(args, host)
+        done = delivered(args, host)
         jobs: dict[str, list] = {}
         for r in args.hosts:
             if r == host.name:
@@ -93,6 +71,8 @@ class WeightsSend(Module):
             if not ex:
                 continue  # failed or unreachable in the check play
             for rel in ex.get("need") or []:
+                if rel in done.get(r, ()):
+                    continue
                 senders = [h for h in have.get(rel, []) if h != r]
                 if senders and senders[0] == host.name:
                     jobs.setdefault(r, []).append(by_rel[rel])

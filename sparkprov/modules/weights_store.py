@@ -24,6 +24,7 @@ from sparkprov.staging.plan import Item, Status, check_disk, human, plan_host
 EXPORT = "stage"
 SENT_TO = "stage_sent_to"  # the send play: which hosts a host sent files to
 SEND_ERRORS = "stage_send_errors"  # ... and why sending to some of them failed
+DELIVERED = "stage_delivered"  # the source's pipelined fan-out: receiver -> files it delivered there
 
 
 class Args(ModuleArgs):
@@ -58,8 +59,9 @@ class WeightsStore(Module):
         return {"store": store_fact(args, host), "fabric": FabricInfo()}
 
     def stale(self, args: Args, host: HostContext):
-        """After the send play, a host that was sent files reads its store again."""
-        sent = any(host.name in ((ex or {}).get(SENT_TO) or []) for ex in host.exports.values())
+        """After the fan-out, a host that was sent files reads its store again."""
+        sent = any(host.name in ((ex or {}).get(SENT_TO) or []) or host.name in ((ex or {}).get(DELIVERED) or {})
+                   for ex in host.exports.values())
         return [store_fact(args, host)] if args.phase == "publish" and sent else []
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:

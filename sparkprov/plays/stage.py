@@ -2,8 +2,10 @@
 
     stage: store      every host   read the store against the hub's listing; hash what is there but
                                    not known good (publish the good, remove the bad); space check
-    stage: download   the source   download, once, what no host holds (huggingface_hub; resumes)
-    stage: send       every host   rsync what others lack from the host chosen to send it
+    stage: download   the source   download, once, what no host holds (huggingface_hub; resumes),
+                                   each file sent on to the hosts that need it as soon as it is
+                                   verified, and hashed and published there (pipelined fan-out)
+    stage: send       every host   rsync what others still lack from the host chosen to send it
     stage: publish    every host   hash what arrived, publish it, link the snapshot; fail on gaps
 
 The hub is listed on the control machine first (a gated repo without a token fails there, before
@@ -55,8 +57,7 @@ def stage_book(inventory: Inventory, hosts: list[str], model: str, items: list[I
     return Playbook("stage-weights", [
         play("stage: store", hosts, [task(f"store {model}", "weights_store", {**common, "rehash": rehash}, where)]),
         play("stage: download", [source], [task(f"download {model}", "weights_download",
-                                                {**common, "endpoint": endpoint, "hosts": hosts,
-                                                 "workers": min(streams, 8)}, where)]),
+                                                {**send, "endpoint": endpoint, "workers": min(streams, 8)}, where)]),
         play("stage: send", hosts, [task(f"send {model}", "weights_send", send, where)]),
         play("stage: publish", hosts, [task(f"publish {model}", "weights_store", {**common, "phase": "publish"}, where)]),
     ])

@@ -165,6 +165,11 @@ def run_job(job: dict, token: str | None = None) -> dict:
         except Exception as exc:  # report per file; the control machine decides
             res = {"rel": f["rel"], "ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         _say({"file": res})
+        if res["ok"] and "n" in f:
+            # the pipelined fan-out (staging/fanout.py) sends this file on now
+            with _lock:
+                sys.stdout.write(f"SPARKPROV-FETCHED {int(f['n'])}\n")
+                sys.stdout.flush()
         return res
 
     with ThreadPoolExecutor(max_workers=max(1, int(job.get("workers", 4)))) as pool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sparkprov.staging.plan import STAGING, VERIFIED, Item
 from sparkprov.transport.shell import cmd, quote
 
-_FUNCS = r"""__sp_digest() { # path size large
+FUNCS = r"""__sp_digest() { # path size large
   if [ "$3" = 1 ]; then printf 'sha256:%s' "$(sha256sum < "$1" | cut -c1-64)"
   else printf 'git:%s' "$( { printf 'blob %s\000' "$2"; cat "$1"; } | sha1sum | cut -c1-40)"; fi
 }
@@ -57,7 +57,7 @@ class Check:
 def script(store_abs: str, checks: list[Check], *, links: list[Item] = (), refs: dict[str, str] | None = None,
            remove: list[str] = (), parallel: int = 4) -> str:
     """Hash and publish `checks`, make `links`, write `refs`, delete `remove` (paths relative to the store)."""
-    lines = ["set -u", f"S={quote(store_abs)}", 'mkdir -p "$S/.sparkprov"', _FUNCS]
+    lines = ["set -u", f"S={quote(store_abs)}", 'mkdir -p "$S/.sparkprov"', FUNCS]
     for rel in remove:
         lines.append(f'rm -f "$S"/{quote(rel)}')
     n = 0

@@ -192,7 +192,7 @@ def test_control_machine_sends_to_fabric_only_when_on_that_link():
     import json
     import subprocess
 
-    from sparkprov.modules.weights_send import on_local_link
+    from sparkprov.staging.fanout import on_local_link
 
     ifaces = json.loads(subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout)
     own = [a["local"] for i in ifaces for a in i.get("addr_info", [])

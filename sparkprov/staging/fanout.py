@@ -1,0 +1,180 @@
+"""The fan-out of a stage: which way a sender reaches a receiver, and the pipelined send that
+runs beside the download on the source.
+
+Pipelined: the source does not wait for the whole download. Each file goes to every host that
+needs it as soon as the source has verified it (huggingface_hub's download and the sha256 check,
+sparkprov/staging/fetch.py), while the next files download; what the source already held goes
+at once. Each (receiver, file) pair is one job: rsync into the receiver's staging area
+(--partial --append-verify: a cut link resumes), then the same hash-and-publish shell the publish
+play runs (sparkprov/staging/verify.py) runs on the receiver for that one file, so a receiver's
+hashing overlaps the download too and nothing is left to hash at the end. At most `streams` jobs
+run at once (xargs -P); each receiver's jobs share one SSH connection (ControlMaster), so a file
+costs a channel, not a handshake.
+
+What the pipeline delivered (sent and verified on the receiver) is reported on stdout as
+
+    @sent<TAB>RECEIVER<TAB>ITEM<TAB>RSYNC_RC<TAB>VERIFY<TAB>ERROR
+
+and the send play afterwards sends only what it did not deliver (a cut route, a file held only
+by another host), so nothing is sent twice.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+from dataclasses import dataclass
+
+from sparkprov.staging.plan import Item
+from sparkprov.staging.verify import FUNCS
+from sparkprov.transport.shell import quote
+
+SSH_BASE = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "Compression=no", "-T", "-x"]
+RSYNC = ["rsync", "-a", "--mkpath", "--partial", "--append-verify", "--timeout=60"]
+
+
+def on_local_link(address: str) -> bool:
+    """True when this machine has an interface address in the same subnet as `address`
+    (reachable without a gateway)."""
+    try:
+        target = ipaddress.ip_address(address)
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+        for iface in json.loads(out or "[]"):
+            for a in iface.get("addr_info", []):
+                net = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
+                if target in net and not net.is_loopback:
+                    return True
+    except (ValueError, OSError, subprocess.SubprocessError, KeyError):
+        return False
+    return False
+
+
+def routes(sender: str, receiver: str, *, fabric: str | None, address: str, local_hosts: list[str],
+           ssh_options: list[str]) -> list[tuple[str, list[str]]]:
+    """Where `sender` sends to `receiver`, best first, with the ssh argv for each. A Spark sends
+    over the receiver's fabric address (provision's SSH mesh); the control machine over the
+    inventory address with the inventory's key and known_hosts."""
+    if sender not in local_hosts:
+        return [(fabric or address, SSH_BASE)]
+    opts = SSH_BASE + ssh_options
+    out = []
+    # only a control machine on the fabric itself sends there; anything else would route a
+    # private address through its default gateway
+    if fabric and fabric != address and on_local_link(fabric):
+        out.append((fabric, opts + ["-o", f"HostKeyAlias={address}"]))
+    return out + [(address, opts)]
+
+
+@dataclass(frozen=True)
+class Receiver:
+    name: str
+    user: str
+    store: str                               # absolute, as the receiver resolved it
+    routes: list[tuple[str, list[str]]]      # (address, ssh argv), best first
+
+
+def _rsync_dest(user: str, address: str, store: str) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"{user}@{host}:{store}/.sparkprov/staging/"
+
+
+# One job: `sh SEND DIR "RECEIVER ITEM"`. Tries each route in turn (255: ssh could not connect,
+# the next route); after rsync, hashes and publishes the file on the receiver over the same route.
+_SEND = r"""T=$1; set -- $2; r=$1; i=$2
+CP="-o ControlMaster=auto -o ControlPersist=15 -o ControlPath=$T/c-%C"
+case $r in
+@ROUTES@
+esac
+case $i in
+@ITEMS@
+esac
+rc=255; v=none
+while [ $# -ge 3 ]; do
+  printf '%s\n' "$REL" | rsync -a --mkpath --partial --append-verify --timeout=60 --files-from=- \
+    -e "$1 $CP" "$SRC/" "$3" 2>"$T/e.$r.$i"
+  rc=$?
+  if [ $rc = 0 ]; then
+    v=$( { printf 'S=%s\n' "$DEST"; cat "$T/funcs"; printf '%s\n' "$CHECK"; } \
+         | sh -c "$1 $CP \"\$0\" sh -s" "$2" 2>>"$T/e.$r.$i" | awk -F '\t' '$1 == "R" {print $3; exit}')
+    [ -n "$v" ] || v=lost
+    break
+  fi
+  [ $rc = 255 ] || break
+  shift 3
+done
+printf '@sent\t%s\t%s\t%s\t%s\t%s\n' "$r" "$i" "$rc" "$v" "$(tail -n 1 "$T/e.$r.$i" 2>/dev/null | tr '\t' ' ')"
+exit 0
+"""
+
+
+def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wants: dict[str, list[str]],
+             streams: int, tmp: str = "$T") -> tuple[str, str, str]:
+    """Shell for the source's download script, in three parts: (start, the filter that queues
+    each file as the downloader reports it, finish). `wants`: receiver -> rels it needs from
+    this source. `tmp` names the script's temporary folder (removed by its trap)."""
+    index = {it.rel: n for n, it in enumerate(items)}
+    by_item: dict[int, list[int]] = {}
+    for r, rec in enumerate(receivers):
+        for rel in wants.get(rec.name, []):
+            by_item.setdefault(index[rel], []).append(r)
+    routes_case, items_case = [], []
+    for r, rec in enumerate(receivers):
+        words = []
+        for addr, ssh in rec.routes:
+            words += [" ".join(quote(w) for w in ssh), f"{rec.user}@{addr}", _rsync_dest(rec.user, addr, rec.store)]
+        routes_case.append(f"{r}) DEST={quote(rec.store)}; set -- {' '.join(quote(w) for w in words)};;")
+    for n in sorted(by_item):
+        it = items[n]
+        check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
+                                                 it.link or "", it.link_target or ""))
+        items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)};;")
+    send = (f"SRC={quote(source_store)}\n" + _SEND).replace("@ROUTES@", "\n".join(routes_case)).replace(
+        "@ITEMS@", "\n".join(items_case))
+    start = "\n".join([
+        f'cat > "{tmp}/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
+        f'cat > "{tmp}/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
+        f'mkfifo "{tmp}/q"',
+        f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "{tmp}/send" "{tmp}" < "{tmp}/q" > "{tmp}/sent" 2>&1 &',
+        "__sp_xargs=$!",
+        f'exec 3>"{tmp}/q"',
+        "__sp_queue() { case $1 in "
+        + " ".join(f"{n}) printf '%s\\n' {' '.join(quote(f'{r} {n}') for r in rs)} >&3;;" for n, rs in sorted(by_item.items()))
+        + " esac; }",
+    ]) + "\n"
+    feed = ('while IFS= read -r line; do printf \'%s\\n\' "$line"; case "$line" in '
+            '"SPARKPROV-FETCHED "*) __sp_queue "${line#SPARKPROV-FETCHED }";; esac; done')
+    finish = "\n".join([
+        "exec 3>&-",
+        'wait "$__sp_xargs" || true',
+        f'cat "{tmp}/sent"',
+        f'for s in "{tmp}"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
+    ]) + "\n"
+    return start, feed, finish
+
+
+def queue_now(rels: list[str], items: list[Item]) -> str:
+    """Queue files the source holds already (they need no download)."""
+    index = {it.rel: n for n, it in enumerate(items)}
+    return "".join(f"__sp_queue {index[r]}\n" for r in rels)
+
+
+def parse_sent(out: str, receivers: list[Receiver], items: list[Item]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(receiver -> rels delivered and verified there, receiver -> the first reason one was not)."""
+    delivered: dict[str, list[str]] = {}
+    errors: dict[str, str] = {}
+    for line in out.splitlines():
+        b = line.split("\t")
+        if not line.startswith("@sent\t") or len(b) < 5:
+            continue
+        try:
+            rec, it = receivers[int(b[1])], items[int(b[2])]
+        except (ValueError, IndexError):
+            continue
+        if b[3] == "0" and b[4] == "ok":
+            delivered.setdefault(rec.name, []).append(it.rel)
+        elif rec.name not in errors:
+            why = f"rsync exit status {b[3]}" if b[3] != "0" else f"its hash check said {b[4]}"
+            errors[rec.name] = f"{it.path} to {rec.name}: {why}" + (f": {b[5]}" if len(b) > 5 and b[5] else "")
+    return delivered, errors
