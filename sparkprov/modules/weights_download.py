@@ -102,13 +102,15 @@ class WeightsDownload(Module):
         resume = sum(own.files[i.rel].have for i in todo if i.rel in own.files)
         token, _ = resolve_token()
         receivers, wants = fan_out(args, host, held[HELD], todo)
+        if receivers and not (self._needs_root(sf) and host.name not in args.local_hosts):
+            job["large_in_turn"] = True
+        else:
+            # docker needs root here: the sends are left to the send play, as the login user
+            receivers, wants = [], {}
         try:
             script, become = self._script(args, host, sf, job, token)
         except ValueError as exc:
             return Plan.fail(f"{host.name}: {exc}")
-        if become:
-            # docker needs root here: the sends are left to the send play, as the login user
-            receivers, wants = [], {}
         if receivers:
             start, feed, finish = fanout.pipeline(sf.store, receivers, items, wants, args.streams)
             head, runner = script.rsplit(RUNNER_MARK, 1)
@@ -146,6 +148,12 @@ class WeightsDownload(Module):
                                 if links else []), exports=held)
 
     @staticmethod
+    def _needs_root(sf) -> bool:
+        """docker answers only root here (the login user is not in the docker group yet)."""
+        state = sf.image or ""
+        return state.startswith("error") and "permission denied" in state.lower()
+
+    @staticmethod
     def _script(args: Args, host: HostContext, sf, job: dict, token: str | None) -> tuple[str, bool]:
         env = {**endpoint_env(args.endpoint), "HF_HOME": sf.store, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -162,7 +170,7 @@ class WeightsDownload(Module):
             if "docker" not in sf.tools:
                 raise ValueError("docker is not installed (fix: invoke provision first)")
             state = sf.image or ""
-            if state.startswith("error") and "permission denied" in state.lower():
+            if WeightsDownload._needs_root(sf):
                 become = True  # docker needs root here: the store is still written as the login user
             elif state.startswith("error"):
                 raise ValueError(f"docker: {state[len('error: '):]} (fix: check dockerd on the host)")

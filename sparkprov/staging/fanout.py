@@ -30,8 +30,11 @@ from sparkprov.staging.plan import Item
 from sparkprov.staging.verify import FUNCS
 from sparkprov.transport.shell import quote
 
+# AES-GCM first: the CPU's AES instructions (x86 AES-NI, Arm's crypto extensions on Grace) move
+# bytes at about twice ChaCha20's speed, OpenSSH's first choice otherwise
 SSH_BASE = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "Compression=no", "-T", "-x"]
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "Compression=no",
+            "-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com", "-T", "-x"]
 RSYNC = ["rsync", "-a", "--mkpath", "--partial", "--append-verify", "--timeout=60"]
 
 

@@ -173,7 +173,16 @@ def run_job(job: dict, token: str | None = None) -> dict:
         return res
 
     with ThreadPoolExecutor(max_workers=max(1, int(job.get("workers", 4)))) as pool:
-        results = list(pool.map(run, job["files"]))
+        if job.get("large_in_turn"):
+            # Pipelined fan-out: the weights one after another, each at the whole link, so that each
+            # is ready to go on to the other hosts while the next downloads (shards of one size
+            # downloaded side by side would all finish at the end); the small files beside them.
+            small = [pool.submit(run, f) for f in job["files"] if not f["large"]]
+            done = {f["rel"]: run(f) for f in job["files"] if f["large"]}
+            done.update((r["rel"], r) for r in (fut.result() for fut in small))
+            results = [done[f["rel"]] for f in job["files"]]
+        else:
+            results = list(pool.map(run, job["files"]))
     for ref, commit in job.get("refs", {}).items():
         path = os.path.join(store, ref)
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from sparkprov.staging.plan import STAGING, VERIFIED, Item
 from sparkprov.transport.shell import cmd, quote
 
-FUNCS = r"""__sp_digest() { # path size large
-  if [ "$3" = 1 ]; then printf 'sha256:%s' "$(sha256sum < "$1" | cut -c1-64)"
+FUNCS = r"""__sp_digest() { # path size large (openssl's sha256 uses the CPU's SHA instructions: 3-4x sha256sum)
+  if [ "$3" = 1 ] && command -v openssl >/dev/null 2>&1; then printf 'sha256:%s' "$(openssl dgst -sha256 -r < "$1" | cut -c1-64)"
+  elif [ "$3" = 1 ]; then printf 'sha256:%s' "$(sha256sum < "$1" | cut -c1-64)"
   else printf 'git:%s' "$( { printf 'blob %s\000' "$2"; cat "$1"; } | sha1sum | cut -c1-40)"; fi
 }
 __sp_link() { # link target

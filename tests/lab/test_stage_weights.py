@@ -116,8 +116,15 @@ def test_cold_stage_lands_identical_verified_files(setup):
     gets = [r for r in setup["server"].state.log if r["method"] == "GET" and "/resolve/" in r["path"]
             and "qwen-mini" in r["path"]]
     assert len(gets) == len(want), gets
+    # pipelined: each file went on to both Sparks as it landed, and each hashed it as it arrived,
+    # so the send play had nothing left to send and the publish play nothing left to hash
+    dl = next(r for r in rep.results if r.host == "localhost" and r.module == "weights_download")
+    assert dl.status == "changed" and "each file on to spark1, spark2 as it lands" in dl.msg, dl.msg
     sent = next(r for r in rep.results if r.host == "localhost" and r.module == "weights_send")
-    assert sent.status == "changed" and f"{len(want)} files" in sent.msg and "to spark1" in sent.msg, sent.msg
+    assert sent.status == "ok" and sent.msg == "nothing to send from here", sent.msg
+    for h in setup["lab"].names:
+        pub = next(r for r in rep.results if r.host == h and r.task.startswith("publish "))
+        assert pub.status in ("ok", "changed") and "hash" not in pub.msg, (h, pub.msg)
     # offline serving: huggingface_hub finds the snapshot without the network
     code = ("from huggingface_hub import snapshot_download as s; import sys; "
             "print(s('stagetest/qwen-mini'))")
