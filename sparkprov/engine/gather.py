@@ -27,12 +27,16 @@ _SECTION_FN = r"""__sp_sec() {
   printf '\n@@SP:%s:%s:B\n' "$__sp_n" "$1"
   __sp_err=$( { "$2"; } 2>&1 1>&3 ); __sp_rc=$?
   printf '\n@@SP:%s:%s:E:%s\n' "$__sp_n" "$1" "$__sp_rc"
-  printf '%s' "$__sp_err" | base64 | tr -d '\n'; printf '\n'
+  [ -z "$__sp_err" ] || printf '%s' "$__sp_err" | base64 | tr -d '\n'; printf '\n'
 }
 """
 
+# Every process a gather starts, it starts on every host (16 Sparks: 16 times, on hosts that
+# may be busy serving): the framing above spawns base64 only for a section that wrote to
+# stderr, and the login user's name, uid and home are read once, here.
 _PREAMBLE = r"""__sp_n=%(nonce)s
-__sp_home=$(getent passwd "$(id -un)" 2>/dev/null | cut -d: -f6)
+__sp_user=$(id -un); __sp_uid=$(id -u)
+__sp_home=$(getent passwd "$__sp_user" 2>/dev/null); __sp_home=${__sp_home#*:*:*:*:*:}; __sp_home=${__sp_home%%%%:*}
 [ -n "$__sp_home" ] || __sp_home=$HOME
 exec 3>&1
 """ + _SECTION_FN.replace("%", "%%")
@@ -42,7 +46,7 @@ exec 3>&1
 # gather, not two). The root shell always exits 0, so a non-zero status there is sudo refusing
 # (a wrong password, or a user sudo does not know): one failed attempt, as with a probe. Only
 # when no fact needs root does __sp_checkpw ask sudo on its own.
-_ROOT = r"""if [ "$(id -u)" = 0 ]; then __sp_how=root; __sp_root() { "$@"; }
+_ROOT = r"""if [ "$__sp_uid" = 0 ]; then __sp_how=root; __sp_root() { "$@"; }
 elif ! command -v sudo >/dev/null 2>&1; then __sp_how=nosudo; __sp_root() { echo "sudo is not installed" >&2; return 97; }
 elif sudo -n true 2>/dev/null; then __sp_how=nopasswd; __sp_root() { sudo -n -H "$@"; }
 elif [ -n "${__sp_has_pw:-}" ]; then __sp_how=password-unchecked; __sp_root() { __sp_pw | sudo -k -S -p '' -H "$@"; }

@@ -69,7 +69,15 @@ class Report:
 
     def _print(self, text: str) -> None:
         with self._lock:
-            print(text, file=self.stream, flush=True)
+            if self.stream is None:
+                return
+            try:
+                print(text, file=self.stream, flush=True)
+            except BrokenPipeError:
+                # `invoke provision | head`: the reader left. The run goes on to its end (a play
+                # stopped halfway through its changes is worse than output nobody reads), quietly.
+                self.stream = None
+                _quiet_stdout()
 
     def record(self, result: TaskResult) -> None:
         with self._lock:
@@ -126,3 +134,14 @@ class Report:
                 f"failed={t.failed:<4} skipped={t.skipped:<4} unreachable={int(t.unreachable)}  "
                 f"remote_calls={t.remote_calls}")
         self._print("\n".join(lines))
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null, so that nothing printed later (nor Python's flush at exit)
+    fails on the closed pipe."""
+    import os
+    import sys
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -619,17 +619,20 @@ class CudaToolkit(Fact):
     toolkits installed under /usr/local (G36)."""
 
     def command(self, sh: ShellCtx) -> str:
+        version = "awk 'match($0, /V[0-9][0-9.]*/) {print substr($0, RSTART, RLENGTH); exit}'"
+        # One login shell answers everything a login shell decides (PATH, TRITON_PTXAS_PATH):
+        # a login shell reads /etc/profile and profile.d, which costs processes of its own.
         probe = ("printf 'nvcc=%s\\nptxas=%s\\ntriton_ptxas=%s\\n' \"$(command -v nvcc || true)\" "
-                 "\"$(command -v ptxas || true)\" \"${TRITON_PTXAS_PATH:-}\"")
+                 "\"$(command -v ptxas || true)\" \"${TRITON_PTXAS_PATH:-}\"\n"
+                 "for t in nvcc ptxas; do p=$(command -v $t) && "
+                 f"printf '%s_version=%s\\n' \"$t\" \"$(\"$p\" --version 2>/dev/null | {version})\"; done; true")
         return (f"if command -v bash >/dev/null 2>&1; then bash -lc {quote(probe)} </dev/null 2>/dev/null; "
                 f"else sh -lc {quote(probe)} </dev/null 2>/dev/null; fi\n"
                 "for d in /usr/local/cuda-*/bin /usr/local/cuda/bin; do\n"
                 "  [ -x \"$d/nvcc\" ] || continue\n"
-                "  printf 'toolkit=%s|%s|%s\\n' \"$d\" \"$(\"$d/nvcc\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\" "
-                "\"$( [ -x \"$d/ptxas\" ] && \"$d/ptxas\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\"\n"
-                "done\n"
-                "for t in nvcc ptxas; do p=$(bash -lc \"command -v $t\" </dev/null 2>/dev/null) && "
-                "printf '%s_version=%s\\n' \"$t\" \"$(\"$p\" --version 2>/dev/null | grep -o 'V[0-9][0-9.]*' | head -n 1)\"; done")
+                f"  printf 'toolkit=%s|%s|%s\\n' \"$d\" \"$(\"$d/nvcc\" --version 2>/dev/null | {version})\" "
+                f"\"$( [ -x \"$d/ptxas\" ] && \"$d/ptxas\" --version 2>/dev/null | {version})\"\n"
+                "done")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         return parse_cuda_toolkit(out)
@@ -673,10 +676,12 @@ class StoreState(Fact):
         return (f"p={p}\n"
                 "if [ -d \"$p\" ]; then\n"
                 "  stat -c 'stat=%U|%G|%a' -- \"$p\"\n" + subs +
-                f"  n=$(find \"$p\" -xdev ! -user {quote(self.owner)} -print 2>/dev/null | wc -l); echo \"foreign=$n\"\n"
-                f"  find \"$p\" -xdev ! -user {quote(self.owner)} -printf 'foreign_path=%u %p\\n' 2>/dev/null | head -n 5\n"
-                "  echo \"entries=$(find \"$p\" -mindepth 1 -maxdepth 1 | wc -l)\"\n"
-                "  echo \"size=$(du -sb -- \"$p\" 2>/dev/null | cut -f1)\"\n"
+                # one walk for the count and the first five (a store holds thousands of files)
+                f"  find \"$p\" -xdev ! -user {quote(self.owner)} -printf '%u %p\\n' 2>/dev/null | "
+                "awk 'NR <= 5 {print \"foreign_path=\" $0} END {print \"foreign=\" NR}'\n"
+                # entries by the shell's own globs (dot files too), size without a cut
+                "  n=0; for e in \"$p\"/* \"$p\"/.[!.]* \"$p\"/..?*; do { [ -e \"$e\" ] || [ -L \"$e\" ]; } && n=$((n+1)); done\n"
+                "  echo \"entries=$n\"; s=$(du -sb -- \"$p\" 2>/dev/null); echo \"size=${s%%[[:space:]]*}\"\n"
                 "  d=\"$p\"\n"
                 "elif [ -e \"$p\" ]; then echo notdir; d=$(dirname -- \"$p\")\n"
                 "else echo absent; d=$(dirname -- \"$p\"); while [ ! -d \"$d\" ]; do d=$(dirname -- \"$d\"); done; fi\n"
@@ -727,8 +732,10 @@ class SshIdentity(Fact):
         k = sh.path(self.keyfile)
         return (f"k={k}\n"
                 "if [ -f \"$k\" ]; then stat -c 'key=%U|%a' -- \"$k\"; else echo key=absent; fi\n"
-                "if [ -f \"$k.pub\" ]; then printf 'pub=%s\\n' \"$(head -n 1 \"$k.pub\")\"; fi\n"
-                "for f in /etc/ssh/ssh_host_*_key.pub; do [ -r \"$f\" ] && printf 'hostkey=%s\\n' \"$(cut -d' ' -f1,2 \"$f\")\"; done; true")
+                # `read` is a builtin: no process per key file
+                "if [ -f \"$k.pub\" ]; then l=; read -r l < \"$k.pub\"; printf 'pub=%s\\n' \"$l\"; fi\n"
+                "for f in /etc/ssh/ssh_host_*_key.pub; do [ -r \"$f\" ] && read -r t b _ < \"$f\" && "
+                "printf 'hostkey=%s %s\\n' \"$t\" \"$b\"; done; true")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         state: dict[str, Any] = {"exists": False, "pub": None, "host_keys": []}
@@ -758,13 +765,13 @@ class AuthorizedKeys(Fact):
     def command(self, sh: ShellCtx) -> str:
         u = quote(self.user)
         return (
-            f"u={u}; h=$(getent passwd \"$u\" | cut -d: -f6)\n"
+            f"u={u}; h=$(getent passwd \"$u\"); h=${{h#*:*:*:*:*:}}; h=${{h%%:*}}\n"
             "f=$( (sshd -T -C user=\"$u\",host=localhost,addr=127.0.0.1 2>/dev/null || /usr/sbin/sshd -T -C user=\"$u\",host=localhost,addr=127.0.0.1 2>/dev/null) "
             "| awk 'tolower($1)==\"authorizedkeysfile\" {print $2; exit}')\n"
             "[ -n \"$f\" ] || f=$(cat /etc/ssh/sshd_config /etc/ssh/sshd_config.d/*.conf 2>/dev/null | "
             "awk 'tolower($1)==\"authorizedkeysfile\" {print $2; exit}')\n"
             "[ -n \"$f\" ] || f=.ssh/authorized_keys\n"
-            "f=$(printf '%s' \"$f\" | sed -e \"s|%%|\\x01|g\" -e \"s|%u|$u|g\" -e \"s|%h|$h|g\" -e \"s|\\x01|%|g\")\n"
+            "case \"$f\" in *%*) f=$(printf '%s' \"$f\" | sed -e \"s|%%|\\x01|g\" -e \"s|%u|$u|g\" -e \"s|%h|$h|g\" -e \"s|\\x01|%|g\");; esac\n"
             "case \"$f\" in /*) ;; *) f=\"$h/$f\";; esac\n"
             "printf 'path=%s\\n' \"$f\"\n"
             "if [ -f \"$f\" ]; then stat -c 'stat=%U|%G|%a' -- \"$f\"; echo @content; base64 < \"$f\"; fi"

@@ -3,8 +3,12 @@
 Runs in a play after fabric and ssh_mesh (plays are barriers) from what they exported:
 - all hosts put rail i on the same subnet (a host whose routes pushed it to another pool subnet
   is named, with the fix);
-- from this host, `ping -M do -s 8972` (unfragmented 9000-byte frames) reaches every peer's
-  address on every rail, sourced from this host's address on that rail;
+- every link between two hosts carries unfragmented 9000-byte frames on every rail: `ping -M do
+  -s 8972` from one end, sourced from its address on that rail. The echo and its reply cross
+  the link both ways at full size, and an MTU of 1500 on either end fails it (too long to send,
+  or dropped on arrival), so each pair is pinged once, by the end the pair is given to: host i
+  pings the next (n-1)/2 hosts of the ring. At 16 hosts that is 240 pings, not 480, each
+  failure reported once, on the host that checked that link;
 - `ssh -o BatchMode=yes -o StrictHostKeyChecking=yes USER@ADDR true` succeeds for every peer,
   on its first rail (the ssh_mesh guarantee; `ssh: false` leaves it out). Pings run eight at a
   time, logins four at a time in an order rotated per host, so that no peer's sshd sheds logins.
@@ -60,15 +64,17 @@ def _probe(args: Args, host: HostContext) -> MeshProbe | None:
     if not mine or len(fabrics) < 2 or _pending(args, host):
         return None
     pings, targets = [], []
-    names = [h for h in host.play_hosts if h in fabrics] + sorted(h for h in fabrics if h not in host.play_hosts)
+    names = ring(host, fabrics)
     me = names.index(host.name)
+    n = len(names)
     # peers in an order rotated by this host's place: at step k host i logs in to peer i+k, so
     # each sshd sees about one login per step from the whole mesh, not all of them at once
-    for peer in names[me + 1:] + names[:me]:
+    for k, peer in enumerate(names[me + 1:] + names[:me], start=1):
         fab = fabrics[peer]
-        for i, rail in enumerate(fab["rails"]):
-            if i < len(mine["rails"]):
-                pings.append((mine["rails"][i]["address"], rail["address"]))
+        if pings_the_pair(me, k, n):
+            for i, rail in enumerate(fab["rails"]):
+                if i < len(mine["rails"]):
+                    pings.append((mine["rails"][i]["address"], rail["address"]))
         # one login per peer proves the SSH mesh (keys and pinned host keys); jumbo frames are
         # proven per rail by the pings
         if fab["rails"]:
@@ -77,6 +83,24 @@ def _probe(args: Args, host: HostContext) -> MeshProbe | None:
         targets = []
     key = proof_key(host, targets) if targets and args.ssh is True else ""
     return MeshProbe(tuple(pings), args.size, host.user, tuple(targets), key)
+
+
+def ring(host: HostContext, fabrics: dict) -> list[str]:
+    """The hosts with a fabric, in the same order on every host (the play's, then the rest)."""
+    return [h for h in host.play_hosts if h in fabrics] + sorted(h for h in fabrics if h not in host.play_hosts)
+
+
+def checked_by(host: HostContext, fabrics: dict) -> list[str]:
+    """The peers that ping their links to this host (this host pings the others)."""
+    names = ring(host, fabrics)
+    n, me = len(names), names.index(host.name)
+    return [p for i, p in enumerate(names) if p != host.name and pings_the_pair(i, (me - i) % n, n)]
+
+
+def pings_the_pair(me: int, k: int, n: int) -> bool:
+    """Whether the host at ring place `me` pings the one k places after it: each pair once, and
+    every host gets (n-1)/2 of them (n even: the pair across the ring goes to the first half)."""
+    return 2 * k < n or (2 * k == n and me < n // 2)
 
 
 def _pending(args: Args, host: HostContext) -> list[str]:
@@ -89,7 +113,7 @@ def _pending(args: Args, host: HostContext) -> list[str]:
 class FabricMeshModule(Module):
     name = "fabric_mesh"
     Args = Args
-    doc = "Verify the full mesh: jumbo pings (-M do -s 8972) and BatchMode SSH to every peer on every rail."
+    doc = "Verify the full mesh: jumbo pings (-M do -s 8972) on every rail of every link, BatchMode SSH to every peer."
 
     def needs(self, args: Args, host: HostContext):
         probe = _probe(args, host)
@@ -142,8 +166,12 @@ class FabricMeshModule(Module):
                     if proven else f"; ssh to {len(probe['ssh'])} peer(s)")
         lossy = sorted(k for k, r in probe["ping"].items() if r["received"] < r["sent"])
         loss_note = f" ({len(lossy)} lost a reply: {', '.join(lossy[:3])})" if lossy else ""
-        msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {n_peers} peer(s) on {len(mine['rails'])} "
-               f"rail(s)" + loss_note + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
+        checked = len({peers.get(k.split()[1], ("?",))[0] for k in probe["ping"]})
+        by = checked_by(host, fabrics)
+        others = (f" ({', '.join(by) if len(by) <= 3 else f'{len(by)} peers'} check{'s' if len(by) == 1 else ''} "
+                  f"theirs to {h})" if by else "")
+        msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {checked} peer(s){others} on "
+               f"{len(mine['rails'])} rail(s)" + loss_note + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
         exports = {"nccl": nccl, "fabric_verified": True}
         mesh = facts.fact("probe")
         if mesh.proof_key and not proven and probe["ssh"]:

@@ -18,7 +18,8 @@ import sys
 from pydantic import Field
 
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
-from sparkprov.modules.weights_store import DELIVERED, EXPORT, SEND_ERRORS, Args as StoreArgs, items_of, store_fact
+from sparkprov.modules.weights_store import (DELIVERED, EXPORT, SEND_ERRORS, Args as StoreArgs, items_of, routes_to,
+                                             store_fact)
 from sparkprov.staging import fanout, fetch
 from sparkprov.staging.facts import DOWNLOADER_PREFIX
 from sparkprov.staging.hub import endpoint_env, resolve_token
@@ -43,10 +44,22 @@ def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[
         if not need:
             continue
         wants[r] = need
-        receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), fanout.routes(
-            host.name, r, fabric=ex.get("fabric"), address=args.addresses.get(r, r), local_hosts=args.local_hosts,
-            ssh_options=args.ssh_options.get(r, []))))
+        receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), routes_to(args, host.name, r, ex)))
     return receivers, wants
+
+
+def download_job(args, store: str, todo: list, refs: dict[str, str], *, in_turn: bool) -> dict:
+    """What the downloader (staging/fetch.py) runs: the files to fetch, each with its place in
+    the stage's items (the pipelined fan-out's queue names files by it). `in_turn`: the weights
+    one after another, for a fan-out that sends each on as it lands."""
+    index = {i.rel: n for n, i in enumerate(items_of(args))}
+    job = {"endpoint": args.endpoint, "store": store, "workers": args.workers,
+           "files": [{"repo": i.repo, "path": i.path, "commit": i.commit, "size": i.size, "large": i.large,
+                      "digest": i.digest, "rel": i.rel, "link": i.link, "link_target": i.link_target,
+                      "n": index[i.rel]} for i in todo], "refs": refs}
+    if in_turn:
+        job["large_in_turn"] = True
+    return job
 
 
 class Args(StoreArgs):
@@ -93,22 +106,16 @@ class WeightsDownload(Module):
         if not todo:
             return Plan(msg="nothing to download: every file is on some host", exports=held)
         items = items_of(args)
-        index = {i.rel: n for n, i in enumerate(items)}
         links = [i for i in items if i.link and i.rel in {t.rel for t in todo}]
-        job = {"endpoint": args.endpoint, "store": sf.store, "workers": args.workers,
-               "files": [{"repo": i.repo, "path": i.path, "commit": i.commit, "size": i.size, "large": i.large,
-                          "digest": i.digest, "rel": i.rel, "link": i.link, "link_target": i.link_target,
-                          "n": index[i.rel]} for i in todo], "refs": own.refs}
         resume = sum(own.files[i.rel].have for i in todo if i.rel in own.files)
         token, _ = resolve_token()
-        receivers, wants = fan_out(args, host, held[HELD], todo)
-        if receivers and not (self._needs_root(sf) and host.name not in args.local_hosts):
-            job["large_in_turn"] = True
-        else:
-            # docker needs root here: the sends are left to the send play, as the login user
-            receivers, wants = [], {}
+        # docker answers only root here (the login user is not in the docker group yet): the
+        # download runs as root and the sends are left to the send play, as the login user
+        become = self._needs_root(sf) and host.name not in args.local_hosts
+        receivers, wants = fan_out(args, host, held[HELD], todo) if not become else ([], {})
+        job = download_job(args, sf.store, todo, own.refs, in_turn=bool(receivers))
         try:
-            script, become = self._script(args, host, sf, job, token)
+            script = self._script(args, host, sf, job, token, become)
         except ValueError as exc:
             return Plan.fail(f"{host.name}: {exc}")
         if receivers:
@@ -154,12 +161,11 @@ class WeightsDownload(Module):
         return state.startswith("error") and "permission denied" in state.lower()
 
     @staticmethod
-    def _script(args: Args, host: HostContext, sf, job: dict, token: str | None) -> tuple[str, bool]:
+    def _script(args: Args, host: HostContext, sf, job: dict, token: str | None, become: bool) -> str:
         env = {**endpoint_env(args.endpoint), "HF_HOME": sf.store, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1"}
         lines = ["set -e", f"S={quote(sf.store)}", "T=$(mktemp -d)", "trap 'rm -rf \"$T\"' EXIT INT TERM HUP"]
         token_file = ("(umask 077; cat > \"$T/token\") <<'SPARKPROV_TOKEN'\n" + token + "\nSPARKPROV_TOKEN") if token else ""
-        become = False
         if host.name in args.local_hosts:
             lines += ['mkdir -p "$S/.sparkprov"'] + ([token_file] if token else [])
             envs = " ".join(f"{k}={quote(v)}" for k, v in env.items())
@@ -170,9 +176,7 @@ class WeightsDownload(Module):
             if "docker" not in sf.tools:
                 raise ValueError("docker is not installed (fix: invoke provision first)")
             state = sf.image or ""
-            if WeightsDownload._needs_root(sf):
-                become = True  # docker needs root here: the store is still written as the login user
-            elif state.startswith("error"):
+            if state.startswith("error") and not become:  # as root, the store is still written as the login user
                 raise ValueError(f"docker: {state[len('error: '):]} (fix: check dockerd on the host)")
             owner = f"{sf.uid}:{sf.gid}"
             if become:
@@ -196,4 +200,4 @@ class WeightsDownload(Module):
         if host.name in args.local_hosts:
             job = {**job, "watch_pid": os.getpid()}
         lines.append(f"{RUNNER_MARK}{runner} <<'SPARKPROV_FETCH'\n{fetch.program(job)}\nSPARKPROV_FETCH")
-        return "\n".join(lines) + "\n", become
+        return "\n".join(lines) + "\n"

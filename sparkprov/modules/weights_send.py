@@ -10,14 +10,12 @@ arrived; this step only moves bytes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_download import HELD
-from sparkprov.modules.weights_store import DELIVERED, EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of, store_fact
-from sparkprov.staging import fanout
+from sparkprov.modules.weights_store import (DELIVERED, EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of,
+                                             routes_to, store_fact)
 from sparkprov.staging.plan import STAGING, human, split_streams, streams_per_pair
 from sparkprov.transport.shell import cmd, quote
 
@@ -43,12 +41,6 @@ def delivered(args, host: HostContext) -> dict[str, set[str]]:
     """receiver -> files the source's pipelined fan-out already put there (sent and verified)."""
     got = (host.exports.get(args.source) or {}).get(DELIVERED) or {}
     return {r: set(rels) for r, rels in got.items()}
-
-
-def routes(args, sender: str, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Where `sender` sends to `receiver`, best first, with the ssh argv for each."""
-    return fanout.routes(sender, receiver, fabric=export.get("fabric"), address=args.addresses.get(receiver, receiver),
-                         local_hosts=args.local_hosts, ssh_options=args.ssh_options.get(receiver, []))
 
 
 class WeightsSend(Module):
@@ -93,7 +85,7 @@ class WeightsSend(Module):
         for r, items in jobs.items():
             ex = (host.exports.get(r) or {}).get(EXPORT) or {}
             user = ex.get("user") or "nvidia"
-            rts = routes(args, host.name, r, ex)
+            rts = routes_to(args, host.name, r, ex)
             via[r] = rts[0][0]
             words = []
             for addr, ssh in rts:

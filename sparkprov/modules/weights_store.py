@@ -17,7 +17,7 @@ from pydantic import Field
 from sparkprov.defaults import host_setting
 from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import FabricInfo
-from sparkprov.staging import verify
+from sparkprov.staging import fanout, verify
 from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import Item, Status, check_disk, human, plan_host
 
@@ -39,6 +39,13 @@ class Args(ModuleArgs):
 
 def items_of(args) -> list[Item]:
     return [Item(**i) for i in args.items]
+
+
+def routes_to(args, sender: str, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """Where `sender` sends to `receiver` (whose store play exported `export`), best first, with
+    the ssh argv for each: for the download's pipelined fan-out and for the send play alike."""
+    return fanout.routes(sender, receiver, fabric=export.get("fabric"), address=args.addresses.get(receiver, receiver),
+                         local_hosts=args.local_hosts, ssh_options=args.ssh_options.get(receiver, []))
 
 
 def store_fact(args, host: HostContext) -> StoreState:

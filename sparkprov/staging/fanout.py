@@ -113,10 +113,11 @@ exit 0
 
 
 def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wants: dict[str, list[str]],
-             streams: int, tmp: str = "$T") -> tuple[str, str, str]:
+             streams: int) -> tuple[str, str, str]:
     """Shell for the source's download script, in three parts: (start, the filter that queues
     each file as the downloader reports it, finish). `wants`: receiver -> rels it needs from
-    this source. `tmp` names the script's temporary folder (removed by its trap)."""
+    this source. The download script's temporary folder is $T (removed by its trap)."""
+    tmp = "$T"
     index = {it.rel: n for n, it in enumerate(items)}
     by_item: dict[int, list[int]] = {}
     for r, rec in enumerate(receivers):

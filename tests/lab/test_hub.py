@@ -546,3 +546,32 @@ def test_lab_hub_serves_every_catalog_repo_gated_behind_the_lab_token(tmp_path, 
     finally:
         os.environ.pop("SPARKPROV_LAB_CACHE", None)
         stop_hub(state)
+
+
+@pytest.mark.parametrize("in_turn", [True, False])
+def test_the_pipelined_download_fetches_the_weights_one_after_another(hub, tmp_path, in_turn):
+    """stage-weights sends each weight file on to the other hosts as soon as it lands. For that
+    the downloader (sparkprov/staging/fetch.py) fetches the weights one at a time (the job's
+    large_in_turn): the first shard is ready after a third of the time. Side by side, as without
+    a fan-out, all three finish together at the end, leaving nothing to send while the rest
+    downloads."""
+    from sparkprov.modules.weights_download import Args, download_job
+    from sparkprov.plays.stage import item_args
+    from sparkprov.staging import fetch
+    from sparkprov.staging.hub import list_stage, spec_for
+
+    items, listings = list_stage(spec_for(QWEN), hub["url"], None)
+    assert sum(i.large for i in items) == 3
+    args = Args(model=QWEN, items=item_args(items), endpoint=hub["url"], hosts=["spark1"], source="spark1")
+    job = download_job(args, str(tmp_path / "store"), items, {}, in_turn=in_turn)
+    hub["ctl"].set(throttle_bps=4 * MB)
+    out = fetch.run_job(job)
+    assert out["summary"]["ok"], out
+    spans = sorted((r["time"] - r["duration_s"], r["time"]) for r in hub["ctl"].requests()
+                   if r["method"] == "GET" and r["path"].endswith(".safetensors") and r["bytes_sent"] > MB)
+    assert len(spans) == 3, spans
+    overlaps = [a_end - b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]) if b_start < a_end - 0.05]
+    if in_turn:
+        assert not overlaps, spans  # each shard's download starts after the one before it ended
+    else:
+        assert len(overlaps) == 2, spans  # side by side

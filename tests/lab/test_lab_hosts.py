@@ -98,6 +98,17 @@ def _ping_jumbo(lab, src: str, dst_ip: str) -> bool:
     return lab.sh(src, f"ping -c 1 -W 1 -M do -s 8972 {dst_ip}").returncode == 0
 
 
+def test_ping_opens_datagram_sockets_as_on_dgx_os(lab):
+    """DGX OS (systemd's 50-default.conf) lets users open ICMP datagram sockets. Without that,
+    ping falls back to a raw socket, which gets a copy of every ICMP packet the host receives:
+    the 16-host mesh check then lost replies and paid 2 s retries a Spark never pays."""
+    probe = ("python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM, "
+             "socket.IPPROTO_ICMP).close()'")
+    for host in ("spark1", "spark2"):
+        r = lab.ssh(host, probe)
+        assert r.returncode == 0, f"{host}: {r.stderr}"
+
+
 @pytest.mark.parametrize("rail,iface", sorted(state.RAIL_IFACES.items()))
 def test_jumbo_frames_need_mtu_9000_on_both_ends(lab, rail, iface):
     ip1, ip2 = f"192.168.{99 + rail}.10", f"192.168.{99 + rail}.11"

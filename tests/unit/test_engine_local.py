@@ -274,3 +274,25 @@ def test_any_errors_fatal_stops_every_host_of_the_play(tmp_path):
     assert not list(tmp_path.glob("started-*"))
     stopped = [r for r in report.results if r.task == "stopped"]
     assert [(r.host, r.status) for r in stopped] == [("a", "skipped")] and "any_errors_fatal" in stopped[0].msg
+
+
+def test_a_reader_that_leaves_early_neither_breaks_nor_stops_the_run(setup):
+    """`invoke play ... | head -n 1`: the pipe closes after the first line. The run still applies
+    every change (a play stopped halfway is worse than output nobody reads) and ends with its
+    own exit status, without a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    inv, base = setup
+    repo = Path(__file__).resolve().parents[2]
+    invoke = str(Path(sys.executable).parent / "invoke")
+    proc = subprocess.Popen([invoke, "play", str(PLAYBOOK), "--inventory", str(inv)], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    rc = proc.wait(timeout=120)
+    err = proc.stderr.read().decode()
+    assert first.strip() == b"" or b"PLAY" in first
+    assert rc == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert (base / "reloaded").exists() and (base / "app.conf").read_text() == "port = 8000\n"

@@ -174,9 +174,9 @@ def test_docker_download_script_keeps_the_token_out_of_argv_and_env():
                 endpoint=endpoint, hosts=["spark1"], source="spark1", image="vllm/vllm-openai:cu130-nightly")
     host = SimpleNamespace(name="spark1")
     facts = StoreFacts(store="/home/nvidia/vllm", uid=1000, gid=1001, tools={"docker"}, image="present")
-    script, become = WeightsDownload._script(args, host, facts, {"endpoint": endpoint, "store": "/home/nvidia/vllm",
-                                                                 "files": [], "refs": {}}, token)
-    assert not become and script.count(token) == 1
+    script = WeightsDownload._script(args, host, facts, {"endpoint": endpoint, "store": "/home/nvidia/vllm",
+                                                         "files": [], "refs": {}}, token, False)
+    assert script.count(token) == 1
     lines = script.splitlines()
     at = lines.index(token)
     assert lines[at - 1].endswith("<<'SPARKPROV_TOKEN'") and "umask 077" in lines[at - 1]
