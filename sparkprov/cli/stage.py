@@ -21,7 +21,8 @@ STAGE_HELP = {
     "json": "Print one JSON document at the end ({ok, hosts, results, stage}) instead of the recap",
     "source": "Host that downloads from the hub and feeds the others (default: the control machine when it is "
               "in the play, else the first host)",
-    "streams": "Most rsync streams at once over the fabric, all receivers together (default 4)",
+    "streams": "Most whole-file sends at once, all receivers together: what the source held, small files, "
+               "resumed partials (default 4; a weight downloading now streams to each receiver beside these)",
     "image": "Image that runs huggingface_hub on the downloading host (default: the recipe's serving image, "
              "else the inventory var stage_image)",
     "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",

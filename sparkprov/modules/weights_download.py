@@ -44,7 +44,8 @@ def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[
         if not need:
             continue
         wants[r] = need
-        receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), routes_to(args, host.name, r, ex)))
+        receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), routes_to(args, host.name, r, ex),
+                                         partial=frozenset(ex.get("partial") or ())))
     return receivers, wants
 
 
@@ -164,7 +165,9 @@ class WeightsDownload(Module):
     def _script(args: Args, host: HostContext, sf, job: dict, token: str | None, become: bool) -> str:
         env = {**endpoint_env(args.endpoint), "HF_HOME": sf.store, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1"}
-        lines = ["set -e", f"S={quote(sf.store)}", "T=$(mktemp -d)", "trap 'rm -rf \"$T\"' EXIT INT TERM HUP"]
+        # __sp_life: the pipelined fan-out's lifeline (staging/fanout.py), gone with the script
+        lines = ["set -e", f"S={quote(sf.store)}", "T=$(mktemp -d)",
+                 "trap 'kill ${__sp_life:-} 2>/dev/null || true; rm -rf \"$T\"' EXIT INT TERM HUP"]
         token_file = ("(umask 077; cat > \"$T/token\") <<'SPARKPROV_TOKEN'\n" + token + "\nSPARKPROV_TOKEN") if token else ""
         if host.name in args.local_hosts:
             lines += ['mkdir -p "$S/.sparkprov"'] + ([token_file] if token else [])

@@ -78,7 +78,9 @@ class WeightsStore(Module):
         fabric = str(host.vars.get("fabric_address") or (facts.fabric or {}).get("node_ip") or "") or None
         exports = {EXPORT: {"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
                                                                                         Status.STAGED)),
-                            "need": sorted(f.item.rel for f in hp.to_fetch), "store": sf.store, "user": sf.user,
+                            "need": sorted(f.item.rel for f in hp.to_fetch),
+                            "partial": sorted(f.item.rel for f in hp.to_fetch if f.have),  # resumed by rsync
+                            "store": sf.store, "user": sf.user,
                             "fabric": fabric, "image": sf.image}}
         if args.phase == "check":
             problem = check_disk(hp, sf.store)

@@ -3,8 +3,9 @@
     stage: store      every host   read the store against the hub's listing; hash what is there but
                                    not known good (publish the good, remove the bad); space check
     stage: download   the source   download, once, what no host holds (huggingface_hub; resumes),
-                                   each file sent on to the hosts that need it as soon as it is
-                                   verified, and hashed and published there (pipelined fan-out)
+                                   each weight streamed to the hosts that need it while it
+                                   downloads, small files as they are verified, each hashed and
+                                   published there (pipelined fan-out, staging/fanout.py)
     stage: send       every host   rsync what others still lack from the host chosen to send it
     stage: publish    every host   hash what arrived, publish it, link the snapshot; fail on gaps
 

@@ -4,12 +4,21 @@ runs beside the download on the source.
 Pipelined: the source does not wait for the whole download. Each file goes to every host that
 needs it as soon as the source has verified it (huggingface_hub's download and the sha256 check,
 sparkprov/staging/fetch.py), while the next files download; what the source already held goes
-at once. Each (receiver, file) pair is one job: rsync into the receiver's staging area
-(--partial --append-verify: a cut link resumes), then the same hash-and-publish shell the publish
-play runs (sparkprov/staging/verify.py) runs on the receiver for that one file, so a receiver's
-hashing overlaps the download too and nothing is left to hash at the end. At most `streams` jobs
-run at once (xargs -P); each receiver's jobs share one SSH connection (ControlMaster), so a file
-costs a channel, not a handshake.
+at once. Each (receiver, file) pair is one job, and the receiver hashes and publishes the file
+with the same shell the publish play runs (sparkprov/staging/verify.py), so its hashing overlaps
+the download too and nothing is left to hash at the end:
+
+- a file the receiver has no byte of goes as the stdin of one SSH channel whose command writes
+  it to the staging area, then hashes and publishes it (one channel, no rsync: rsync's own
+  processes and checksums cost a quarter of the fan-out's CPU, and the sha256 on arrival is the
+  check that counts);
+- a file the receiver holds part of (an earlier run cut short) goes by rsync --partial
+  --append-verify, which sends only what is missing, then the hash runs on a second channel.
+  A channel cut mid-file leaves a partial file, and the next route, or the send play, resumes it
+  by rsync.
+
+At most `streams` jobs run at once (xargs -P); each receiver's jobs share one SSH connection
+(ControlMaster), so a file costs a channel, not a handshake.
 
 What the pipeline delivered (sent and verified on the receiver) is reported on stdout as
 
@@ -76,6 +85,7 @@ class Receiver:
     user: str
     store: str                               # absolute, as the receiver resolved it
     routes: list[tuple[str, list[str]]]      # (address, ssh argv), best first
+    partial: frozenset[str] = frozenset()    # rels it holds part of: those resume by rsync
 
 
 def _rsync_dest(user: str, address: str, store: str) -> str:
@@ -83,10 +93,12 @@ def _rsync_dest(user: str, address: str, store: str) -> str:
     return f"{user}@{host}:{store}/.sparkprov/staging/"
 
 
-# One job: `sh SEND DIR "RECEIVER ITEM"`. Tries each route in turn (255: ssh could not connect,
-# the next route); after rsync, hashes and publishes the file on the receiver over the same route.
-_SEND = r"""T=$1; set -- $2; r=$1; i=$2
-CP="-o ControlMaster=auto -o ControlPersist=15 -o ControlPath=$T/c-%C"
+# One job: `sh SEND DIR "RECEIVER ITEM MODE"` (MODE s: a weight streamed as it downloads; c: the
+# whole file on one channel; r: rsync, then the check). Tries each route in turn (255: ssh could not connect or the link dropped: the
+# next route, by rsync, which resumes what a cut channel left).
+_SEND = r"""T=$1; set -- $2; r=$1; i=$2; m=$3
+# a connection per receiver (two stores on one host would share one, and its sessions cap)
+CP="-o ControlMaster=auto -o ControlPersist=15 -o ControlPath=$T/c-$r"
 case $r in
 @ROUTES@
 esac
@@ -94,12 +106,41 @@ case $i in
 @ITEMS@
 esac
 rc=255; v=none
-while [ $# -ge 3 ]; do
+while [ $# -ge 3 ] && [ "$m" = s ]; do
+  # a weight still downloading: its staging file as it grows, until its size is reached (or the
+  # download ends: the lifeline dies and tail stops), on one channel; the receiver checks it
+  # (the receiver's `head -c SIZE` ends the channel at the file's size; then tail is stopped)
+  mkfifo "$T/f.$r.$i"
+  tail -c +1 -f -s 0.2 --pid="$(cat "$T/life")" "$SRC/.sparkprov/staging/$REL" > "$T/f.$r.$i" 2>/dev/null &
+  tp=$!
+  v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$T/f.$r.$i" 2>"$T/e.$r.$i")
+  rc=$?
+  kill $tp 2>/dev/null; rm -f "$T/f.$r.$i"
+  v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
+  [ $rc = 0 ] && { [ -n "$v" ] || v=lost; break; }
+  v=none; [ $rc = 255 ] || break
+  shift 3
+done
+if [ "$m" = s ] && [ "$v" != ok ] && [ -f "$SRC/$REL" ]; then
+  # the weight was published before its stream could open it (a fast download, a queue of
+  # streams), or its stream fell short while the download went on: the whole file, on one channel
+  exec sh "$0" "$T" "$r $i c"
+fi
+# a stream cut short: what arrived stays as a partial file, which the send play resumes
+while [ $# -ge 3 ] && [ "$m" != s ]; do
+  if [ "$m" = c ]; then
+    v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$SRC/$REL" 2>"$T/e.$r.$i")
+    rc=$?
+    v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
+    [ $rc = 0 ] && { [ -n "$v" ] || v=lost; break; }
+    v=none; [ $rc = 255 ] || break
+    m=r; shift 3; continue
+  fi
   printf '%s\n' "$REL" | rsync -a --mkpath --partial --append-verify --timeout=60 --files-from=- \
     -e "$1 $CP" "$SRC/" "$3" 2>"$T/e.$r.$i"
   rc=$?
   if [ $rc = 0 ]; then
-    v=$( { printf 'S=%s\n' "$DEST"; cat "$T/funcs"; printf '%s\n' "$CHECK"; } \
+    v=$( { printf 'S=%s\n' "$QDEST"; cat "$T/funcs"; printf '%s\n' "$CHECK"; } \
          | sh -c "$1 $CP \"\$0\" sh -s" "$2" 2>>"$T/e.$r.$i" | awk -F '\t' '$1 == "R" {print $3; exit}')
     [ -n "$v" ] || v=lost
     break
@@ -119,43 +160,75 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     this source. The download script's temporary folder is $T (removed by its trap)."""
     tmp = "$T"
     index = {it.rel: n for n, it in enumerate(items)}
-    by_item: dict[int, list[int]] = {}
+    # item -> its jobs: all of them (a file the source holds: sent at once), those that wait for
+    # the file to be downloaded and verified, and those that stream it while it downloads
+    by_item: dict[int, list[str]] = {}
+    after: dict[int, list[str]] = {}
+    streamed: dict[int, list[str]] = {}
     for r, rec in enumerate(receivers):
         for rel in wants.get(rec.name, []):
-            by_item.setdefault(index[rel], []).append(r)
+            n = index[rel]
+            mode = "r" if rel in rec.partial else "c"
+            by_item.setdefault(n, []).append(f"{r} {n} {mode}")
+            if mode == "c" and items[n].large:
+                streamed.setdefault(n, []).append(f"{r} {n} s")
+            else:
+                after.setdefault(n, []).append(f"{r} {n} {mode}")
     routes_case, items_case = [], []
     for r, rec in enumerate(receivers):
         words = []
         for addr, ssh in rec.routes:
             words += [" ".join(quote(w) for w in ssh), f"{rec.user}@{addr}", _rsync_dest(rec.user, addr, rec.store)]
-        routes_case.append(f"{r}) DEST={quote(rec.store)}; set -- {' '.join(quote(w) for w in words)};;")
+        # QDEST: the store as the receiver's shell reads it (quoted for that shell)
+        routes_case.append(f"{r}) QDEST={quote(quote(rec.store))}; "
+                           f"set -- {' '.join(quote(w) for w in words)};;")
     for n in sorted(by_item):
         it = items[n]
         check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
                                                  it.link or "", it.link_target or ""))
-        items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)};;")
-    send = (f"SRC={quote(source_store)}\n" + _SEND).replace("@ROUTES@", "\n".join(routes_case)).replace(
-        "@ITEMS@", "\n".join(items_case))
+        # the receiver's side of the one-channel put (after FUNCS, with the store as $1): the
+        # bytes from stdin into staging, then the check that hashes and publishes them
+        put = (f'S=$1; f="$S/.sparkprov/staging/"{quote(it.rel)}; mkdir -p "$(dirname "$f")" && '
+               f'head -c {int(it.size)} > "$f" && {check}\n')
+        items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)}; "
+                          f"QPUT={quote(quote(put))};;")
+    # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
+    send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
+        "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case))
     start = "\n".join([
         f'cat > "{tmp}/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
         f'cat > "{tmp}/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
-        f'mkfifo "{tmp}/q"',
+        f'mkfifo "{tmp}/q" "{tmp}/qs"',
+        # the lifeline: streams follow a growing file until it dies (when the download is over)
+        f'sleep 2147483647 </dev/null >/dev/null 2>&1 & __sp_life=$!; echo $__sp_life > "{tmp}/life"',
         f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "{tmp}/send" "{tmp}" < "{tmp}/q" > "{tmp}/sent" 2>&1 &',
         "__sp_xargs=$!",
-        f'exec 3>"{tmp}/q"',
-        "__sp_queue() { case $1 in "
-        + " ".join(f"{n}) printf '%s\\n' {' '.join(quote(f'{r} {n}') for r in rs)} >&3;;" for n, rs in sorted(by_item.items()))
-        + " esac; }",
+        # a stream is as fast as the download: one per receiver, beside the `streams` sends
+        f'xargs -r -d \'\\n\' -n 1 -P {max(1, min(64, len(receivers)))} sh "{tmp}/send" "{tmp}" < "{tmp}/qs" '
+        f'> "{tmp}/streamed" 2>&1 &',
+        "__sp_xargs_s=$!",
+        f'exec 3>"{tmp}/q" 4>"{tmp}/qs"',
+        _queue_fn("__sp_queue", 3, by_item),      # a file the source holds already
+        _queue_fn("__sp_queue_after", 3, after),  # SPARKPROV-FETCHED n: downloaded and verified
+        _queue_fn("__sp_stream", 4, streamed),    # SPARKPROV-FETCHING n: its download begins
     ]) + "\n"
     feed = ('while IFS= read -r line; do printf \'%s\\n\' "$line"; case "$line" in '
-            '"SPARKPROV-FETCHED "*) __sp_queue "${line#SPARKPROV-FETCHED }";; esac; done')
+            '"SPARKPROV-FETCHED "*) __sp_queue_after "${line#SPARKPROV-FETCHED }";; '
+            '"SPARKPROV-FETCHING "*) __sp_stream "${line#SPARKPROV-FETCHING }";; esac; done')
     finish = "\n".join([
-        "exec 3>&-",
+        "exec 3>&- 4>&-",
+        'kill "$__sp_life" 2>/dev/null',
         'wait "$__sp_xargs" || true',
-        f'cat "{tmp}/sent"',
+        'wait "$__sp_xargs_s" || true',
+        f'cat "{tmp}/sent" "{tmp}/streamed"',
         f'for s in "{tmp}"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
     ]) + "\n"
     return start, feed, finish
+
+
+def _queue_fn(name: str, fd: int, jobs: dict[int, list[str]]) -> str:
+    cases = " ".join(f"{n}) printf '%s\\n' {' '.join(quote(j) for j in js)} >&{fd};;" for n, js in sorted(jobs.items()))
+    return f"{name}() {{ case $1 in {cases} esac; }}"
 
 
 def queue_now(rels: list[str], items: list[Item]) -> str:
@@ -179,6 +252,6 @@ def parse_sent(out: str, receivers: list[Receiver], items: list[Item]) -> tuple[
         if b[3] == "0" and b[4] == "ok":
             delivered.setdefault(rec.name, []).append(it.rel)
         elif rec.name not in errors:
-            why = f"rsync exit status {b[3]}" if b[3] != "0" else f"its hash check said {b[4]}"
+            why = f"send exit status {b[3]}" if b[3] != "0" else f"its hash check said {b[4]}"
             errors[rec.name] = f"{it.path} to {rec.name}: {why}" + (f": {b[5]}" if len(b) > 5 and b[5] else "")
     return delivered, errors

@@ -33,15 +33,59 @@ CHUNK = 1024 * 1024
 _lock = threading.Lock()
 
 
-def _digest(path: str, large: bool, size: int) -> str:
-    h = hashlib.sha256() if large else hashlib.sha1(b"blob %d\0" % size)
+def _hasher(large: bool, size: int):
+    return hashlib.sha256() if large else hashlib.sha1(b"blob %d\0" % size)
+
+
+def _hash_into(h, path: str, limit: int | None = None) -> None:
+    left = limit
     with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(8 * 1024 * 1024)
+        while left is None or left > 0:
+            chunk = fh.read(8 * 1024 * 1024 if left is None else min(left, 8 * 1024 * 1024))
             if not chunk:
                 break
             h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+
+
+def _digest(path: str, large: bool, size: int) -> str:
+    h = _hasher(large, size)
+    _hash_into(h, path)
     return ("sha256:" if large else "git:") + h.hexdigest()
+
+
+class _HashingFile:
+    """The staging file as http_get writes to it, hashing each chunk on its way to disk (after the
+    bytes a resumed download already had), so that a finished file is verified without reading
+    it again: that read sat between one weight's download and the next, and at the end of the
+    stage. http_get rewinds and truncates when a server ignores the Range header: then the
+    running hash is void and the file is read again."""
+
+    def __init__(self, fh, path: str, large: bool, size: int, have: int):
+        self.fh, self.large = fh, large
+        self.h = _hasher(large, size)
+        self.void = False
+        if have:
+            _hash_into(self.h, path, have)
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        return self.fh.write(data)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def seek(self, *a):
+        self.void = True
+        return self.fh.seek(*a)
+
+    def truncate(self, *a):
+        self.void = True
+        return self.fh.truncate(*a)
+
+    def digest(self) -> str | None:
+        return None if self.void else ("sha256:" if self.large else "git:") + self.h.hexdigest()
 
 
 def _say(obj: dict) -> None:
@@ -70,7 +114,11 @@ def _publish(store: str, f: dict, staged: str) -> None:
         fh.write(f"{st.st_size}\t{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}\t{f['digest']}\t{f['rel']}\n")
 
 
-def _one(job: dict, f: dict, headers: dict) -> dict:
+def _one(job: dict, f: dict, headers: dict, received: threading.Event | None = None,
+         started=None) -> dict:
+    """Download one file, verify it and publish it. `started()` is called once its staging file
+    is open (the fan-out streams it from there as it grows); `received` is set once its bytes
+    are all on disk (before the fsync and the checks), so that the next weight can start."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
 
@@ -88,11 +136,18 @@ def _one(job: dict, f: dict, headers: dict) -> dict:
                 have = 0
             if attempt == 1:
                 resumed_from = have
-            http_get(url, fh, resume_size=have, headers=dict(headers), expected_size=f["size"],
-                     displayed_filename=f["path"])
+                if started is not None:
+                    started()
+            hashing = _HashingFile(fh, staged, f["large"], f["size"], have)
+            try:
+                http_get(url, hashing, resume_size=have, headers=dict(headers), expected_size=f["size"],
+                         displayed_filename=f["path"])
+            finally:
+                if received is not None:
+                    received.set()
             fh.flush()
             os.fsync(fh.fileno())
-        got = _digest(staged, f["large"], f["size"])
+        got = hashing.digest() or _digest(staged, f["large"], f["size"])
         if got == f["digest"]:
             _publish(store, f, staged)
             return {"rel": f["rel"], "ok": True, "resumed_from": resumed_from, "attempts": attempt}
@@ -159,9 +214,16 @@ def run_job(job: dict, token: str | None = None) -> dict:
     results: list[dict] = []
     t0 = time.monotonic()
 
-    def run(f: dict) -> dict:
+    def say_fetching(f: dict) -> None:
+        # the pipelined fan-out starts streaming this weight to the hosts that lack it
+        with _lock:
+            sys.stdout.write(f"SPARKPROV-FETCHING {int(f['n'])}\n")
+            sys.stdout.flush()
+
+    def run(f: dict, received: threading.Event | None = None) -> dict:
+        streams = received is not None and "n" in f
         try:
-            res = _one(job, f, headers)
+            res = _one(job, f, headers, received, (lambda: say_fetching(f)) if streams else None)
         except Exception as exc:  # report per file; the control machine decides
             res = {"rel": f["rel"], "ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
         _say({"file": res})
@@ -177,9 +239,18 @@ def run_job(job: dict, token: str | None = None) -> dict:
             # Pipelined fan-out: the weights one after another, each at the whole link, so that each
             # is ready to go on to the other hosts while the next downloads (shards of one size
             # downloaded side by side would all finish at the end); the small files beside them.
-            small = [pool.submit(run, f) for f in job["files"] if not f["large"]]
-            done = {f["rel"]: run(f) for f in job["files"] if f["large"]}
-            done.update((r["rel"], r) for r in (fut.result() for fut in small))
+            # The next weight starts as soon as the bytes of the one before are in: its fsync and
+            # checks run beside it. Largest first: what lands last, and is sent last, is the
+            # smallest weight (the last shard of a model is often a small one).
+            futures = [pool.submit(run, f) for f in job["files"] if not f["large"]]
+            with ThreadPoolExecutor(max_workers=2) as turn:
+                for f in sorted((f for f in job["files"] if f["large"]), key=lambda f: -f["size"]):
+                    received = threading.Event()
+                    fut = turn.submit(run, f, received)
+                    while not received.wait(0.05) and not fut.done():
+                        pass
+                    futures.append(fut)
+                done = {r["rel"]: r for r in (fut.result() for fut in futures)}
             results = [done[f["rel"]] for f in job["files"]]
         else:
             results = list(pool.map(run, job["files"]))

@@ -575,3 +575,29 @@ def test_the_pipelined_download_fetches_the_weights_one_after_another(hub, tmp_p
         assert not overlaps, spans  # each shard's download starts after the one before it ended
     else:
         assert len(overlaps) == 2, spans  # side by side
+
+
+def test_a_resumed_download_is_verified_by_the_hash_taken_as_it_was_written(hub, tmp_path):
+    """fetch.py hashes each chunk as http_get writes it (after hashing the bytes a resumed file
+    already had), so a finished file is not read again. A good partial from an earlier run
+    resumes and verifies at the first attempt; a partial holding wrong bytes fails its hash and
+    is fetched once more, whole."""
+    from sparkprov.modules.weights_download import Args, download_job
+    from sparkprov.plays.stage import item_args
+    from sparkprov.staging import fetch
+    from sparkprov.staging.hub import list_stage, spec_for
+
+    shard = _shard(hub)
+    items, _ = list_stage(spec_for(QWEN), hub["url"], None)
+    items = [i for i in items if i.path == shard.path]
+    args = Args(model=QWEN, items=item_args(items), endpoint=hub["url"], hosts=["spark1"], source="spark1")
+    source = Path(hf_hub_download(QWEN, shard.path, cache_dir=tmp_path / "whole", endpoint=hub["url"], token=False))
+    head = source.read_bytes()[: shard.size // 3]
+    for prefix, attempts in ((head, 1), (bytes(len(head)), 2)):
+        store = tmp_path / f"store-{attempts}"
+        staged = store / ".sparkprov" / "staging" / items[0].rel
+        staged.parent.mkdir(parents=True)
+        staged.write_bytes(prefix)
+        (res,) = fetch.run_job(download_job(args, str(store), items, {}, in_turn=True))["results"]
+        assert res["ok"] and res["resumed_from"] == len(head) and res["attempts"] == attempts, res
+        assert _sha256(store / items[0].rel) == shard.sha256

@@ -4,10 +4,13 @@ is read. The lab runs it for real (tests/lab/test_stage_weights.py, tests/reliab
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 
 from sparkprov.staging import fanout
 from sparkprov.staging.plan import Item
+from sparkprov.transport.shell import quote
 
 
 def item(path: str, size: int = 10, sha: str | None = "a" * 64) -> Item:
@@ -34,7 +37,7 @@ def test_pipeline_shell_parses_and_queues_each_file_for_its_receivers(tmp_path):
     assert "xargs -r -d '\\n' -n 1 -P 3 " in start
     # item 0 goes to both receivers, item 2 to spark2 only, item 1 to no one
     queue = start.split("__sp_queue() {", 1)[1]
-    assert "0) printf '%s\\n' '0 0' '1 0' >&3;;" in queue and "2) printf '%s\\n' '0 2' >&3;;" in queue
+    assert "0) printf '%s\\n' '0 0 c' '1 0 c' >&3;;" in queue and "2) printf '%s\\n' '0 2 c' >&3;;" in queue
     assert "1)" not in queue
     assert fanout.queue_now([ITEMS[2].rel], ITEMS) == "__sp_queue 2\n"
 
@@ -46,7 +49,7 @@ def test_a_queued_job_runs_its_case_lines_with_hostile_names_quoted(tmp_path):
     start, _, _ = fanout.pipeline("/home/nvidia/vllm", RECEIVERS, ITEMS, wants, streams=1)
     send = start.split("<<'SPARKPROV_SEND'\n", 1)[1].split("SPARKPROV_SEND", 1)[0]
     head = send.split("rc=255; v=none", 1)[0]
-    probe = head + 'printf "%s\\n" "$DEST" "$REL" "$#" "$2" "$3" "$5"\n'
+    probe = head + 'eval "dest=$QDEST"; printf "%s\\n" "$dest" "$REL" "$#" "$2" "$3" "$5"\n'
     out = subprocess.run(["sh", "-c", probe, "send", str(tmp_path), "1 2"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -67,7 +70,7 @@ def test_sent_report_is_read_per_receiver():
     ])
     delivered, errors = fanout.parse_sent(out, RECEIVERS, ITEMS)
     assert delivered == {"spark2": [ITEMS[0].rel]}
-    assert errors["spark3"].startswith("model-00001.safetensors to spark3: rsync exit status 255: ssh: connect")
+    assert errors["spark3"].startswith("model-00001.safetensors to spark3: send exit status 255: ssh: connect")
     assert errors["spark2"] == f"{ITEMS[2].path} to spark2: its hash check said bad"
 
 
@@ -78,3 +81,109 @@ def test_routes_from_a_spark_use_the_fabric_and_from_the_control_machine_the_inv
     assert fanout.routes("localhost", "spark2", fabric="192.168.100.12", address="10.77.0.12",
                          local_hosts=["localhost"], ssh_options=["-i", "k"]) == [
         ("10.77.0.12", fanout.SSH_BASE + ["-i", "k"])]
+
+
+def fake_ssh(tmp_path):
+    """An ssh that runs the remote command here, through a shell, as sshd would: options, then the
+    host, then the command's words joined by spaces."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ssh").write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in -O) exit 0;; -[oiplcF]) shift 2;; '
+                              '-*) shift;; *) break;; esac; done\nshift\nexec sh -c "$*"\n')
+    (fake / "ssh").chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def weights(src, sizes: dict[int, int]) -> dict[int, Item]:
+    out = {}
+    for n, size in sizes.items():
+        data = os.urandom(size)
+        out[n] = item(ITEMS[n].path, size=size, sha=hashlib.sha256(data).hexdigest())
+        (src / out[n].rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / out[n].rel).write_bytes(data)
+    return out
+
+
+def run_pipeline(tmp_path, start, runner, feed, finish, env) -> subprocess.CompletedProcess:
+    script = ('T=$(mktemp -d)\ntrap \'kill ${__sp_life:-} 2>/dev/null || true; rm -rf "$T"\' EXIT\n' + start
+              + "{ " + runner + "\n} | " + feed + "\n" + finish)
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
+
+
+def test_a_weight_streams_to_the_receivers_while_it_downloads(tmp_path):
+    """SPARKPROV-FETCHING n: the weight's staging file is followed as it grows and sent on one
+    channel to each receiver that lacks it, which checks it when its size is reached; the file
+    is done on the receivers about when its download is. A download that dies half-way leaves
+    each receiver a partial file to resume, and the pipeline ends (it never waits on a file
+    that stopped growing)."""
+    env = fake_ssh(tmp_path)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    blobs = weights(src, {0: 400_000})
+    items = [blobs[0], ITEMS[1], ITEMS[2]]
+    rec = fanout.Receiver("spark2", "nvidia", str(dst), [("127.0.0.1", fanout.SSH_BASE)])
+    start, feed, finish = fanout.pipeline(str(src), [rec], items, {"spark2": [blobs[0].rel]}, streams=1)
+    assert "__sp_stream() { case $1 in 0) printf '%s\\n' '0 0 s' >&4;;" in start
+    data = (src / blobs[0].rel).read_bytes()
+    (src / blobs[0].rel).unlink()
+    staging = src / ".sparkprov" / "staging" / blobs[0].rel
+    staging.parent.mkdir(parents=True)
+    (tmp_path / "data").write_bytes(data)
+    # a downloader: the file grows in four pieces, then is published and reported
+    grow = " ".join(f"dd if=data bs=100000 skip={k} count=1 status=none >> {quote(str(staging))}; sleep 0.2;"
+                    for k in range(4))
+    runner = (f": > {quote(str(staging))}; echo 'SPARKPROV-FETCHING 0'; {grow} mv {quote(str(staging))} "
+              f"{quote(str(src / blobs[0].rel))}; echo 'SPARKPROV-FETCHED 0'")
+    out = run_pipeline(tmp_path, start, runner, feed, finish, env)
+    delivered, errors = fanout.parse_sent(out.stdout, [rec], items)
+    assert delivered == {"spark2": [blobs[0].rel]} and not errors, (out.stdout, out.stderr)
+    assert (dst / blobs[0].rel).read_bytes() == data
+    assert out.stdout.count("@sent\t") == 1  # streamed, not sent again after the download
+    # the download dies after two pieces: the stream ends with the script, not after a timeout
+    dst2 = tmp_path / "dst2"
+    rec2 = fanout.Receiver("spark2", "nvidia", str(dst2), [("127.0.0.1", fanout.SSH_BASE)])
+    start, feed, finish = fanout.pipeline(str(src), [rec2], items, {"spark2": [blobs[0].rel]}, streams=1)
+    (src / blobs[0].rel).unlink()
+    staging.write_bytes(b"")
+    died = "echo 'SPARKPROV-FETCHING 0'; " + ";".join(grow.split(";")[:4]) + "; exit 3"
+    out = run_pipeline(tmp_path, start, died, feed, finish, env)
+    delivered, errors = fanout.parse_sent(out.stdout, [rec2], items)
+    assert not delivered and "spark2" in errors, out.stdout
+    assert (dst2 / ".sparkprov" / "staging" / blobs[0].rel).stat().st_size == 200_000  # resumable
+    assert not (dst2 / blobs[0].rel).exists()
+    # a download so fast that the weight is published before its stream opens the staging file:
+    # the whole file goes on one channel instead
+    dst3 = tmp_path / "dst3"
+    rec3 = fanout.Receiver("spark2", "nvidia", str(dst3), [("127.0.0.1", fanout.SSH_BASE)])
+    start, feed, finish = fanout.pipeline(str(src), [rec3], items, {"spark2": [blobs[0].rel]}, streams=1)
+    fast = (f"cp data {quote(str(src / blobs[0].rel))}; rm -f {quote(str(staging))}; "
+            "echo 'SPARKPROV-FETCHING 0'; echo 'SPARKPROV-FETCHED 0'")
+    out = run_pipeline(tmp_path, start, fast, feed, finish, env)
+    assert fanout.parse_sent(out.stdout, [rec3], items) == ({"spark2": [blobs[0].rel]}, {}), out.stdout
+    assert (dst3 / blobs[0].rel).read_bytes() == data
+
+
+def test_a_file_the_receiver_lacks_goes_on_one_channel_and_a_partial_one_by_rsync(tmp_path):
+    """The pipeline run by a real shell, rsync and the receiver's hash-and-publish shell, with an
+    ssh that runs the remote command here (as sshd would, through a shell): a file the receiver
+    has no byte of arrives whole on one channel, is hashed and published; a file it holds part
+    of is resumed by rsync --append-verify and then checked. Hostile names arrive whole."""
+    env = fake_ssh(tmp_path)
+    src, dst = tmp_path / "src store", tmp_path / "dst 'store'"
+    blobs = weights(src, {0: 300_000, 2: 5000})
+    items = [blobs[0], ITEMS[1], blobs[2]]
+    staged = dst / ".sparkprov" / "staging" / blobs[0].rel
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes((src / blobs[0].rel).read_bytes()[:100_000])  # an earlier run's part
+    rec = fanout.Receiver("spark2", "nvidia", str(dst), [("127.0.0.1", fanout.SSH_BASE)],
+                          partial=frozenset({blobs[0].rel}))
+    start, feed, finish = fanout.pipeline(str(src), [rec], items, {"spark2": [blobs[0].rel, blobs[2].rel]}, streams=2)
+    assert "'0 0 r'" in start and "'0 2 c'" in start
+    out = run_pipeline(tmp_path, start + fanout.queue_now([blobs[0].rel, blobs[2].rel], items), "true", feed,
+                       finish, env)
+    delivered, errors = fanout.parse_sent(out.stdout, [rec], items)
+    assert sorted(delivered["spark2"]) == sorted([blobs[0].rel, blobs[2].rel]), (out.stdout, out.stderr)
+    assert not errors
+    for n in (0, 2):
+        assert (dst / blobs[n].rel).read_bytes() == (src / blobs[n].rel).read_bytes()
+    assert not (tmp_path / "pwned").exists() and not staged.exists()
+    assert blobs[2].rel in (dst / ".sparkprov" / "verified").read_text()
