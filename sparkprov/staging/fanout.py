@@ -121,9 +121,10 @@ while [ $# -ge 3 ] && [ "$m" = s ]; do
   v=none; [ $rc = 255 ] || break
   shift 3
 done
-if [ "$m" = s ] && [ "$v" != ok ] && [ -f "$SRC/$REL" ]; then
+if [ "$m" = s ] && [ "$v" != ok ] && [ "$rc" != 255 ] && [ -f "$SRC/$REL" ]; then
   # the weight was published before its stream could open it (a fast download, a queue of
-  # streams), or its stream fell short while the download went on: the whole file, on one channel
+  # streams), or its stream fell short while the download went on: the whole file, on one
+  # channel (not after a lost connection: the send play resumes that one, once)
   exec sh "$0" "$T" "$r $i c"
 fi
 # a stream cut short: what arrived stays as a partial file, which the send play resumes

@@ -88,8 +88,10 @@ def fake_ssh(tmp_path):
     host, then the command's words joined by spaces."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "ssh").write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in -O) exit 0;; -[oiplcF]) shift 2;; '
-                              '-*) shift;; *) break;; esac; done\nshift\nexec sh -c "$*"\n')
+    # port 2222 stands for a host that cannot be reached (ssh's own failure: 255); each call is logged
+    (fake / "ssh").write_text('#!/bin/sh\ncase "$*" in *" 2222 "*) echo dead;; *) echo call;; esac >> "$(dirname "$0")/calls"\n'
+                              'while [ $# -gt 0 ]; do case $1 in -O) exit 0;; -p) [ "$2" = 2222 ] && exit 255; shift 2;; '
+                              '-[oilcF]) shift 2;; -*) shift;; *) break;; esac; done\nshift\nexec sh -c "$*"\n')
     (fake / "ssh").chmod(0o755)
     return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
 
@@ -160,6 +162,15 @@ def test_a_weight_streams_to_the_receivers_while_it_downloads(tmp_path):
     out = run_pipeline(tmp_path, start, fast, feed, finish, env)
     assert fanout.parse_sent(out.stdout, [rec3], items) == ({"spark2": [blobs[0].rel]}, {}), out.stdout
     assert (dst3 / blobs[0].rel).read_bytes() == data
+    # a receiver that cannot be reached: the stream fails once, and is not tried again whole (the
+    # send play resumes it, once): one call, exit status 255
+    dead = fanout.Receiver("spark3", "nvidia", str(tmp_path / "dst4"), [("127.0.0.1", fanout.SSH_BASE + ["-p", "2222"])])
+    start, feed, finish = fanout.pipeline(str(src), [dead], items, {"spark3": [blobs[0].rel]}, streams=1)
+    (tmp_path / "bin" / "calls").unlink()
+    out = run_pipeline(tmp_path, start, fast, feed, finish, env)
+    delivered, errors = fanout.parse_sent(out.stdout, [dead], items)
+    assert not delivered and "send exit status 255" in errors["spark3"], out.stdout
+    assert (tmp_path / "bin" / "calls").read_text().splitlines() == ["dead"]
 
 
 def test_a_file_the_receiver_lacks_goes_on_one_channel_and_a_partial_one_by_rsync(tmp_path):
