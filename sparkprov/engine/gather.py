@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from sparkprov.errors import SparkprovError
-from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx, home_of
 from sparkprov.transport.connect import make_transport
 from sparkprov.transport.shell import quote
 
@@ -36,7 +36,7 @@ _SECTION_FN = r"""__sp_sec() {
 # stderr, and the login user's name, uid and home are read once, here.
 _PREAMBLE = r"""__sp_n=%(nonce)s
 __sp_user=$(id -un); __sp_uid=$(id -u)
-__sp_home=$(getent passwd "$__sp_user" 2>/dev/null); __sp_home=${__sp_home#*:*:*:*:*:}; __sp_home=${__sp_home%%%%:*}
+%(home)s
 [ -n "$__sp_home" ] || __sp_home=$HOME
 exec 3>&1
 """ + _SECTION_FN.replace("%", "%%")
@@ -75,7 +75,7 @@ def build_gather(facts: Iterable[Fact], sh: ShellCtx, *, become: bool, password:
     """One script that reads every fact. `become`: facts marked needs_root run as root."""
     nonce = secrets.token_hex(8)
     facts = list(facts)
-    parts = [_PREAMBLE % {"nonce": nonce}]
+    parts = [_PREAMBLE % {"nonce": nonce, "home": home_of("__sp_home", '"$__sp_user"')}]
     if become or probe_become:
         if password is not None:
             # printf is a shell builtin: the password never appears in any argv.

@@ -14,6 +14,13 @@ from typing import Any, ClassVar
 from sparkprov.transport.shell import quote
 
 
+def home_of(var: str, user: str) -> str:
+    """Shell that sets $var to USER's home (a shell word: "$u", a quoted name) from the passwd
+    entry: its sixth field, cut by parameter expansions (no process beyond getent); empty when
+    the user is unknown."""
+    return f'{var}=$(getent passwd {user} 2>/dev/null); {var}=${{{var}#*:*:*:*:*:}}; {var}=${{{var}%%:*}}'
+
+
 class ShellCtx:
     """What a fact's command may need to know about the host while being rendered."""
 

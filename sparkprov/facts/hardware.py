@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.facts.base import Fact, FactError, ShellCtx, home_of
 from sparkprov.transport.shell import cmd, quote
 
 # ---------------------------------------------------------------------------------------------
@@ -765,7 +765,7 @@ class AuthorizedKeys(Fact):
     def command(self, sh: ShellCtx) -> str:
         u = quote(self.user)
         return (
-            f"u={u}; h=$(getent passwd \"$u\"); h=${{h#*:*:*:*:*:}}; h=${{h%%:*}}\n"
+            f"u={u}; " + home_of("h", '"$u"') + "\n"
             "f=$( (sshd -T -C user=\"$u\",host=localhost,addr=127.0.0.1 2>/dev/null || /usr/sbin/sshd -T -C user=\"$u\",host=localhost,addr=127.0.0.1 2>/dev/null) "
             "| awk 'tolower($1)==\"authorizedkeysfile\" {print $2; exit}')\n"
             "[ -n \"$f\" ] || f=$(cat /etc/ssh/sshd_config /etc/ssh/sshd_config.d/*.conf 2>/dev/null | "

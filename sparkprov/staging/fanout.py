@@ -105,6 +105,14 @@ esac
 case $i in
 @ITEMS@
 esac
+# the one-channel put: SSH_ARGV DEST from FILE (the receiver writes, hashes and publishes it);
+# sets rc (ssh's: 255 when the connection failed) and v (the check's verdict)
+__sp_put() {
+  v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$3" 2>"$T/e.$r.$i")
+  rc=$?
+  v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
+  if [ $rc = 0 ]; then [ -n "$v" ] || v=lost; else v=none; fi
+}
 rc=255; v=none
 while [ $# -ge 3 ] && [ "$m" = s ]; do
   # a weight still downloading: its staging file as it grows, until its size is reached (or the
@@ -113,12 +121,9 @@ while [ $# -ge 3 ] && [ "$m" = s ]; do
   mkfifo "$T/f.$r.$i"
   tail -c +1 -f -s 0.2 --pid="$(cat "$T/life")" "$SRC/.sparkprov/staging/$REL" > "$T/f.$r.$i" 2>/dev/null &
   tp=$!
-  v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$T/f.$r.$i" 2>"$T/e.$r.$i")
-  rc=$?
+  __sp_put "$1" "$2" "$T/f.$r.$i"
   kill $tp 2>/dev/null; rm -f "$T/f.$r.$i"
-  v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
-  [ $rc = 0 ] && { [ -n "$v" ] || v=lost; break; }
-  v=none; [ $rc = 255 ] || break
+  [ $rc = 255 ] || break
   shift 3
 done
 if [ "$m" = s ] && [ "$v" != ok ] && [ "$rc" != 255 ] && [ -f "$SRC/$REL" ]; then
@@ -130,11 +135,8 @@ fi
 # a stream cut short: what arrived stays as a partial file, which the send play resumes
 while [ $# -ge 3 ] && [ "$m" != s ]; do
   if [ "$m" = c ]; then
-    v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$SRC/$REL" 2>"$T/e.$r.$i")
-    rc=$?
-    v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
-    [ $rc = 0 ] && { [ -n "$v" ] || v=lost; break; }
-    v=none; [ $rc = 255 ] || break
+    __sp_put "$1" "$2" "$SRC/$REL"
+    [ $rc = 255 ] || break
     m=r; shift 3; continue
   fi
   printf '%s\n' "$REL" | rsync -a --mkpath --partial --append-verify --timeout=60 --files-from=- \
@@ -159,7 +161,6 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     """Shell for the source's download script, in three parts: (start, the filter that queues
     each file as the downloader reports it, finish). `wants`: receiver -> rels it needs from
     this source. The download script's temporary folder is $T (removed by its trap)."""
-    tmp = "$T"
     index = {it.rel: n for n, it in enumerate(items)}
     # item -> its jobs: all of them (a file the source holds: sent at once), those that wait for
     # the file to be downloaded and verified, and those that stream it while it downloads
@@ -197,18 +198,18 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
         "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case))
     start = "\n".join([
-        f'cat > "{tmp}/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
-        f'cat > "{tmp}/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
-        f'mkfifo "{tmp}/q" "{tmp}/qs"',
+        f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
+        f'cat > "$T/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
+        'mkfifo "$T/q" "$T/qs"',
         # the lifeline: streams follow a growing file until it dies (when the download is over)
-        f'sleep 2147483647 </dev/null >/dev/null 2>&1 & __sp_life=$!; echo $__sp_life > "{tmp}/life"',
-        f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "{tmp}/send" "{tmp}" < "{tmp}/q" > "{tmp}/sent" 2>&1 &',
+        'sleep 2147483647 </dev/null >/dev/null 2>&1 & __sp_life=$!; echo $__sp_life > "$T/life"',
+        f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "$T/send" "$T" < "$T/q" > "$T/sent" 2>&1 &',
         "__sp_xargs=$!",
         # a stream is as fast as the download: one per receiver, beside the `streams` sends
-        f'xargs -r -d \'\\n\' -n 1 -P {max(1, min(64, len(receivers)))} sh "{tmp}/send" "{tmp}" < "{tmp}/qs" '
-        f'> "{tmp}/streamed" 2>&1 &',
+        f'xargs -r -d \'\\n\' -n 1 -P {max(1, min(64, len(receivers)))} sh "$T/send" "$T" < "$T/qs" '
+        f'> "$T/streamed" 2>&1 &',
         "__sp_xargs_s=$!",
-        f'exec 3>"{tmp}/q" 4>"{tmp}/qs"',
+        'exec 3>"$T/q" 4>"$T/qs"',
         _queue_fn("__sp_queue", 3, by_item),      # a file the source holds already
         _queue_fn("__sp_queue_after", 3, after),  # SPARKPROV-FETCHED n: downloaded and verified
         _queue_fn("__sp_stream", 4, streamed),    # SPARKPROV-FETCHING n: its download begins
@@ -221,8 +222,8 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         'kill "$__sp_life" 2>/dev/null',
         'wait "$__sp_xargs" || true',
         'wait "$__sp_xargs_s" || true',
-        f'cat "{tmp}/sent" "{tmp}/streamed"',
-        f'for s in "{tmp}"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
+        'cat "$T/sent" "$T/streamed"',
+        'for s in "$T"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
     ]) + "\n"
     return start, feed, finish
 

@@ -548,6 +548,22 @@ def test_lab_hub_serves_every_catalog_repo_gated_behind_the_lab_token(tmp_path, 
         stop_hub(state)
 
 
+def _stage_items(hub) -> list:
+    """The QWEN repo as stage-weights lists it (sparkprov/staging/hub.py) from the lab hub."""
+    from sparkprov.staging.hub import list_stage, spec_for
+
+    return list_stage(spec_for(QWEN), hub["url"], None)[0]
+
+
+def _download_job(hub, items: list, store: Path, *, in_turn: bool) -> dict:
+    """The downloader's job for ITEMS as the download play builds it (weights_download.download_job)."""
+    from sparkprov.modules.weights_download import Args, download_job
+    from sparkprov.plays.stage import item_args
+
+    args = Args(model=QWEN, items=item_args(items), endpoint=hub["url"], hosts=["spark1"], source="spark1")
+    return download_job(args, str(store), items, {}, in_turn=in_turn)
+
+
 @pytest.mark.parametrize("in_turn", [True, False])
 def test_the_pipelined_download_fetches_the_weights_one_after_another(hub, tmp_path, in_turn):
     """stage-weights sends each weight file on to the other hosts as soon as it lands. For that
@@ -555,15 +571,11 @@ def test_the_pipelined_download_fetches_the_weights_one_after_another(hub, tmp_p
     large_in_turn): the first shard is ready after a third of the time. Side by side, as without
     a fan-out, all three finish together at the end, leaving nothing to send while the rest
     downloads."""
-    from sparkprov.modules.weights_download import Args, download_job
-    from sparkprov.plays.stage import item_args
     from sparkprov.staging import fetch
-    from sparkprov.staging.hub import list_stage, spec_for
 
-    items, listings = list_stage(spec_for(QWEN), hub["url"], None)
+    items = _stage_items(hub)
     assert sum(i.large for i in items) == 3
-    args = Args(model=QWEN, items=item_args(items), endpoint=hub["url"], hosts=["spark1"], source="spark1")
-    job = download_job(args, str(tmp_path / "store"), items, {}, in_turn=in_turn)
+    job = _download_job(hub, items, tmp_path / "store", in_turn=in_turn)
     hub["ctl"].set(throttle_bps=4 * MB)
     out = fetch.run_job(job)
     assert out["summary"]["ok"], out
@@ -582,15 +594,10 @@ def test_a_resumed_download_is_verified_by_the_hash_taken_as_it_was_written(hub,
     already had), so a finished file is not read again. A good partial from an earlier run
     resumes and verifies at the first attempt; a partial holding wrong bytes fails its hash and
     is fetched once more, whole."""
-    from sparkprov.modules.weights_download import Args, download_job
-    from sparkprov.plays.stage import item_args
     from sparkprov.staging import fetch
-    from sparkprov.staging.hub import list_stage, spec_for
 
     shard = _shard(hub)
-    items, _ = list_stage(spec_for(QWEN), hub["url"], None)
-    items = [i for i in items if i.path == shard.path]
-    args = Args(model=QWEN, items=item_args(items), endpoint=hub["url"], hosts=["spark1"], source="spark1")
+    items = [i for i in _stage_items(hub) if i.path == shard.path]
     source = Path(hf_hub_download(QWEN, shard.path, cache_dir=tmp_path / "whole", endpoint=hub["url"], token=False))
     head = source.read_bytes()[: shard.size // 3]
     for prefix, attempts in ((head, 1), (bytes(len(head)), 2)):
@@ -598,6 +605,6 @@ def test_a_resumed_download_is_verified_by_the_hash_taken_as_it_was_written(hub,
         staged = store / ".sparkprov" / "staging" / items[0].rel
         staged.parent.mkdir(parents=True)
         staged.write_bytes(prefix)
-        (res,) = fetch.run_job(download_job(args, str(store), items, {}, in_turn=True))["results"]
+        (res,) = fetch.run_job(_download_job(hub, items, store, in_turn=True))["results"]
         assert res["ok"] and res["resumed_from"] == len(head) and res["attempts"] == attempts, res
         assert _sha256(store / items[0].rel) == shard.sha256
