@@ -39,7 +39,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
                   streams=None, image=None, accept_new_host_keys=False, progress_interval=None, forks=None,
                   revision=None, include=None, exclude=None):
     """Stage a model's weights (and the recipe's extra files) into the model store of every host:
-    download once, fan out over the fabric with rsync, verify sha256 everywhere."""
+    download once, stream each weight over the fabric while it downloads, verify sha256 everywhere."""
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
