@@ -25,7 +25,7 @@ MAX_KNOWN_HOSTS = 16 * 2**20
 MAX_KEY = 1 * 2**20
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -62,14 +62,14 @@ def _open_checked(path: str | Path, what: str, max_bytes: int) -> int:
         try:
             mode = os.stat(p).st_mode
             if not stat.S_ISREG(mode):
-                reason = f"is {_kind(mode)}"
+                reason = f"is {file_kind(mode)}"
         except OSError:
             pass
         raise _error(p, what, f"cannot open: {reason}", "name a regular file") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _error(p, what, f"is {_kind(st.st_mode)}, not a regular file", "name a regular file")
+            raise _error(p, what, f"is {file_kind(st.st_mode)}, not a regular file", "name a regular file")
         if st.st_size > max_bytes:
             raise _error(p, what, f"is {_human(st.st_size)}, more than the {_human(max_bytes)} such a file may be",
                          "check that this is the right file")

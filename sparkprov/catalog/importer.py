@@ -10,24 +10,33 @@ Formats read:
   `min_nodes` / `max_nodes`, `metadata`, `model_revision`, `pre_exec`, `variants`; `command` is
   optional (without it every `defaults` key that is not a launcher setting becomes `--key-name`).
 
-The result is a user recipe (`recipes:` with one entry, `images:` where the file pins a digest),
-every value sourced `user FILE: imported from FORMAT`. What sparkprov cannot take over (mods,
-patches, pre_exec scripts, a non-vLLM runtime, an API key on the command line) is reported as a
-problem, never silently dropped. `lint_imported` then runs every G-rule over the rendered launch.
+The file is read through the bounded reader and the positioned YAML loader (a FIFO, a device, an
+alias bomb or a value of the wrong shape is one line FILE:LINE:COL), and typed (`ForeignRecipe`)
+before anything is converted. The result is a user recipe (`recipes:` with one entry), every value
+sourced `user FILE: imported from FORMAT`, emitted with yaml.safe_dump from data: a foreign value
+never becomes YAML syntax. What sparkprov cannot take over (mods, patches, pre_exec scripts, a
+non-vLLM runtime, an API key on the command line) is reported as a problem, never silently
+dropped. `lint_imported` loads the text over the catalog and runs every G-rule over the rendered
+launch, before the CLI writes anything.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from sparkprov.catalog.knownflags import normalize
-from sparkprov.catalog.models import ALIAS_RE
+from sparkprov.catalog.load import IMAGE_RE
+from sparkprov.catalog.models import ALIAS_RE, REPO_ID_RE, REVISION_RE
+from sparkprov.errors import InputError, one_line
+from sparkprov.yamlpos import Positions, load_yaml, parse_model, validation_error
 
 # Short options of `vllm serve` the recipes use, and their long names.
 SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",
@@ -37,7 +46,91 @@ SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-d
 LAUNCHER_KEYS = {"port", "host", "tensor_parallel", "pipeline_parallel", "data_parallel", "nodes", "name",
                  "container", "model"}
 HOUSE_FLAGS = {"--host", "--port"}  # sparkprov sets them from the host (G31)
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `{{`, `}}` and `{name}`: the pieces of a command template (see _fill)
+_TEMPLATE_PART = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# A filled command is a few KB; a placeholder repeated over a large value could make it gigabytes.
+MAX_COMMAND = 256 * 2**10
+_FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _single_value(v: Any) -> Any:
+    """A value a command template can take: text, a number, true/false or nothing."""
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise ValueError(f"expected a single value (text, a number, true/false), not a {_shape(v)}")
+
+
+def _text(v: Any) -> Any:
+    """Text; a bare number (`name: 123`, `recipe_version: 1`) reads as the text it was written as."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise ValueError(f"expected text, not {_shape(v)}")
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _shape(v: Any) -> str:
+    return {dict: "mapping", list: "list", bool: "true/false"}.get(type(v), type(v).__name__)
+
+
+Value = Annotated[Any, PlainValidator(_single_value)]
+Text = Annotated[str, PlainValidator(_text)]
+
+
+class ForeignRecipe(BaseModel):
+    """The keys of a foreign recipe sparkprov reads, each of the shape its tool gives it. Other
+    keys (executor_config, distribution_config, builder, ...) belong to the other tool: ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    recipe_version: Text = "1"
+    name: Text | None = None
+    description: Text | None = None
+    model: Text | None = None
+    model_revision: Text | None = None
+    runtime: Text | None = None
+    container: Text | None = None
+    command: Text | None = None
+    defaults: dict[str, Value] | None = None
+    env: dict[str, Value] | None = None
+    mods: list[Any] | None = None
+    patches: list[Any] | None = None
+    pre_exec: list[Any] | None = None
+    build_args: list[Any] | None = None
+    metadata: dict[str, Any] | None = None
+    variants: dict[str, dict[str, Any]] | None = None
+
+
+# What each key of a foreign recipe holds, said as the fix when it holds something else.
+SHAPES = {"defaults": "a mapping of names to single values (max_model_len: 65536)",
+          "env": "a mapping of variable names to values (VLLM_X: \"1\")",
+          "variants": "a mapping of variant names to mappings of values",
+          "metadata": "a mapping (description: ...)",
+          "command": "the `vllm serve ...` command as text (a `|` block)"}
+for _key in ("mods", "patches", "pre_exec", "build_args"):
+    SHAPES[_key] = "a list (- one entry per line)"
+
+
+def _typed(data: dict[str, Any], pos: Positions) -> "ForeignRecipe":
+    try:
+        return ForeignRecipe.model_validate(data)
+    except ValidationError as exc:
+        err = validation_error(exc, pos, model=ForeignRecipe)
+        key = str((exc.errors()[0].get("loc") or ("",))[0])
+        err.fix = err.fix or f"write {key} as {SHAPES.get(key, 'text')}"
+        raise err from None
+
+
+class VariantOverride(BaseModel):
+    """A sparkrun variant's own keys; every other key of it is a `defaults` value."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    description: Text | None = None
+    container: Text | None = None
+    env: dict[str, Value] | None = None
+    patches: list[Any] | None = None
 
 
 @dataclass
@@ -45,34 +138,41 @@ class Imported:
     fmt: str  # "eugr" | "sparkrun-v2"
     alias: str
     recipe: dict[str, Any]
-    images: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what did not carry over, each with the fix
 
+    def document(self) -> dict[str, Any]:
+        return {"recipes": [self.recipe]}
+
     def yaml_text(self, origin: str) -> str:
-        head = (f"# Imported by `invoke recipe import` from {origin} ({self.fmt} format).\n"
-                + "".join(f"# NOT IMPORTED: {p}\n" for p in self.problems))
-        doc: dict[str, Any] = {}
-        if self.images:
-            doc["images"] = self.images
-        doc["recipes"] = [self.recipe]
-        return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
+        # Comments are the one place text is written by hand: each is one line (every line break
+        # and control character escaped), so no foreign value can end a comment and start YAML.
+        head = (one_line(f"# Imported by `invoke recipe import` from {origin} ({self.fmt} format).") + "\n"
+                + "".join(one_line(f"# NOT IMPORTED: {p}") + "\n" for p in self.problems))
+        return head + yaml.safe_dump(self.document(), sort_keys=False, allow_unicode=True, width=120)
 
 
-def detect_format(data: Any) -> str:
+def detect_format(data: Any, pos: Positions | None = None) -> str:
+    pos = pos or Positions("")
     if not isinstance(data, dict):
-        raise ValueError("a recipe file is a YAML mapping")
-    version = str(data.get("recipe_version", "1")).strip()
+        raise pos.error((), "a recipe file is a YAML mapping (recipe_version, model, container, command, ...)",
+                        fix="name an eugr/spark-vllm-docker or sparkrun recipe file")
+    raw = data.get("recipe_version", "1")
+    try:
+        version = _text(raw).strip()
+    except ValueError as exc:
+        raise pos.error(("recipe_version",), f"recipe_version: {exc}", fix='write recipe_version: "1" or "2"') from None
     if version == "2":
         return "sparkrun-v2"
     if version == "1" and ("command" in data or "container" in data):
         return "eugr"
-    raise ValueError(f"unknown recipe format (recipe_version {version!r}; expected eugr/spark-vllm-docker "
-                     "or recipe_version \"2\")")
+    where = ("recipe_version",) if "recipe_version" in data else ()
+    raise pos.error(where, f"unknown recipe format (recipe_version {version[:40]!r})",
+                    fix='import an eugr/spark-vllm-docker recipe (recipe_version "1") or a sparkrun one ("2")')
 
 
 def _slug(text: str) -> str:
     s = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
-    return (s or "imported")[:64]
+    return (s or "imported")[:64].rstrip("-._") or "imported"
 
 
 def _scalar(v: Any) -> str:
@@ -81,35 +181,63 @@ def _scalar(v: Any) -> str:
     return str(v)
 
 
-def _fill(template: str, params: dict[str, Any], problems: list[str]) -> str:
+def _brief(items: list[Any]) -> str:
+    """The first few entries of a list, each cut short: a problem line stays a line."""
+    shown = [(_scalar(i) if isinstance(i, (str, int, float, bool)) else _shape(i))[:80] for i in items[:3]]
+    return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+
+def _fill(template: str, params: dict[str, Any], problems: list[str], pos: Positions) -> tuple[str, set[str]]:
+    """The command with `{name}` replaced by params[name]. Braces follow the tools' convention
+    (sparkrun's text.uses_brace_escapes; eugr's run-recipe.py runs str.format): a template that
+    holds `{{` escapes every literal brace by doubling it, so `{{` and `}}` become `{` and `}`;
+    in one without `{{`, a brace that is not a placeholder is literal (a JSON value such as
+    '{"method":"mtp"}' in a sparkrun command)."""
+    escapes = "{{" in template
+    size = len(template)
+    unfilled: set[str] = set()  # the `{name}`s left in the text: no value for them
+
     def sub(m: re.Match) -> str:
+        nonlocal size
+        if m[1] is None:  # `{{` or `}}`
+            return m[0][0] if escapes else m[0]
         key = m[1]
         if key in params and params[key] is not None:
-            return _scalar(params[key])
-        problems.append(f"the command uses {{{key}}} and the recipe gives it no value (set it in defaults)")
+            value = _scalar(params[key])
+            size += len(value)
+            if size > MAX_COMMAND:
+                raise pos.error(("command",), f"the command grows past {MAX_COMMAND // 1024} KiB once its "
+                                "placeholders are filled", fix="check the values in defaults")
+            return value
+        problems.append(f"the command uses {{{key}}} and the recipe gives it no value: the option that takes it is "
+                        "left out (set it in defaults)")
+        unfilled.add(m[0])
         return m[0]
-    return _PLACEHOLDER.sub(sub, template)
+
+    return _TEMPLATE_PART.sub(sub, template), unfilled
 
 
-def _parse_serve(command: str, problems: list[str]) -> tuple[str | None, list[tuple[str, str | None]], str]:
+def _parse_serve(command: str, problems: list[str], pos: Positions
+                 ) -> tuple[str | None, list[tuple[str, str | None]], str]:
     """(model, [(flag, value)], entry) from a `vllm serve ...` command line."""
     text = command.replace("\\\n", " ")
     try:
         words = shlex.split(text, comments=False)
     except ValueError as exc:
-        raise ValueError(f"the command does not parse as shell words: {exc}") from None
+        raise pos.error(("command",), f"the command does not parse as shell words: {exc}",
+                        fix="close the quote") from None
     entry = "vllm serve"
     if words[:2] == ["vllm", "serve"]:
         rest = words[2:]
     elif len(words) >= 3 and words[0].startswith("python") and words[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         rest, entry = words[3:], "python -m vllm.entrypoints.openai.api_server"
-    elif "vllm" in words and "serve" in words:
-        i = words.index("serve")
-        problems.append(f"commands before `vllm serve` ({' '.join(words[:i - 1])}) are not imported: bake them "
+    elif (at := next((j for j in range(len(words) - 1) if words[j:j + 2] == ["vllm", "serve"]), None)) is not None:
+        problems.append(f"commands before `vllm serve` ({_brief(words[:at])}) are not imported: bake them "
                         "into an image (G24)")
-        rest = words[i + 1:]
+        rest = words[at + 2:]
     else:
-        raise ValueError("the command is not `vllm serve MODEL ...`: only vLLM recipes can be imported")
+        raise pos.error(("command",), "the command is not `vllm serve MODEL ...`",
+                        fix="only vLLM recipes can be imported")
     model = None
     args: list[tuple[str, str | None]] = []
     i = 0
@@ -118,7 +246,7 @@ def _parse_serve(command: str, problems: list[str]) -> tuple[str | None, list[tu
     while i < len(rest):
         w = rest[i]
         if not w.startswith("-"):
-            problems.append(f"stray word {w!r} in the command (not a flag value)")
+            problems.append(f"stray word {w[:80]!r} in the command (not a flag value)")
             i += 1
             continue
         name, eq, value = w.partition("=")
@@ -128,19 +256,23 @@ def _parse_serve(command: str, problems: list[str]) -> tuple[str | None, list[tu
             elif re.fullmatch(r"-O\d", name):
                 name, value, eq = "--compilation-config", name[2:], "="
             else:
-                problems.append(f"short option {name} is not one sparkprov knows; write its long form")
+                problems.append(f"short option {name[:40]!r} is not one sparkprov knows; write its long form")
                 i += 1
                 continue
         name = normalize(name)
-        if eq:
-            args.append((name, value))
-            i += 1
-        elif i + 1 < len(rest) and not (rest[i + 1].startswith("--") or rest[i + 1] in SHORT):
-            args.append((name, rest[i + 1]))
-            i += 2
-        else:
-            args.append((name, None))
-            i += 1
+        taken = 1
+        if not eq and i + 1 < len(rest) and not (rest[i + 1].startswith("--") or rest[i + 1] in SHORT):
+            value, taken = rest[i + 1], 2
+        elif not eq:
+            value = None
+        i += taken
+        if not _FLAG_NAME.match(name):
+            problems.append(f"{name[:40]!r} is not a long option of vllm serve (like --max-model-len)")
+            continue
+        if value is not None and "\0" in value:
+            raise pos.error(("command",), f"the value of {name} holds a NUL character, which no argv can carry",
+                            fix="remove it")
+        args.append((name, value))
     return model, args, entry
 
 
@@ -174,38 +306,88 @@ def _traits(model: str, args: dict[str, str | None]) -> dict[str, Any]:
     return out
 
 
-def convert(data: dict[str, Any], *, origin: str, alias: str | None = None, variant: str | None = None) -> Imported:
-    """One foreign recipe as a sparkprov user recipe (a dict ready for YAML) and its problems."""
-    fmt = detect_format(data)
-    problems: list[str] = []
-    src = f"user {Path(origin).name}: imported from a {fmt} recipe"
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _count(value: Any, what: str, where: tuple, pos: Positions, hi: int = 64) -> int:
+    """A tensor/pipeline-parallel size as the recipe writes it (4, "4", 4.0), 1..hi."""
+    text = _scalar(value).strip()
+    m = re.fullmatch(r"([0-9]{1,4})(\.0*)?", text)
+    if not m or not 1 <= int(m[1]) <= hi:
+        raise pos.error(where, f"{what} {text[:40]!r} is not a whole number from 1 to {hi}",
+                        fix=f"give the {what} as a number of Sparks")
+    return int(m[1])
+
+
+def _variant(rec: ForeignRecipe, name: str, pos: Positions) -> ForeignRecipe:
+    """The recipe with a sparkrun variant applied: its values over `defaults`, its env over `env`."""
+    variants = rec.variants or {}
+    if name not in variants:
+        raise InputError(f"--variant {name[:80]!r}: the recipe has no such variant",
+                         fix=f"variants in {pos.file}: {', '.join(list(variants)[:10]) or 'none'}")
+    raw = variants[name]
+    base = ("variants", name)
+    try:
+        over = parse_model(VariantOverride, raw, pos, prefix=base)
+    except InputError as exc:
+        exc.fix = exc.fix or "a variant holds description and container (text), env (a mapping), defaults values"
+        raise
+    values = {}
+    for key, value in raw.items():
+        if key in VariantOverride.model_fields:
+            continue
+        try:
+            values[key] = _single_value(value)
+        except ValueError as exc:
+            raise pos.error(base + (key,), f"{key}: {exc}", fix="a variant sets defaults values: one value each") from None
+    update: dict[str, Any] = {"defaults": {**(rec.defaults or {}), **values},
+                              "env": {**(rec.env or {}), **(over.env or {})}}
+    if over.container:
+        update["container"] = over.container
+    if over.patches:
+        update["patches"] = [*(rec.patches or []), *over.patches]
+    return rec.model_copy(update=update)
+
+
+def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | None = None,
+            pos: Positions | None = None) -> Imported:
+    """One foreign recipe as a sparkprov user recipe (a dict ready for YAML) and its problems.
+    Every error is an InputError at the key it comes from (FILE:LINE:COL where `pos` knows it)."""
+    pos = pos or Positions(str(origin))
+    fmt = detect_format(data, pos)
+    rec = _typed(data, pos)
     if variant:
-        variants = data.get("variants") or {}
-        if variant not in variants:
-            raise ValueError(f"no variant {variant!r} (variants: {', '.join(variants) or 'none'})")
-        over = dict(variants[variant])
-        data = {**data, "defaults": {**(data.get("defaults") or {}),
-                                     **{k: v for k, v in over.items() if k not in ("description", "container",
-                                                                                    "env", "patches")}},
-                "env": {**(data.get("env") or {}), **(over.get("env") or {})}}
-        if "container" in over:
-            data["container"] = over["container"]
+        rec = _variant(rec, variant, pos)
+    problems: list[str] = []
+    src = f"user {one_line(Path(origin).name)}: imported from a {fmt} recipe"
     if fmt == "sparkrun-v2":
-        runtime = str(data.get("runtime", "vllm"))
+        runtime = rec.runtime or "vllm"
         if not runtime.startswith("vllm"):
-            raise ValueError(f"runtime {runtime!r}: sparkprov serves vLLM only")
-    defaults = dict(data.get("defaults") or {})
-    model_repo = data.get("model")
+            raise pos.error(("runtime",), f"runtime {runtime[:40]!r}: sparkprov serves vLLM only",
+                            fix="import a recipe whose runtime is vllm")
+    defaults = dict(rec.defaults or {})
+    model_repo = rec.model
     params = {**defaults, "model": model_repo}
-    if "command" in data and data["command"]:
-        command = _fill(str(data["command"]), params, problems)
-        model, args, entry = _parse_serve(command, problems)
+    unfilled: set[str] = set()
+    if rec.command:
+        command, unfilled = _fill(rec.command, params, problems, pos)
+        model, args, entry = _parse_serve(command, problems, pos)
+        model_at: tuple = ("command",)
     else:
-        model, args, entry = model_repo, [], "vllm serve"
+        model, args, entry, model_at = model_repo, [], "vllm serve", ("model",)
         for k, v in defaults.items():
             if k in LAUNCHER_KEYS or v is None or v is False:
                 continue
-            args.append(("--" + k.replace("_", "-"), None if v is True else _scalar(v)))
+            flag = "--" + k.replace("_", "-")
+            if not _FLAG_NAME.match(flag):
+                raise pos.error(("defaults", k), f"defaults key {k[:40]!r} does not name an option of vllm serve",
+                                fix="use the option's name with underscores, like max_model_len", key=True)
+            args.append((flag, None if v is True else _scalar(v)))
         if defaults.get("tensor_parallel"):
             args.append(("--tensor-parallel-size", _scalar(defaults["tensor_parallel"])))
     flags = dict(args)
@@ -214,89 +396,123 @@ def convert(data: dict[str, Any], *, origin: str, alias: str | None = None, vari
         problems.append("the command passes --model (deprecated in vllm serve): converted to the positional model")
     model = model or model_repo
     if not model:
-        raise ValueError("the recipe names no model (model: or vllm serve MODEL)")
-    if model_repo and model != model_repo and not str(model).startswith("/"):
-        problems.append(f"the command serves {model} while model: says {model_repo}; the command wins")
-    tp = int(float(flags.get("--tensor-parallel-size") or defaults.get("tensor_parallel") or 1))
-    pp = int(float(flags.get("--pipeline-parallel-size") or 1))
+        raise pos.error((), "the recipe names no model", fix="add model: ORG/NAME (or vllm serve ORG/NAME)")
+    container_path = model.startswith("/")
+    repo = model_repo if container_path or not model_repo else model
+    if model_repo and model != model_repo and not container_path:
+        problems.append(f"the command serves {model[:80]} while model: says {model_repo[:80]}; the command wins")
+    if not repo:
+        raise pos.error(model_at, f"the command serves the container path {model[:80]!r} and model: names no repo",
+                        fix="add model: ORG/NAME, the repo whose weights are there")
+    if not REPO_ID_RE.match(repo):
+        at = ("model",) if repo == model_repo else model_at
+        raise pos.error(at, f"{repo[:80]!r} is not a Hugging Face repo id", fix="write it as ORG/NAME")
+    tp_value = flags.get("--tensor-parallel-size") or defaults.get("tensor_parallel") or 1
+    from_defaults = "tensor_parallel" in defaults and _scalar(tp_value) == _scalar(defaults["tensor_parallel"])
+    tp = _count(tp_value, "tensor-parallel size", ("defaults", "tensor_parallel") if from_defaults else ("command",),
+                pos)
+    pp = _count(flags.get("--pipeline-parallel-size") or 1, "pipeline-parallel size", ("command",), pos)
     out_args: list[Any] = []
     for name, value in args:
         if name in ("--model", "--tensor-parallel-size"):
             continue
         if name in HOUSE_FLAGS:
             continue  # sparkprov binds from the host's vars (G31)
+        if value is not None and any(u in value for u in unfilled):
+            continue  # reported by _fill
         if name == "--api-key":
             problems.append("--api-key on the command line shows in `ps` and `docker inspect`: removed; sparkprov "
                             "passes the host's 0600 key file (G31)")
             continue
+        if value is not None and value.lstrip()[:1] in ("{", "[") and not _is_json(value):
+            # vLLM reads such a value with json.loads: the container would exit at start
+            raise pos.error(("command",) if rec.command else ("defaults",),
+                            f"the value of {name} ({value[:60]!r}) is not JSON, and vLLM reads it as JSON",
+                            fix="write it as JSON (in an eugr command, a literal brace is doubled: {{ }})")
         out_args.append(name if value is None else {name: value})
-    container = str(data.get("container") or "")
+    container = (rec.container or "").strip()
     if not container:
-        raise ValueError("the recipe names no container image")
+        raise pos.error(("container",) if "container" in data else (), "the recipe names no container image",
+                        fix="add container: REPO:TAG")
     image = container if ":" in container.rsplit("/", 1)[-1] or "@" in container else container + ":latest"
+    if not IMAGE_RE.match(image):
+        raise pos.error(("container",), f"container {container[:80]!r} is not an image reference",
+                        fix="write it as registry/repo:tag (optionally @sha256:...)")
     for key in ("mods", "patches", "pre_exec", "build_args"):
-        if data.get(key):
-            problems.append(f"{key} ({', '.join(map(str, data[key]))}) change the image or run scripts at start: "
+        items = getattr(rec, key)
+        if items:
+            problems.append(f"{key} ({_brief(items)}) change the image or run scripts at start: "
                             "not imported; bake them into a derived image and name it in image:")
     if entry != "vllm serve":
         problems.append(f"the command starts vLLM with `{entry}`; sparkprov runs `vllm serve` (same options)")
-    env = {str(k): _scalar(v) for k, v in (data.get("env") or {}).items()}
+    env: dict[str, str] = {}
+    for k, v in (rec.env or {}).items():
+        if not _ENV_NAME.match(k):
+            raise pos.error(("env", k), f"env {k[:40]!r} is not an environment variable name",
+                            fix="use letters, digits and _", key=True)
+        if v is None:
+            problems.append(f"env {k} has no value: not imported")
+        elif "\0" in _scalar(v):
+            raise pos.error(("env", k), f"env {k} holds a NUL character, which no environment can carry",
+                            fix="remove it")
+        else:
+            env[k] = _scalar(v)
     for k in ("HF_TOKEN", "VLLM_API_KEY", "HF_HOME"):
         if k in env:
             env.pop(k)
             problems.append(f"env {k} is sparkprov's to set (G22/G26/G31): removed")
     nodes = tp * pp
-    name = str(data.get("name") or Path(origin).stem)
+    name = rec.name or Path(origin).stem
     alias = alias or _slug(name + (f"-{variant}" if variant else ""))
-    if not ALIAS_RE.match(alias):
-        raise ValueError(f"{alias!r} is not a valid alias")
-    description = data.get("description") or (data.get("metadata") or {}).get("description") or name
+    if not ALIAS_RE.match(alias) or alias == "all":
+        raise InputError(f"--name {alias[:80]!r} is not a valid alias",
+                         fix="use lowercase letters, digits, '.', '_' and '-' (at most 64), not 'all'")
+    meta = rec.metadata or {}
+    description = rec.description or (meta.get("description") if isinstance(meta.get("description"), str) else None)
     recipe: dict[str, Any] = {
         "alias": alias,
-        "title": " ".join(str(description).split())[:160],
+        # one line: the title stands in tables and `invoke models --plain` rows
+        "title": " ".join((description or name).split())[:160] or alias,
         "source": src,
-        "model": {"repo": str(model)} if not str(model).startswith("/") else {"repo": str(model_repo or model)},
+        "model": {"repo": repo},
         "gated": False,
-        "traits": _traits(str(model_repo or model), flags),
+        "traits": _traits(repo, flags),
         "image": image,
         "args": out_args,
         "tp_sizes": [tp],
     }
     if recipe["traits"].get("thinking") == "on":  # sparkprov's smoke test, not the foreign recipe's (G28)
         recipe["smoke"] = {"chat_template_kwargs": {"enable_thinking": False}}
-    if data.get("model_revision"):
-        recipe["model"]["revision"] = str(data["model_revision"])
+    if rec.model_revision:
+        if not REVISION_RE.match(rec.model_revision):
+            raise pos.error(("model_revision",), f"model_revision {rec.model_revision[:80]!r} is not a branch, tag "
+                            "or commit", fix="write a commit id, a branch or a tag")
+        recipe["model"]["revision"] = rec.model_revision
     if env:
         recipe["env"] = env
-    if str(model).startswith("/"):
-        problems.append(f"the command serves a container path {model}: mount it with mounts: (not imported)")
+    if container_path:
+        problems.append(f"the command serves a container path {model[:80]}: sparkprov serves {repo} from the "
+                        "store instead")
     recipe["notes"] = [f"imported from {origin} ({fmt}); gated unknown: set gated: true for a gated repo"]
     if nodes > 1:
         recipe["notes"].append(f"spans {nodes} Sparks (tp {tp} x pp {pp})")
-    images = []
-    if "@sha256:" in image:
-        ref, digest = image.split("@", 1)
-        recipe["image"] = ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
-        images.append({"ref": recipe["image"], "digest": digest, "entrypoint": "custom", "source": src})
-    return Imported(fmt=fmt, alias=alias, recipe=recipe, images=images, problems=problems)
+    return Imported(fmt=fmt, alias=alias, recipe=recipe, problems=problems)
 
 
 def import_file(path: str | Path, *, alias: str | None = None, variant: str | None = None) -> Imported:
-    text = Path(path).read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not YAML: {exc}") from None
-    return convert(data, origin=str(path), alias=alias, variant=variant)
+    """Read a foreign recipe (bounded, positioned) and convert it; every error an InputError."""
+    data, pos = load_yaml(path, what="recipe to import")
+    return convert(data, origin=str(path), alias=alias, variant=variant, pos=pos)
 
 
-def lint_imported(out_file: str | Path, alias: str, *, flags_cache: str | None = None):
-    """Load the written user file over the catalog, render the launch and run every G-rule."""
+def lint_imported(text: str, alias: str, out_file: str | Path, *, flags_cache: str | None = None):
+    """Load the user recipe text over the catalog as `out_file` will load once written (nothing is
+    written here), render the launch of `alias` and run every G-rule."""
     from sparkprov.catalog.lint import lint_launch
     from sparkprov.catalog.load import load_catalog
     from sparkprov.catalog.render import HostServeContext, render_launch
 
-    cat = load_catalog([out_file])
+    cat = load_catalog(unwritten=(str(out_file), text))
     r = cat.get(alias)
     launch = render_launch(r, HostServeContext(), min(r.tp_sizes), catalog=cat)
     return launch, lint_launch(launch, catalog=cat, flags_cache=flags_cache)

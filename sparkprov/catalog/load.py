@@ -23,7 +23,7 @@ from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?$")
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?\Z")  # \Z: `$` lets a trailing newline through
 
 
 class CatalogFile(Strict):
@@ -116,8 +116,8 @@ def package_files() -> list[Path]:
     return sorted(RECIPES_DIR.glob("*.yaml"))
 
 
-def _read(path: Path | str) -> tuple[CatalogFile, Positions]:
-    data, pos = load_yaml(path)
+def _read(path: Path | str, text: str | None = None) -> tuple[CatalogFile, Positions]:
+    data, pos = load_yaml(path, text=text, what="recipe file")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -282,15 +282,20 @@ def _finish(data: dict[str, Any], entry: _Entry) -> ResolvedRecipe:
     return ResolvedRecipe(**fields, **resolved)
 
 
-def load_catalog(extra_paths: Iterable[str | Path] = (), *, include_package: bool = True) -> Catalog:
-    """The package's recipes, then each user file in order (later files override earlier ones)."""
+def load_catalog(extra_paths: Iterable[str | Path] = (), *, include_package: bool = True,
+                 unwritten: tuple[str, str] | None = None) -> Catalog:
+    """The package's recipes, then each user file in order (later files override earlier ones).
+    `unwritten` is (NAME, TEXT): a user file that is not on disk yet, loaded last (what `recipe
+    import` checks before it writes anything)."""
     images: dict[str, Image] = {}
     entries: dict[str, _Entry] = {}
     files: list[str] = []
-    paths: list[tuple[Path | str, bool]] = [(p, True) for p in (package_files() if include_package else [])]
-    paths += [(p, False) for p in extra_paths]
-    for path, builtin in paths:
-        parsed, pos = _read(path)
+    paths: list[tuple[Path | str, bool, str | None]] = [(p, True, None) for p in (package_files() if include_package else [])]
+    paths += [(p, False, None) for p in extra_paths]
+    if unwritten is not None:
+        paths.append((unwritten[0], False, unwritten[1]))
+    for path, builtin, text in paths:
+        parsed, pos = _read(path, text)
         file = str(path)
         files.append(file)
         for i, img in enumerate(parsed.images):

@@ -20,7 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
+# A Hugging Face repo id: NAME or ORG/NAME (letters, digits, . _ -; no '..'). It becomes a path
+# under the store (models--ORG--NAME) and the argument of `vllm serve`, so nothing else is one.
+REPO_ID_RE = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?\Z")
+# A hub revision: a branch, a tag, refs/pr/N or a commit id.
+REVISION_RE = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/-]{0,255}(?<!/)\Z")
 RULE_RE = re.compile(r"^G\d{1,2}$")
 _SOURCE_RE = re.compile(r"^\s*(?P<note>[A-Za-z0-9_./-]+)(?:\s+(?P<where>[^:]*?))?\s*(?::\s*(?P<quote>.*))?$", re.S)
 

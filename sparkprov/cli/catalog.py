@@ -9,7 +9,7 @@ from invoke import Exit, task
 
 from typing import TYPE_CHECKING
 
-from sparkprov.errors import SparkprovError
+from sparkprov.errors import SparkprovError, one_line
 
 if TYPE_CHECKING:  # annotations only; the catalog loads inside the tasks
     from sparkprov.catalog.load import Catalog
@@ -139,8 +139,6 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
     if alias == "import":
-        if not file:
-            raise Exit("recipe import needs --file FILE (a recipe of eugr/spark-vllm-docker or sparkrun)", code=2)
         return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
@@ -358,29 +356,41 @@ def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool
             "variant": "a sparkrun variant to apply (variants: in the file)"})
 def recipe_import(c, file, out=None, name=None, variant=None):
     """Convert another tool's recipe into a sparkprov user recipe file and lint it with the G-rules:
-    one line per finding (and per thing that did not carry over); errors exit non-zero."""
+    one line per finding (and per thing that did not carry over); errors exit non-zero.
+    The file is written (atomically) only once the recipe loads over the catalog; a recipe with
+    lint errors is written all the same (to be edited) and exits 1."""
     from sparkprov.catalog.importer import import_file, lint_imported
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.lint import errors
+    from sparkprov.cli.options import OptionError, text_option
+    from sparkprov.outputs import check_output_file, write_text_atomic
 
     try:
+        if file is None:
+            raise OptionError("recipe import needs --file FILE",
+                              fix="name a recipe of eugr/spark-vllm-docker or sparkrun (recipe_version 2)")
+        file = text_option("file", file)
+        name, variant, out = (text_option(k, v, max_len=256) for k, v in (("name", name), ("variant", variant),
+                                                                           ("out", out)))
+        if out is not None:  # before the input is read: a bad --out costs nothing
+            check_output_file("out", out, inputs=[file])
         imp = import_file(file, alias=name, variant=variant)
-    except (ValueError, OSError) as exc:
-        raise Exit(f"{file}: {exc}", code=2)
-    path = out or f"imported-{imp.alias}.yaml"
-    from pathlib import Path
-
-    Path(path).write_text(imp.yaml_text(str(file)))
-    try:
-        launch, findings = lint_imported(path, imp.alias, flags_cache=str(default_cache_dir()))
+        path = check_output_file("out", out or f"imported-{imp.alias}.yaml", inputs=[file])
+        text = imp.yaml_text(str(file))
+        launch, findings = lint_imported(text, imp.alias, path, flags_cache=str(default_cache_dir()))
+        try:
+            write_text_atomic(path, text)
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile
+            raise SparkprovError(f"cannot write {path}: {exc.strerror or exc}",
+                                 fix="give --out a file you can write") from None
     except SparkprovError as exc:
         raise _fail(exc)
     print(f"{file} ({imp.fmt}) -> {path}: recipe {imp.alias}", file=sys.stderr)
     for p in imp.problems:
-        print(f"NOT IMPORTED {imp.alias}: {p}")
+        print(f"NOT IMPORTED {imp.alias}: {one_line(p)}")
     for f in findings:
         if not f.silenced:
-            print(f.line())
+            print(one_line(f.line()))
     n_err = len(errors(findings))
     n_warn = len([f for f in findings if f.severity == "WARNING" and not f.silenced])
     print(f"{imp.alias}: {n_err} error(s), {n_warn} warning(s), {len(imp.problems)} not imported; "

@@ -89,6 +89,7 @@ def write_files(out_dir, files: dict[str, str], *, check: bool = False) -> list[
     is when its content is the same. Returns (path, 'wrote' | 'unchanged' | 'would write' |
     'would change'), in order; with check, writes nothing."""
     from sparkprov.errors import SparkprovError
+    from sparkprov.outputs import write_text_atomic
 
     done = []
     for rel, text in files.items():
@@ -104,30 +105,9 @@ def write_files(out_dir, files: dict[str, str], *, check: bool = False) -> list[
             done.append((str(path), "would write" if old is None else "would change"))
             continue
         try:
-            _write_atomic(path, text)
+            write_text_atomic(path, text)  # configuration, not a secret: 0644, Prometheus and Grafana read it
         except OSError as exc:
             raise SparkprovError(f"cannot write {path}: {exc.strerror or exc}",
                                  fix="give --out a folder you can write to") from None
         done.append((str(path), "wrote"))
     return done
-
-
-def _write_atomic(path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # configuration, not a secret: Prometheus and Grafana read it
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
