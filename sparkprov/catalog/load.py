@@ -148,6 +148,17 @@ def _fill_sources(recipe: Recipe, default: Source) -> Recipe:
     return recipe.model_copy(update=update)
 
 
+def _mounts_read_only_unless_said(recipe: Recipe) -> Recipe:
+    """A user recipe's mount is read-only unless it says `read_only: false`: a recipe from
+    elsewhere (an import, a colleague's file) should not get write access to a host path by
+    leaving a key out."""
+    if not recipe.mounts:
+        return recipe
+    mounts = [m if "read_only" in m.model_fields_set else m.model_copy(update={"read_only": True})
+              for m in recipe.mounts]
+    return recipe.model_copy(update={"mounts": mounts})
+
+
 def _merge_model(parent: Any, child: Any) -> Any:
     """Child's keys over the parent's, mappings merged key by key (lists and values replace)."""
     if not isinstance(parent, dict) or not isinstance(child, dict):
@@ -309,6 +320,8 @@ def load_catalog(extra_paths: Iterable[str | Path] = (), *, include_package: boo
             seen.add(recipe.alias)
             default = Source(note="user" if not builtin else "sparkprov", where=Path(file).name)
             recipe = _fill_sources(recipe, default)
+            if not builtin:
+                recipe = _mounts_read_only_unless_said(recipe)
             entries[recipe.alias] = _Entry(recipe, file, pos, where, previous=entries.get(recipe.alias))
     recipes: dict[str, ResolvedRecipe] = {}
     for alias, entry in entries.items():

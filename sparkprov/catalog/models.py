@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 # A Hugging Face repo id: NAME or ORG/NAME (letters, digits, . _ -; no '..'). It becomes a path
@@ -126,8 +126,22 @@ class EnvValue(Strict):
         return v
 
 
+def _path_words(v: str, what: str) -> list[str]:
+    """The parts of a path that becomes one word of `docker run -v HOST:CONTAINER[:ro]`: a ':'
+    would add mount options or a second path, a control character or '..' would leave where the
+    recipe says it points."""
+    if any(not c.isprintable() for c in v) or ":" in v or "," in v:
+        raise ValueError(f"the {what} path holds ':', ',' or a control character")
+    parts = v.split("/")
+    if ".." in parts:
+        raise ValueError(f"the {what} path may not use '..'")
+    return parts
+
+
 class Mount(Strict):
-    """An extra bind mount. `host` may use {model_store} and {model_dir}; relative = under the store."""
+    """An extra bind mount. `host` is absolute, or relative to the model store, and may start with
+    {model_store} or {model_dir}; never '..'. In a user file a mount is read-only unless it says
+    `read_only: false` (load.py)."""
 
     host: str
     container: str
@@ -135,20 +149,50 @@ class Mount(Strict):
     purpose: str = ""
     source: Source | None = None
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        _path_words(v, "host")
+        rest = re.sub(r"^\{(model_store|model_dir)\}(?=/|$)", "", v)
+        if "{" in rest or "}" in rest:
+            raise ValueError("the host path may start with {model_store} or {model_dir}, and use no other {...}")
+        if not v.strip():
+            raise ValueError("the host path is empty")
+        return v
+
     @field_validator("container")
     @classmethod
     def _abs(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError("the container path must be absolute")
+        _path_words(v, "container")
         return v
+
+
+def _repo_id(v: str) -> str:
+    if not REPO_ID_RE.match(v):
+        raise ValueError(f"{v[:80]!r} is not a Hugging Face repo id (ORG/NAME: letters, digits, '.', '_', '-')")
+    return v
+
+
+def _revision(v: str) -> str:
+    if not REVISION_RE.match(v):
+        raise ValueError(f"{v[:80]!r} is not a branch, tag or commit")
+    return v
+
+
+# A repo becomes a path in every host's store and the argument of `vllm serve`: `../../etc/passwd`
+# would be served (and staged) from outside the store.
+RepoId = Annotated[str, AfterValidator(_repo_id)]
+Revision = Annotated[str, AfterValidator(_revision)]
 
 
 class StageFile(Strict):
     """A file to put in the model store before launch (e.g. a reasoning-parser plugin)."""
 
-    repo: str
+    repo: RepoId
     filename: str
-    revision: str = "main"
+    revision: Revision = "main"
     dest: str  # relative to the model store
     purpose: str = ""
     source: Source | None = None
@@ -164,8 +208,8 @@ class StageFile(Strict):
 class ExtraRepo(Strict):
     """Another repo the launch reads from the store: a drafter, a tokenizer."""
 
-    repo: str
-    revision: str = "main"
+    repo: RepoId
+    revision: Revision = "main"
     purpose: Literal["drafter", "tokenizer", "assistant"]
     size_gb: float | None = None
     gated: bool = False
@@ -223,11 +267,20 @@ class ModelRef(Strict):
     """What is served. `repo` is staged into the HF cache (HF_HOME = model store) unless `local_dir`
     is set (hf download --local-dir STORE/local_dir); then `path` is where the recipe mounts it."""
 
-    repo: str
-    revision: str = "main"
+    repo: RepoId
+    revision: Revision = "main"
     local_dir: str | None = None
     path: str | None = None  # container path passed to vLLM instead of the repo id
     arg: Literal["positional", "flag"] = "positional"  # accepted for old files; always rendered positional (--model is deprecated)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("model.path is a container path: absolute")
+        if v is not None:
+            _path_words(v, "model")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelRef":
@@ -267,8 +320,26 @@ class Traits(Strict):
 
 
 class DockerOpts(Strict):
+    """Options of `docker run`, each one word of its argv: checked by type, since a value such as
+    "1g --privileged" would reach the daemon as a size it refuses at start, on every host."""
+
     shm_size: str | None = None
     ulimits: list[str] = Field(default_factory=list)
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[1-9][0-9]{0,12}(\.[0-9]+)?([bkmgBKMG][bB]?)?", v):
+            raise ValueError(f"shm_size {v[:40]!r} is not a size (a number with b, k, m or g: 16gb, 64g)")
+        return v
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimits(cls, v: list[str]) -> list[str]:
+        for u in v:
+            if not re.fullmatch(r"[a-z]+=-?[0-9]{1,20}(:-?[0-9]{1,20})?", u):
+                raise ValueError(f"ulimit {u[:40]!r} is not NAME=SOFT[:HARD] (memlock=-1, stack=67108864)")
+        return v
     ipc: Literal["host", "private", "shareable"] = "host"
     restart: Literal["no", "always", "unless-stopped", "on-failure"] = "unless-stopped"
 
