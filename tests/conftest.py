@@ -25,3 +25,13 @@ def local_hub(request, tmp_path_factory):
     yield server, repo
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The simulated Spark lab, one per session for tests/lab and tests/reliability alike (here so
+    that both see the same fixture): fresh at the start of the session, needs root and the lab's
+    tools (under CI their absence is a failure that names them). See tests/lab/conftest.py."""
+    from tests.lab.conftest import lab_session
+
+    yield from lab_session()

@@ -1,22 +1,50 @@
-"""The simulated Spark lab for tests: one 2-host lab per session (needs root)."""
+"""The simulated Spark lab for tests: one 2-host lab per session (needs root).
+
+The `lab` fixture itself is in tests/conftest.py, so that tests/lab and tests/reliability share
+one lab per session; what it does is `lab_session` here."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+# What the lab needs on the machine besides root (`make deps` installs them).
+LAB_TOOLS = ("ip", "nsenter", "unshare", "sshd", "dockerd", "ssh")
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the lab needs root (network and mount namespaces)"
-    for tool in ("ip", "nsenter", "unshare", "sshd", "dockerd", "ssh"):
-        if subprocess.run(["sh", "-c", f"command -v {tool} || test -x /usr/sbin/{tool}"],
-                          capture_output=True).returncode != 0:
-            return f"{tool} is not installed (make deps)"
-    return None
+
+def in_ci() -> bool:
+    """CI=true (or any value but empty, 0, false, no), as CI services set it."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_prerequisites(tools=LAB_TOOLS, *, root: bool = True) -> list[str]:
+    """What the machine lacks for the lab: root, and each tool (a name looked up on PATH and in
+    /usr/sbin, or an absolute path), each named with how to get it."""
+    missing = []
+    if root and os.geteuid() != 0:
+        missing.append(f"root (the lab makes network and mount namespaces; this is uid {os.geteuid()})")
+    for tool in tools:
+        found = (os.access(tool, os.X_OK) if "/" in tool
+                 else shutil.which(tool) or os.access(f"/usr/sbin/{tool}", os.X_OK))
+        if not found:
+            missing.append(f"{tool} (not installed: make deps)")
+    return missing
+
+
+def require(missing: list[str]) -> None:
+    """Stop a test that lacks a prerequisite, naming what is missing: under CI a failure (a
+    suite that skips itself whole must not end green), elsewhere a skip."""
+    if not missing:
+        return
+    what = "; ".join(missing)
+    if in_ci():
+        pytest.fail(f"lab prerequisite missing under CI (a failure here, never a skip): {what}",
+                    pytrace=False)
+    pytest.skip(f"lab prerequisite missing: {what}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -104,22 +132,25 @@ def snapshot() -> dict:
             "procs": procs, "cgroups": cg}
 
 
-@pytest.fixture(scope="session")
-def lab():
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
+def lab_session():
+    """The session's lab, for the `lab` fixture (tests/conftest.py): a generator of one LabHandle.
+
+    The lab tests check fresh Sparks (sudo asks for the password, rails at MTU 1500, nvidia not in
+    the docker group) before anything provisions them. A lab this session did not make (`make
+    demo`'s, `invoke lab.up`'s, one an earlier or crashed run left) may have been provisioned or
+    changed, so it is taken down and made again from nothing, as on a clean machine; it is left
+    up at the end as it was found (a fresh one now). A lab this session brought up is taken down."""
+    require(missing_prerequisites())
     from sparkprov.lab import state, up
-    from sparkprov.lab.hosts import anchor_alive
-    rec = state.LabRecord.load()
-    was_up = len(rec.hosts) == 2 and all(anchor_alive(h) for h in rec.hosts.values())
-    baseline = None if was_up else snapshot()
+
+    found = state.STATE_DIR.is_dir() and any(state.STATE_DIR.iterdir())
+    if found:
+        up.down(quiet=True)
+    baseline = snapshot()
     res = up.up(2, images=False, quiet=True)
-    handle = LabHandle(hosts=res.hosts, key=state.key_path(),
-                       known_hosts=state.known_hosts_path(),
-                       password=state.password_path().read_text().strip(),
-                       password_file=state.password_path(), inventory=res.inventory,
-                       state_dir=state.STATE_DIR, baseline=baseline)
-    yield handle
-    if not was_up:
+    yield LabHandle(hosts=res.hosts, key=state.key_path(), known_hosts=state.known_hosts_path(),
+                    password=state.password_path().read_text().strip(),
+                    password_file=state.password_path(), inventory=res.inventory,
+                    state_dir=state.STATE_DIR, baseline=baseline)
+    if not found:
         up.down(quiet=True)
