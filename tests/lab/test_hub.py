@@ -34,6 +34,7 @@ from sparkprov.lab.hub import (
 from sparkprov.lab.hub.__main__ import parse_rate
 from sparkprov.lab.hub.repos import read_safetensors_header
 from sparkprov.lab.hub.server import read_token_file
+from tests.lab.conftest import require
 
 TOKEN = "hf_lab_" + "x" * 30
 MB = 1_000_000
@@ -133,8 +134,7 @@ def test_generation_is_deterministic_and_valid(tmp_path):
 
 def test_git_ids_match_git(tmp_path):
     git = shutil.which("git")
-    if git is None:
-        pytest.skip("git not installed")
+    require([] if git else ["git (not installed: apt-get install git)"])
     repo = ensure_generated(RepoSpec("a/b", num_shards=2, total_size=64 * 1024, extra_files=2), tmp_path / "r")
     work = tmp_path / "w"
     shutil.copytree(repo.directory / "files", work)

@@ -13,6 +13,7 @@ import pytest
 
 from sparkprov.lab import faults, image, state
 from sparkprov.lab.engine.testing import make_repo
+from tests.lab.conftest import require
 
 pytestmark = pytest.mark.lab
 
@@ -90,8 +91,7 @@ def hf_store(lab):
 @pytest.fixture(scope="module")
 def served_image(lab, hf_store):
     url = state.LabRecord.load().registry_url
-    if not url:
-        pytest.skip("the lab registry is not running")
+    require([] if url else ["the lab registry (lab.up did not start it: docker-registry, make deps)"])
     image.ensure_images(url, [IMAGE])
     for h in ADDR:
         r = lab.sh(h, f"{DOCKER} pull -q {IMAGE}", timeout=300)
@@ -193,8 +193,7 @@ def test_ray_tp2_engine_dies_when_the_worker_node_reboots(lab, fabric, hf_store)
     engine with Ray reporting 1 node. Real vLLM dies with its Ray worker; so must the lab's."""
     import threading
     url = state.LabRecord.load().registry_url
-    if not url:
-        pytest.skip("the lab registry is not running")
+    require([] if url else ["the lab registry (lab.up did not start it: docker-registry, make deps)"])
     image.ensure_images(url, [RAY_IMAGE])
     head = lab.hosts["spark1"]
     env = (f"-e HF_HOME=/hf -e HF_HUB_OFFLINE=1 -e GLOO_SOCKET_IFNAME={RAIL} -e LAB_ENGINE_LOAD_SECONDS=0.5 "

@@ -7,6 +7,7 @@ import pytest
 
 from sparkprov.lab import faults
 from sparkprov.lab.state import FABRIC_IFACES
+from tests.lab.conftest import require
 
 pytestmark = pytest.mark.lab
 
@@ -52,8 +53,7 @@ def smoke_image(lab):
     from sparkprov.lab import image
     from sparkprov.lab.state import LabRecord
     url = LabRecord.load().registry_url
-    if not url:
-        pytest.skip("the lab registry is not running")
+    require([] if url else ["the lab registry (lab.up did not start it: docker-registry, make deps)"])
     image.ensure_images(url, [image.SMOKE_IMAGE])
     for h in (HOST,):
         r = lab.sh(h, f"{DOCKER} pull -q {image.SMOKE_IMAGE}", timeout=120)

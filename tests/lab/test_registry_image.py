@@ -20,16 +20,20 @@ from pathlib import Path
 import pytest
 
 from sparkprov.lab import image, registry
+from tests.lab.conftest import missing_prerequisites, require
 
-ROOT = os.geteuid() == 0
 TOOLS = [registry.REGISTRY_BIN, "/usr/sbin/debootstrap", "/usr/sbin/dockerd", "/usr/bin/docker"]
-MISSING = [t for t in TOOLS if not Path(t).exists()]
+
+
+@pytest.fixture
+def image_prerequisites():
+    """Root and the Debian tools; without them a skip naming them, under CI a failure."""
+    require(missing_prerequisites(TOOLS))
 
 
 def heavy(fn):
     """Root, the Debian tools, network namespaces: a lab test."""
-    fn = pytest.mark.skipif(not ROOT, reason="needs root (debootstrap, netns, dockerd)")(fn)
-    fn = pytest.mark.skipif(bool(MISSING), reason=f"missing {MISSING} (make deps)")(fn)
+    fn = pytest.mark.usefixtures("image_prerequisites")(fn)
     return pytest.mark.slow(pytest.mark.lab(fn))
 
 REPO = Path(__file__).resolve().parents[2]
