@@ -7,7 +7,6 @@ are stored, plotted and compared here (sparkprov/serving/bench.py).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 HELP = {
     "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
@@ -40,6 +39,7 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.cli.options import (OptionError, csv_option, float_option, int_option, parse_forks, positional,
                                        text_option)
+    from sparkprov.outputs import check_output_dir
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.engine.run import DEFAULT_FORKS
@@ -60,7 +60,8 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
                 "output_len": int_option("output-len", output_len, 1, 1_048_576, default=128),
                 "prompts": int_option("prompts", prompts, 1, 1_000_000),
                 "timeout": float_option("timeout", timeout, 0, 86400, default=3600.0, unit="seconds")}
-        store_at = Path(text_option("results", results, default="~/.local/share/sparkprov/bench")).expanduser()
+        # checked before any host: a FIFO, /dev/full or a file here would fail the run at its end
+        store_at = check_output_dir("results", text_option("results", results, default="~/.local/share/sparkprov/bench"))
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)

@@ -282,8 +282,14 @@ def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, o
            flags=False):
     """List the catalog's images: vLLM version, digest, multi-node executors, Ray, flag set, recipes."""
     from sparkprov.catalog.images import image_rows
+    from sparkprov.cli.options import OptionError, text_option
+    from sparkprov.outputs import check_output_file
 
     try:
+        if pin and not host:  # before the table: the error is the only line
+            raise OptionError("--pin needs --host", fix="give --host HOST (the digests are the ones it pulled)")
+        if pin:
+            out_path = check_output_file("out", text_option("out", out), inputs=recipes or [])
         cat = _catalog(recipes)
     except SparkprovError as exc:
         raise _fail(exc)
@@ -308,13 +314,14 @@ def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, o
             t.add_row(*row)
         _console().print(t)
     if pin:
-        if not host:
-            raise Exit("images --pin needs --host (the digests are the ones the host pulled)", code=2)
-        from pathlib import Path
-
         from sparkprov.catalog.images import pinned_images_yaml
+        from sparkprov.outputs import write_text_atomic
 
-        Path(out).write_text(pinned_images_yaml(cat, resolved, host=host))
+        try:
+            write_text_atomic(out_path, pinned_images_yaml(cat, resolved, host=host))
+        except OSError as exc:
+            raise Exit(f"sparkprov: cannot write {out_path}: {exc.strerror or exc} (fix: give --out a file you can "
+                       "write)", code=1) from None
         print(f"pinned {len(resolved)} image(s) into {out}; use it with --recipes {out}", file=sys.stderr)
 
 

@@ -155,7 +155,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
     from sparkprov.engine.report import Report
 
     out = sys.stderr if json else sys.stdout
-    from sparkprov.cli.options import choice_option, csv_option, float_option, hosts_option, int_option
+    from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
 
     with user_errors():
         tp = int_option("tp", tp, 1, 64)
@@ -166,6 +166,8 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
         hosts = hosts_option("hosts", hosts)
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
+        if name is not None and model is None:  # it names the deployment --model makes; a playbook names its own
+            raise OptionError("--name needs --model", fix="give --model ALIAS --name NAME, or leave out --name")
         inv = load_inventory(inventory_path(inventory))
         deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
                                              executor=executor, deployments=deployments,

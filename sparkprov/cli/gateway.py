@@ -35,6 +35,7 @@ def gateway(c, action, host=None, port=None, image=None, bind=None, timeout=None
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.cli.options import (OptionError, choice_option, float_option, int_option, parse_forks, positional,
                                        text_option)
+    from sparkprov.catalog.load import IMAGE_RE
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.run import DEFAULT_FORKS
 
@@ -43,7 +44,7 @@ def gateway(c, action, host=None, port=None, image=None, bind=None, timeout=None
         action = choice_option("action", positional("gateway", "action", action), ("up", "down"))
         port = int_option("port", port, 1, 65535)
         image = text_option("image", image, max_len=512)
-        if image is not None and (image.startswith("-") or any(ch.isspace() for ch in image)):
+        if image is not None and not IMAGE_RE.match(image):  # registry/repo[:tag][@sha256:...], as recipes write it
             raise OptionError(f"--image {image!r} is not an image reference", fix="e.g. --image ghcr.io/berriai/litellm:main-stable")
         bind = text_option("bind", bind, max_len=64)
         if bind is not None:

@@ -35,11 +35,12 @@ def monitor(c, out=None, node_exporter_port=None, check=False, hosts=None, inven
     from sparkprov.data.inventory import load_inventory
     from sparkprov.defaults import host_setting
     from sparkprov.engine.run import DEFAULT_FORKS
+    from sparkprov.outputs import check_output_dir
     from sparkprov.plays.serve import read_status
     from sparkprov.serving import monitor as mon
 
     with user_errors():
-        out_dir = _out_dir(text_option("out", out, default="monitoring"))
+        out_dir = check_output_dir("out", text_option("out", out, default="monitoring"))
         port = int_option("node-exporter-port", node_exporter_port, 1, 65535, default=mon.NODE_EXPORTER_PORT)
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
@@ -71,17 +72,6 @@ def monitor(c, out=None, node_exporter_port=None, check=False, hosts=None, inven
             print(f"{state} {path}")
         if not check and any(d.api_key_file for d in deps):
             print(f"put each rank 0's API key where {out_dir / 'prometheus.yml'} says (in {out_dir / 'keys'}/)")
-
-
-def _out_dir(text: str):
-    from pathlib import Path
-
-    from sparkprov.errors import InputError
-
-    path = Path(text).expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError(f"--out {text!r} is a file, not a folder", fix="give a folder (it is created if missing)")
-    return path
 
 
 def write_files(out_dir, files: dict[str, str], *, check: bool = False) -> list[tuple[str, str]]:

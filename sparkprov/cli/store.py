@@ -66,7 +66,7 @@ def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=Fa
 
 
 def verify_repos(model: str) -> list[str]:
-    """--verify: 'all' (every repo: []), ORG/NAME[@REV], or a catalog alias (its model and extra repos)."""
+    """--verify: 'all' (every repo: []), ORG/NAME (every revision of it), or a catalog alias (its model and extra repos)."""
     import re
 
     from sparkprov.catalog.load import load_catalog
@@ -75,9 +75,12 @@ def verify_repos(model: str) -> list[str]:
     if model == "all":
         return []
     if "/" in model:
-        repo = model.partition("@")[0]
+        repo, at, revision = model.partition("@")
         if not re.fullmatch(REPO_PATTERN, repo) or "--" in repo or ".." in repo:
             raise OptionError(f"--verify {model!r} is not a repo id", fix="give ORG/NAME, a catalog alias or all")
+        if at:  # the verify play hashes every revision of a repo: a revision would be silently dropped
+            raise OptionError(f"--verify {model!r}: a revision ({revision!r}) cannot be chosen; --verify hashes the "
+                              "blobs of every revision of the repo", fix=f"give --verify {repo}")
         return [repo]
     r = load_catalog().get(model)
     return list(dict.fromkeys([r.model.repo] + [x.repo for x in r.extra_repos] + [s.repo for s in r.stage]))
