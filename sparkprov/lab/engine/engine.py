@@ -7,6 +7,7 @@ import time
 
 from . import VERSION, distributed
 from .cli import SPEC_METHODS
+from .core import NAME as CORE_NAME, EngineCore
 from .model import EngineError, load_model
 
 # Quantization methods that need the checkpoint's own quantization config.
@@ -252,6 +253,10 @@ def run(args, logger) -> int:
     logger.info("non-default args: %s", _nondefault(args))
     server = None
     if not headless:
+        # vLLM's API server starts its engine core as a process of its own (core.py); it is
+        # forked before any thread of the server starts.
+        core = EngineCore()
+        logger.info("Started engine core %s (pid %d)", CORE_NAME, core.pid)
         try:
             server = Server(args, logger)
         except OSError as e:
@@ -262,6 +267,12 @@ def run(args, logger) -> int:
 
     def lost(msg: str) -> None:
         _engine_dead(logger, server, msg)
+
+    def group_lost(msg: str) -> None:
+        _group_lost(logger, server, msg, lost)
+    if server is not None:
+        server.on_engine_dead = lost
+        core.watch(lost)
     try:
         t0 = time.time()
         info = load_model(args.model, args.revision, args.download_dir, args.load_format, args.hf_overrides,
@@ -300,7 +311,7 @@ def run(args, logger) -> int:
         cluster = None
         if nnodes > 1:
             from .native import NativeGroup
-            cluster = NativeGroup(args, spec, logger, lost).start()
+            cluster = NativeGroup(args, spec, logger, group_lost).start()
         elif world > 1 and backend == "ray":
             cluster = distributed.start_ray(world, spec, logger)
             distributed.monitor_ray(cluster, lost)
@@ -353,11 +364,37 @@ def run(args, logger) -> int:
     return 0
 
 
+def dead_exit_seconds() -> float:
+    """Seconds between the engine's death and the API server's exit (measured: 2-5 s)."""
+    return float(os.environ.get("LAB_ENGINE_DEAD_EXIT_SECONDS", "3"))
+
+
+def lost_rank_seconds() -> float:
+    """Native rank 0: how long a lost rank goes unnoticed when no request comes (measured: 45 s)."""
+    return float(os.environ.get("LAB_ENGINE_LOST_RANK_SECONDS", "45"))
+
+
+_death = threading.Lock()
+
+
 def _engine_dead(logger, server, msg: str) -> None:
-    """A rank of the engine is gone: vLLM's engine core dies and takes the API server (and
-    /health) with it; the process exits 1, so the container's restart policy decides what next."""
+    """The engine core is gone: its process was killed, or (Ray) a rank of its group died, or
+    (native rank 0) a generation step's collective found a rank gone.
+
+    As measured on the real vLLM (lab-notes.md, "The real vLLM on the CPU"): /health turns 503 at
+    once, a request in flight gets HTTP 500 and so does every later one, and the API server exits
+    with status **0** a few seconds later (LAB_ENGINE_DEAD_EXIT_SECONDS, 3; measured 2-5 s).
+    Only a restart policy that restarts on exit 0 too (docker's unless-stopped/always, systemd's
+    Restart=always, or a supervisor that turns it into a failure) brings it back.
+
+    Before the server was ready the start fails instead: exit 1 at once, as a failed start of
+    vLLM does. (Ray: that a lost Ray worker ends like a killed engine core is inferred from where
+    vLLM runs its Ray executor, in the engine core; the CPU build's Ray was not measured.)"""
+    if not _death.acquire(blocking=False):
+        return  # dying already
+    serving = server is not None and server.ready
     if server is not None:
-        server.ready = False
+        server.dead = msg  # /health 503, generation 500 (what is in flight too)
     logger.error("EngineCore encountered a fatal error.")
     for line in msg.splitlines():
         logger.error("%s", line)
@@ -365,14 +402,55 @@ def _engine_dead(logger, server, msg: str) -> None:
         logger.error("AsyncLLM output_handler failed.")
         logger.error("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack "
                      "trace (above) for the root cause.")
+    if not serving:
+        if server is not None:
+            logger.error("Engine core initialization failed. See root cause above.")
+        _exit(logger, server, 1)
+
+    def shutdown():
+        time.sleep(dead_exit_seconds())
+        _exit(logger, server, 0)
+    threading.Thread(target=shutdown, daemon=True, name="api-server-shutdown").start()
+
+
+def _exit(logger, server, code: int) -> None:
+    if server is not None:
         logger.info("Shutting down FastAPI HTTP server.")
         try:
             server.httpd.socket.close()
         except OSError:
             pass
+        if code == 0:
+            logger.info("Application shutdown complete.")
+            logger.info("Finished server process [%d]", os.getpid())
     for h in logger.handlers:
         try:
             h.flush()
         except Exception:  # noqa: BLE001
             pass
-    os._exit(1)
+    os._exit(code)
+
+
+def _group_lost(logger, server, msg: str, engine_dead) -> None:
+    """Native multi-node: this node's part of the group lost a peer (a rank, or node rank 0).
+
+    Measured on the real vLLM (lab-notes.md, "The real vLLM on the CPU"), and reproduced here:
+
+    * node rank 0 does not notice: /health stays 200 and nothing is logged until the next
+      generation step runs a collective over the group: that request gets HTTP 500 and the engine
+      dies as a killed engine core does (/health 503, exit 0 a few seconds later). With no request,
+      the engine dies by itself after LAB_ENGINE_LOST_RANK_SECONDS (45, as measured). The real
+      engine finds the loss in the step's collective (which may hang first); the stand-in keeps
+      what its heartbeats found and fails the next step with it (the observable effect: the
+      status, /health and the exit are the same; it does not hang);
+    * a headless node does not die: it stays, stranded in the old group, and never joins a new
+      node rank 0 (which then waits for it in its rendezvous: native.py)."""
+    if server is None:
+        logger.warning("%s", msg)
+        logger.warning("The process group lost a member; this headless node keeps its engine rank(s) in "
+                       "the old group (it does not exit, and it cannot join a new one): restart it.")
+        return
+    if not server.ready:
+        return engine_dead(msg)  # still starting: the start fails
+    logger.debug("process group: %s (found by the next collective)", msg)
+    server.break_group(msg, lost_rank_seconds())

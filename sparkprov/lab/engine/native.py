@@ -12,15 +12,23 @@ node R, k = tp*pp/N) and form one group, as torch.distributed does:
   (else VLLM_HOST_IP, else the node IP) and the ranks run the ring all-reduce of collective.py
   over those addresses (the fabric, when the bindings are right);
 * the group then stays connected for the engine's life (heartbeats on the ring, plus each
-  node's rendezvous connection). A torch.distributed group does not re-admit a lost rank: when
-  any rank or node goes away, every remaining node logs the error and exits 1 (rank 0's API and
-  /health go with it). All nodes must start again for a group to form; a node that finds a
-  master whose group is already formed keeps retrying until that master goes away.
+  node's rendezvous connection). A torch.distributed group does not re-admit a lost rank; a node
+  that finds a master whose group is already formed keeps retrying until that master goes away.
+
+When a member goes away, the survivors behave as the real vLLM was measured to (lab-notes.md,
+"The real vLLM on the CPU"; engine._group_lost): node rank 0 notices nothing (/health 200) until
+its next generation request fails with 500 (or 45 s pass), then exits 0; a headless node does
+not exit at all, it stays stranded in the old group. A new node rank 0 then waits in its
+rendezvous for a node that will never come (the stranded one does not rejoin): it hangs in
+start-up, never healthy, and ignores SIGTERM while it waits (the real one was seen deaf to
+SIGTERM there for over 90 s; the stand-in gives up after LAB_ENGINE_DIST_TIMEOUT, 600 s, as
+torch's store does). All nodes must be started again for a group to form.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -170,6 +178,7 @@ class NativeGroup:
         last_note = t0
         self.logger.info("Waiting for %d other node(s) to join on port %d (--master-addr %s)",
                          self.nnodes - 1, a.master_port, a.master_addr)
+        deaf = self._deaf_to_sigterm(joined)
         try:
             while len(joined) < self.nnodes:
                 left = timeout - (time.time() - t0)
@@ -201,6 +210,7 @@ class NativeGroup:
                 joined[msg["node_rank"]] = (msg, conn)
                 self.logger.info("node %d (%s, %s) joined: ranks %s", msg["node_rank"], msg["host"], peer[0],
                                  [r[0] for r in msg["ranks"]])
+            deaf()
             peers = [None] * self.world
             for msg, _ in joined.values():
                 for rank, addr, port in msg["ranks"]:
@@ -224,6 +234,8 @@ class NativeGroup:
                 results += reply["results"]
         except (OSError, ConnectionError, ValueError) as e:
             raise EngineError("RuntimeError", f"multi-node rendezvous failed: {e}")
+        finally:
+            deaf()
         _report(self.logger, results, self.world)
         self._watch()
         return {"backend": "mp-multinode", "results": results, "nodes": self.nnodes}
@@ -242,9 +254,28 @@ class NativeGroup:
             return f"node rank {r} has already joined (duplicate --node-rank)"
         return None
 
+    def _deaf_to_sigterm(self, joined: dict):
+        """While node rank 0 waits for the other nodes, SIGTERM does nothing (measured: a rank 0
+        waiting in start-up for a stranded group ignored SIGTERM for over 90 s; the real one is
+        blocked in torch's store). Only SIGKILL ends it. Returns the function that hears it again."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def ignored(signum, frame):
+            self.logger.info("Received SIGTERM while waiting for node(s) %s to join; still waiting",
+                             sorted(set(range(self.nnodes)) - set(joined)))
+        prev = signal.signal(signal.SIGTERM, ignored)
+        done = []
+
+        def restore():
+            if not done:
+                done.append(True)
+                signal.signal(signal.SIGTERM, prev)
+        return restore
+
     def _refuse_late(self, srv) -> None:
         srv.settimeout(None)
-        while not self._lost.is_set():
+        while True:  # after a loss too: a lost rank cannot rejoin this group
             try:
                 conn, _ = srv.accept()
             except OSError:

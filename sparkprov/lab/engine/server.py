@@ -28,6 +28,10 @@ class HTTPError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
+class EngineDead(Exception):
+    """The engine core is gone (vllm.v1.engine.exceptions.EngineDeadError)."""
+
+
 class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
@@ -64,6 +68,11 @@ class Server:
         self.prefix_cache: set = set()
         self.slots = None
         self.stop_event = threading.Event()
+        # failure states (engine._engine_dead, engine._group_lost): dead -> /health 503 and every
+        # generation 500; broken -> a rank of the group is gone, found by the next step
+        self.dead = None
+        self.broken = None
+        self.on_engine_dead = None
         self.token_delay = float(os.environ.get("LAB_ENGINE_TOKEN_SECONDS", "0.002"))
 
     # lifecycle -------------------------------------------------------------
@@ -83,6 +92,35 @@ class Server:
         self.logger.info("Application startup complete.")
         if not self.args.disable_log_stats:
             threading.Thread(target=self._stats_loop, daemon=True).start()
+
+    def healthy(self) -> bool:
+        return self.ready and not self.dead
+
+    def break_group(self, msg: str, unnoticed_s: float) -> None:
+        """Native rank 0 lost a rank of its group: nothing shows (/health stays 200) until the next
+        generation step fails on it (engine_step), or unnoticed_s seconds pass without one."""
+        if self.broken or self.dead:
+            return
+        self.broken = msg
+
+        def expire():
+            if not self.stop_event.wait(unnoticed_s) and not self.dead:
+                self._die(f"{msg} (no step for {unnoticed_s:g}s: the group's timeout)")
+        threading.Thread(target=expire, daemon=True, name="group-timeout").start()
+
+    def _die(self, msg: str) -> None:
+        if self.on_engine_dead is not None:
+            self.on_engine_dead(msg)
+        else:
+            self.dead = msg
+
+    def engine_step(self) -> None:
+        """What every generation step meets first: a dead engine core, or the collective of a
+        broken group (which kills the engine core, as in vLLM)."""
+        if self.broken and not self.dead:
+            self._die(self.broken)
+        if self.dead:
+            raise EngineDead(self.dead)
 
     def wait(self):
         while not self.stop_event.wait(0.5):
@@ -228,12 +266,14 @@ class Server:
         finish = "stop"
         first = None
         try:
+            self.engine_step()
             budget = max_tokens
             for channel, words in pieces:
                 taken, budget, truncated = generation.take(words, budget)
                 for i, w in enumerate(taken):
                     if self.token_delay:
                         time.sleep(self.token_delay)
+                    self.engine_step()
                     text = w if not produced.get(channel) else " " + w
                     produced[channel] = produced.get(channel, "") + text
                     emit(channel, text)
@@ -246,6 +286,9 @@ class Server:
                     finish = "length"
                     break
             return produced, n, finish
+        except EngineDead:
+            finish = "error"
+            raise
         finally:
             with m.lock:
                 m.running -= 1
@@ -340,7 +383,7 @@ def _make_handler(srv: Server):
         def do_GET(self):
             path = self.path.split("?")[0]
             if path in ("/health", "/ping"):
-                return self._send(200 if srv.ready else 503, b"", "application/json")
+                return self._send(200 if srv.healthy() else 503, b"", "application/json")
             if path == "/version":
                 return self._send(200, {"version": VERSION})
             if path == "/metrics":
@@ -370,13 +413,14 @@ def _make_handler(srv: Server):
             raw = self.rfile.read(n) if n else b""
             if path in ("/health", "/ping", "/v1/models", "/metrics", "/version"):
                 if path == "/ping":
-                    return self._send(200 if srv.ready else 503, b"")
+                    return self._send(200 if srv.healthy() else 503, b"")
                 return self._send(405, {"detail": "Method Not Allowed"})
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 return self._send(404, {"detail": "Not Found"})
             if not self._gate():
                 return
             rid_hdr = self.headers.get("X-Request-Id")
+            self.streaming = False
             try:
                 try:
                     body = json.loads(raw or b"null")
@@ -390,6 +434,18 @@ def _make_handler(srv: Server):
                     self._completion(body, rid_hdr)
             except HTTPError as e:
                 self._send(e.status, _error_body(e))
+            except EngineDead as e:
+                # vLLM: EngineDeadError -> 500 with no body; a stream already under way gets an
+                # error event and [DONE]
+                try:
+                    if self.streaming:
+                        self._sse({"error": {"message": f"EngineCore encountered an issue: {e}",
+                                             "type": "InternalServerError", "param": None, "code": 500}})
+                        self._sse("[DONE]")
+                    else:
+                        self._send(500, b"", "application/json")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
@@ -430,6 +486,7 @@ def _make_handler(srv: Server):
                 self.send_header("X-Request-Id", rid)
             self.end_headers()
             self.close_connection = True
+            self.streaming = True
 
         def _sse(self, obj):
             data = obj if isinstance(obj, str) else json.dumps(obj)
