@@ -217,7 +217,10 @@ def g1_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
     stable = _is_upstream(repo) and (tag == "latest" or _RELEASE_TAG.match(tag) is not None)
     fix = "use vllm/vllm-openai:cu130-nightly (or :nightly) or nvcr.io/nvidia/vllm:26.04-py3"
-    if info is not None and info.gb10 is False:
+    if info is not None and info.device == "cpu":
+        yield Hit(f"{launch.recipe.image} is a CPU build of vLLM: it serves on the CPU (the lab), never on the "
+                  "Spark's GPU", fix, severity=WARNING, sources=(_cite(info.source),))
+    elif info is not None and info.gb10 is False:
         yield Hit(f"{launch.recipe.image} does not run on GB10 (sm_121): failures look like model or flag problems",
                   fix, sources=(_cite(info.source), "001 §2"))
     elif stable and info is not None and info.gb10:
@@ -516,6 +519,11 @@ def g13_memory(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if util is not None and not 0 < util <= 1:
         yield Hit(f"--gpu-memory-utilization {util} is not a fraction of the shared pool", "use a value in (0, 1]")
         return
+    info = launch.image_info
+    if info is not None and info.device == "cpu" and not launch.env_value("VLLM_CPU_KVCACHE_SPACE"):
+        yield Hit(f"{launch.recipe.image} is a CPU build: without VLLM_CPU_KVCACHE_SPACE its KV cache takes "
+                  f"--gpu-memory-utilization ({util or VLLM_DEFAULT_UTILIZATION:g}) of the host's RAM",
+                  "set env VLLM_CPU_KVCACHE_SPACE to the KV cache's GiB", sources=("docs/real-vllm.md",))
     plan = plan_launches([launch, *lc.colocated])
     for problem in plan.problems:
         yield Hit(problem.message, problem.fix)
@@ -577,6 +585,10 @@ def g21_restart_policy(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         yield Hit("restart policy `no`: after a reboot or a crash the model stays down",
                   "use docker.restart: unless-stopped (sparkprov's default) or a systemd unit",
                   sources=("002: Restart=always ... systemd unit", launch.recipe.source_of("docker").cite()))
+    elif policy == "on-failure":
+        yield Hit("restart policy `on-failure`: vLLM's API server exits with status 0 when its engine dies, "
+                  "so the model stays down", "use docker.restart: unless-stopped (sparkprov's default)",
+                  sources=("docs/real-vllm.md", launch.recipe.source_of("docker").cite()))
 
 
 @rule("G22", ERROR, "the model store is sparkprov's", "001 §3")

@@ -446,6 +446,9 @@ class Image(Strict):
     min_driver: str | None = None
     features: list[Literal["dflash-quantized", "interleaved-swa"]] = Field(default_factory=list)
     flags: str | None = None  # recorded serve-option set (sparkprov/catalog/flags/NAME.txt); default: by vllm
+    # "cpu": a CPU build of vLLM (the lab's real engine): no GPU kernels; its KV cache is sized by
+    # VLLM_CPU_KVCACHE_SPACE, else by --gpu-memory-utilization of the host's RAM (docs/real-vllm.md)
+    device: Literal["gpu", "cpu"] = "gpu"
     source: Source
     notes: str = ""
 

@@ -165,8 +165,10 @@ elif mode == "status":
                     except OSError:
                         key = None
                 base = "http://127.0.0.1:" + port
-                def get(path, timeout=5):
-                    req = urllib.request.Request(base + path)
+                def get(path, timeout=5, body=None):
+                    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode())
+                    if body is not None:
+                        req.add_header("Content-Type", "application/json")
                     if key:
                         req.add_header("Authorization", "Bearer " + key)
                     try:
@@ -185,12 +187,30 @@ elif mode == "status":
                     c["served_models"] = []
                 st, body = get("/metrics")
                 c["metrics_text"] = body if st == 200 else None
+                if c["health"] == 200:  # (only the containers that serve the API have a port label)
+                    # liveness is a token generated, not /health: with a rank lost, /health stays
+                    # 200 until a request fails (docs/real-vllm.md)
+                    model = labels.get("sparkprov.model") or (c["served_models"] or ["?"])[0]
+                    t0 = time.time()
+                    st, body = get("/v1/completions", LIVENESS_TIMEOUT,
+                                   {"model": model, "prompt": "1", "max_tokens": 1, "temperature": 0})
+                    c["liveness"] = {"status": st, "seconds": round(time.time() - t0, 2),
+                                     "error": None if st == 200 else (body or "")[:200]}
             if c["status"] == "running" and labels.get("sparkprov.role") == "ray-head":
                 rr = subprocess.run(["docker", "exec", c["name"], "ray", "status"], capture_output=True, text=True)
                 c["ray_text"] = rr.stdout
             out["containers"].append(c)
 print(json.dumps(out))
 '''
+
+
+# Seconds the status probe waits for its one token: a request queued behind a full batch still
+# gets its first token in this time on a live engine; a lost rank makes it fail or hang.
+LIVENESS_TIMEOUT_S = 15
+
+
+def program() -> str:
+    return PROGRAM.replace("LIVENESS_TIMEOUT", str(LIVENESS_TIMEOUT_S))
 
 
 def script(mode: str, base_url: str, keyfile: str | None, spec: dict | None = None) -> str:
@@ -201,7 +221,7 @@ def script(mode: str, base_url: str, keyfile: str | None, spec: dict | None = No
     else:
         kf_word = quote(kf)
     args = " ".join([quote(mode), quote(base_url), kf_word] + ([quote(json.dumps(spec))] if spec is not None else []))
-    return f"python3 - {args} <<'SPARKPROV_PROBE'\n{PROGRAM}\nSPARKPROV_PROBE\n"
+    return f"python3 - {args} <<'SPARKPROV_PROBE'\n{program()}\nSPARKPROV_PROBE\n"
 
 
 def status_script() -> str:

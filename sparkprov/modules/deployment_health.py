@@ -1,5 +1,6 @@
 """deployment_health: each deployment whose rank 0 runs on this host is whole: every member
-container running on its node, Ray (executor ray) seeing every node and GPU, /health answering.
+container running on its node, Ray (executor ray) seeing every node and GPU, /health answering
+and one token generated (the status probe's liveness request).
 Reads what serve_status exported from every host in the play before; degraded fails the task
 (so `invoke status` exits non-zero)."""
 
@@ -43,6 +44,15 @@ def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
             problems.append(f"Ray sees {joined}/{nodes} nodes and {gpus or 0:g}/{nodes} GPUs")
     if lead["status"] == "running" and lead.get("health") != 200:
         problems.append(f"/health on {name}:{lead.get('port')} answers {lead.get('health')}")
+    elif lead["status"] == "running" and (lead.get("liveness") or {}).get("status") != 200:
+        # /health stays 200 for a while with a rank lost: the token says whether it serves
+        live = lead.get("liveness") or {}
+        why = f"HTTP {live['status']}" if live.get("status") else (live.get("error") or "no answer")
+        restarted = [f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members
+                     if c is not lead and c.get("restarts")]
+        problems.append(f"{lead['name']} on {name} generated no token ({why})"
+                        + (f"; restarted members: {', '.join(restarted)}" if restarted else
+                           "; a rank is lost or the engine is hung"))
     return {"expected_nodes": nodes, "joined_nodes": joined, "gpus": gpus if gpus is not None else joined,
             "problems": problems}
 
@@ -50,7 +60,7 @@ def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
 class DeploymentHealth(Module):
     name = "deployment_health"
     Args = Args
-    doc = "Each deployment led from this host is whole (members running, Ray nodes, /health); degraded fails."
+    doc = "Each deployment led from this host is whole (members running, Ray nodes, /health, a token); degraded fails."
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         report = {dep: health(dep, lead, host.name, host.exports)

@@ -27,6 +27,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from sparkprov.catalog.render import KEY_PATH, Launch, image_entrypoint
+from sparkprov.serving import supervise
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
 ROLE_RANK0, ROLE_RANK = "rank0", "rank"  # native multi-node: rank 0 serves the API, the others --headless
@@ -57,8 +58,10 @@ WORKER_SCRIPT = "; ".join([
     'exec ray start --address="$SPARKPROV_RAY_HEAD" --node-ip-address="$VLLM_HOST_IP" --num-gpus=1 '
     '--disable-usage-stats --block',
 ])
-# vLLM's own multi-node: every rank runs `vllm serve`; rank 0 reads the key, the others serve no API.
-NATIVE_SCRIPT = "; ".join(["set -eu", "@PRE_SERVE@", "@KEY@", 'exec "$@"'])
+# vLLM's own multi-node: every rank runs `vllm serve` under the rank supervisor (serving/supervise.py:
+# the real engine neither exits non-zero nor dies with a lost rank); rank 0 reads the key, the others
+# serve no API.
+NATIVE_SCRIPT = "; ".join(["set -eu", "@PRE_SERVE@", "@KEY@", supervise.exec_line()])
 
 
 @dataclass
@@ -212,8 +215,13 @@ def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes
     pre, key = _pre_and_key(launch, rank == 0)
     script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
     argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port)
+    if rank == 0:
+        env = supervise.rank0_env(start_timeout_s=launch.recipe.startup.health_timeout_s, port=launch.ctx.port,
+                                  model=launch.served_model_name, key_file=KEY_PATH if launch.ctx.api_key_file else None)
+    else:
+        env = {**_member_of(rank0_id), **supervise.rank_env(master_addr=master_addr, master_port=master_port)}
     return _rank_container(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
-                           launch, _member_of(rank0_id) if rank else {}, script, ["vllm", "serve", *argv], labels)
+                           launch, env, script, ["vllm", "serve", *argv], labels)
 
 
 def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) -> list[ContainerSpec]:

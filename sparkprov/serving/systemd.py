@@ -1,5 +1,6 @@
 """A deployment's container as a systemd service, as the seed notes run them on real Sparks
-(002 §2): the page cache dropped as root before each start (G15), restart on failure, a start
+(002 §2): the page cache dropped as root before each start (G15), restart whatever the exit status
+(the real vLLM's API server exits 0 when its engine dies: docs/real-vllm.md), a start
 timeout long enough for a cold load (G20), the container in the foreground so that systemd sees
 it die. Rendered from the same ContainerSpec as `docker run -d`; `systemd-analyze verify` checks
 it in the tests. (The lab has no systemd: there docker's restart policy brings containers back.)
@@ -18,8 +19,10 @@ def unit_name(spec: ContainerSpec) -> str:
 
 def _word(arg: str) -> str:
     """One argument for ExecStart=: systemd's own quoting (not a shell's): backslash and double
-    quote escaped, `$` and `%` doubled so that systemd expands neither."""
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%") + '"'
+    quote escaped, a line break as the C escape \\n (a unit's line cannot hold one; the rank
+    supervisor's program has them), `$` and `%` doubled so that systemd expands neither."""
+    return '"' + (arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                  .replace("$", "$$").replace("%", "%%")) + '"'
 
 
 def foreground_argv(spec: ContainerSpec) -> list[str]:
@@ -43,7 +46,8 @@ def render(spec: ContainerSpec, *, user: str, start_timeout_s: int = 900, docker
         "[Service]",
         "Type=simple",
         f"User={user}",
-        "Restart=on-failure",
+        # always, not on-failure: the API server exits 0 when its engine core dies (docs/real-vllm.md)
+        "Restart=always",
         "RestartSec=30",
         f"TimeoutStartSec={start_timeout_s}",
         "TimeoutStopSec=120",

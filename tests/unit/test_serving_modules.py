@@ -156,7 +156,7 @@ def test_absent_removes_only_sparkprov_containers_of_the_named_deployment():
 def test_health_counts_members_and_ray_nodes(worker_status, ray_nodes, want):
     head = {"name": "sparkprov-tp-head", "status": "running", "exit_code": 0, "health": 200, "port": 8000,
             "labels": {"sparkprov.deployment": "tp", "sparkprov.role": "ray-head", "sparkprov.nodes": "2"},
-            "ray": {"nodes": ray_nodes, "gpus": float(ray_nodes)}}
+            "ray": {"nodes": ray_nodes, "gpus": float(ray_nodes)}, "liveness": {"status": 200, "seconds": 0.1}}
     worker = {"name": "sparkprov-tp-worker", "status": worker_status, "exit_code": 137,
               "labels": {"sparkprov.deployment": "tp", "sparkprov.role": "ray-worker"}}
     exports = {"spark1": {"serving_status": {"containers": [head]}}, "spark2": {"serving_status": {"containers": [worker]}}}
@@ -164,6 +164,27 @@ def test_health_counts_members_and_ray_nodes(worker_status, ray_nodes, want):
     assert all(any(w in p for p in r["problems"]) for w in want) and bool(r["problems"]) == bool(want), r
     p = run(deployment_health.DeploymentHealth, {}, {}, ctx(exports=exports))
     assert (p.failed is not None) == bool(want)
+
+
+@pytest.mark.parametrize("liveness,restarts,want", [
+    ({"status": 500, "seconds": 0.2, "error": "EngineDeadError"}, 1,
+     "sparkprov-nat-rank0 on spark1 generated no token (HTTP 500); restarted members: sparkprov-nat-rank1 on spark2 (restarts 1)"),
+    ({"status": None, "seconds": 15.0, "error": "timed out"}, 0,
+     "sparkprov-nat-rank0 on spark1 generated no token (timed out); a rank is lost or the engine is hung"),
+    (None, 0, "generated no token (no answer)"),
+])
+def test_health_is_a_generated_token_not_the_health_page(liveness, restarts, want):
+    """Measured on the real vLLM (docs/real-vllm.md): with rank 1 killed, rank 0's /health stayed
+    200 for 45 s while requests failed. /health 200 with no token generated is degraded."""
+    rank0 = {"name": "sparkprov-nat-rank0", "status": "running", "exit_code": 0, "health": 200, "port": 8000,
+             "restarts": 0, "liveness": liveness,
+             "labels": {"sparkprov.deployment": "nat", "sparkprov.role": "rank0", "sparkprov.nodes": "2"}}
+    rank1 = {"name": "sparkprov-nat-rank1", "status": "running", "exit_code": 0, "restarts": restarts,
+             "labels": {"sparkprov.deployment": "nat", "sparkprov.role": "rank"}}
+    exports = {"spark1": {"serving_status": {"containers": [rank0]}}, "spark2": {"serving_status": {"containers": [rank1]}}}
+    r = deployment_health.health("nat", rank0, "spark1", exports)
+    assert r["joined_nodes"] == 2 and [p for p in r["problems"] if want in p], r
+    assert run(deployment_health.DeploymentHealth, {}, {}, ctx(exports=exports)).failed
 
 
 def test_allreduce_needs_the_gpu_unless_gloo_and_fails_below_the_threshold():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import subprocess
 
@@ -33,17 +32,37 @@ def _specs():
 
 
 def _exec_argv(unit: str, key: str) -> list[str]:
-    """systemd's own reading of an Exec line, through `systemd-analyze`-compatible unquoting:
-    undo the doubling of $ and %, then split like systemd (double quotes, backslash escapes)."""
+    """systemd's own reading of an Exec line (systemd.syntax(7)): words split on spaces, double
+    quotes group, C escapes inside them (\\\\, \\", \\n); then $$ and %% undone."""
     line = next(ln for ln in unit.splitlines() if ln.startswith(key + "="))[len(key) + 1:]
-    return [w.replace("$$", "$").replace("%%", "%") for w in shlex.split(line)]
+    escapes = {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}
+    words, cur, quoted, i = [], None, False, 0
+    while i < len(line):
+        ch = line[i]
+        if quoted and ch == "\\":
+            cur += escapes[line[i + 1]]
+            i += 2
+            continue
+        if ch == '"':
+            quoted, cur = not quoted, cur if cur is not None else ""
+        elif ch == " " and not quoted:
+            if cur is not None:
+                words.append(cur)
+            cur = None
+        else:
+            cur = (cur or "") + ch
+        i += 1
+    assert not quoted, "an unclosed quote in " + key
+    if cur is not None:
+        words.append(cur)
+    return [w.replace("$$", "$").replace("%%", "%") for w in words]
 
 
 @pytest.mark.parametrize("which", range(3))
 def test_unit_runs_the_spec_in_the_foreground_and_verifies(tmp_path, which):
     s = _specs()[which]
     unit = systemd.render(s, user="nvidia", start_timeout_s=900)
-    assert "Restart=on-failure" in unit and "TimeoutStartSec=900" in unit and "User=nvidia" in unit
+    assert "Restart=always" in unit and "Restart=on-failure" not in unit and "TimeoutStartSec=900" in unit and "User=nvidia" in unit
     assert 'ExecStartPre=+/bin/sh -c "sync && echo 3 > /proc/sys/vm/drop_caches"' in unit  # G15, as root
     argv = _exec_argv(unit, "ExecStart")
     want = systemd.foreground_argv(s)

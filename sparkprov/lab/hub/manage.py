@@ -36,9 +36,17 @@ def catalog_repos() -> list[RepoSpec]:
             for info in load_catalog().repos()]
 
 
+def lab_tiny_repo() -> RepoSpec:
+    """The lab's real model, as trained on this machine (built once: sparkprov.lab.tinymodel)."""
+    from sparkprov.lab.tinymodel import REPO_ID, ensure_tiny_model
+
+    return RepoSpec(REPO_ID, num_shards=1, files_dir=str(ensure_tiny_model()))
+
+
 def lab_repos() -> list[RepoSpec]:
-    """What the lab hub serves by default: DEFAULT_REPOS plus every catalog repo."""
-    specs = list(DEFAULT_REPOS)
+    """What the lab hub serves by default: DEFAULT_REPOS, the trained lab-tiny, then every other
+    catalog repo (generated)."""
+    specs = [*DEFAULT_REPOS, lab_tiny_repo()]
     seen = {s.repo_id for s in specs}
     for spec in catalog_repos():
         if spec.repo_id not in seen:

@@ -59,6 +59,9 @@ class RepoSpec:
     config: dict = field(default_factory=dict)
     dtype: str = ""  # tensor dtype of the weights; default BF16, F8_E4M3 for "*FP8*" repos
     extra_files: int = 0  # small files under extras/ (tree pagination, folders)
+    # A directory of real model files (a trained model: sparkprov.lab.tinymodel) published as they
+    # are instead of generated ones; the directory's name changes with its content.
+    files_dir: str = ""
 
     def __post_init__(self) -> None:
         if not _REPO_ID_RE.match(self.repo_id) or ".." in self.repo_id:
@@ -539,13 +542,40 @@ def ensure_generated(spec: RepoSpec, root: Path, verify: bool = False) -> Genera
         return repo
 
 
+def _copy_real_files(spec: RepoSpec, fdir: Path) -> tuple[dict, dict[str, int]]:
+    """A real model's files into fdir (plus .gitattributes and a README); its config and parameters."""
+    src = Path(spec.files_dir)
+    fdir.mkdir(parents=True)
+    for p in sorted(src.iterdir()):
+        if p.is_file() and p.name != "trained.json":
+            shutil.copyfile(p, fdir / p.name)
+    cfg = json.loads((fdir / "config.json").read_text())
+    small = small_files(spec, cfg, None)
+    for name in (".gitattributes", "README.md"):
+        (fdir / name).write_bytes(small[name])
+    params: dict[str, int] = {}
+    for shard in fdir.glob("*.safetensors"):
+        for name, t in read_safetensors_header(shard).items():
+            if name != "__metadata__":
+                params[t["dtype"]] = params.get(t["dtype"], 0) + math.prod(t["shape"])
+    return cfg, params
+
+
 def _generate_into(spec: RepoSpec, d: Path) -> None:
+    fdir = d / "files"
+    if spec.files_dir:
+        cfg, params = _copy_real_files(spec, fdir)
+    else:
+        cfg, params = _generate_files(spec, fdir)
+    _write_manifest(spec, d, fdir, cfg, params)
+
+
+def _generate_files(spec: RepoSpec, fdir: Path) -> tuple[dict, dict[str, int]]:
     cfg = default_config(spec)
     tensors = tensor_plan(spec, cfg)
     shards = split_shards(tensors, spec.num_shards)
     n = len(shards)
     names = ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-    fdir = d / "files"
     fdir.mkdir(parents=True)
     for name, group in zip(names, shards):
         write_safetensors(fdir / name, group, spec.effective_seed)
@@ -558,6 +588,13 @@ def _generate_into(spec: RepoSpec, d: Path) -> None:
     for path, data in small_files(spec, cfg, index).items():
         (fdir / path).parent.mkdir(parents=True, exist_ok=True)
         (fdir / path).write_bytes(data)
+    params: dict[str, int] = {}
+    for t in tensors:
+        params[t.dtype] = params.get(t.dtype, 0) + math.prod(t.shape)
+    return cfg, params
+
+
+def _write_manifest(spec: RepoSpec, d: Path, fdir: Path, cfg: dict, params: dict[str, int]) -> None:
 
     files: dict[str, dict] = {}
     for fp in sorted(p for p in fdir.rglob("*") if p.is_file()):
@@ -571,9 +608,6 @@ def _generate_into(spec: RepoSpec, d: Path) -> None:
             files[rel] = dataclasses.asdict(RepoFile(rel, size, sha, git_blob_id(fp.read_bytes()), False, 0))
     trees = _git_trees({p: v["oid"] for p, v in files.items()})
     title = f"Upload {spec.repo_id} (sparkprov lab)"
-    params: dict[str, int] = {}
-    for t in tensors:
-        params[t.dtype] = params.get(t.dtype, 0) + math.prod(t.shape)
     manifest = {
         "generator": GENERATOR_VERSION, "spec_key": spec.key(), "spec": spec.to_json(),
         "commit": git_commit_id(trees[""], title), "commit_title": title, "trees": trees,

