@@ -68,7 +68,10 @@ def gateway(c, action, host=None, port=None, image=None, bind=None, timeout=None
     if json:
         print_report(report, True, gateway=doc)
     else:
-        if doc.get("endpoint"):
+        if report.exit_code() != 0:  # a failed play never reads as a gateway that serves
+            bad = next((r.msg for r in report.results if r.status in ("failed", "unreachable")), "")
+            print(f"gateway {action} failed: {bad}", file=sys.stderr)
+        elif doc.get("endpoint"):
             print(f"gateway {'would serve' if check else 'serves'} {doc['endpoint']} "
                   f"(models: {', '.join(doc['models']) or 'none yet'}; its key: {doc['master_key_file']})")
         elif doc.get("message"):

@@ -23,6 +23,7 @@ import pytest
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
+from tests.lab.test_cluster import ns_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
@@ -175,7 +176,9 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     key = key_of(env, d)
     assert "204" in ask(d["endpoint"], d["model"], key)
     args = lab.ssh("spark2", "docker inspect --format '{{join .Args \" \"}}' sparkprov-nat-rank1").stdout
-    assert "--headless" in args and "--node-rank 1" in args, args
+    assert "--headless" in args and "--node-rank 1" in args and "--master-addr 192.168.100.11" in args, args
+    for h in lab.names:  # vLLM's own multi-node: no Ray anywhere
+        assert ns_processes(h, ("raylet", "gcs_server", "ray start")) == [], h
 
     lab.ssh("spark2", "docker exec sparkprov-nat-rank1 pkill -9 -f '/opt/venv/bin/vllm serve'")
     t0 = time.monotonic()
