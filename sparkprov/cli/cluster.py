@@ -325,6 +325,16 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
     finish(code)
 
 
+def _health_cell(c: dict) -> str:
+    """/health and the liveness token: "200, token in 0.04s" or "200, NO TOKEN (HTTP 500)"."""
+    live = c.get("liveness")
+    if live is None:
+        return str(c.get("health", ""))
+    if live.get("status") == 200:
+        return f"{c.get('health')}, token in {live.get('seconds', 0):.2f}s"
+    return f"{c.get('health')}, NO TOKEN ({'HTTP ' + str(live['status']) if live.get('status') else live.get('error')})"
+
+
 def print_status(st) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -359,7 +369,7 @@ def print_status(st) -> None:
             t.add_row(host, c["name"], labels.get("sparkprov.deployment") or "", labels.get("sparkprov.role") or "",
                       c["status"] + (f" (restarts {c['restarts']})" if c["restarts"] else ""),
                       f"{ray['nodes']} nodes, {ray['gpus']:g} GPUs" if ray else "",
-                      str(c.get("health", "")) if c.get("port") else "",
+                      _health_cell(c) if c.get("port") else "",
                       ", ".join(c.get("served_models") or []),
                       f"{100 * m['kv_cache_usage']:.1f}%" if "kv_cache_usage" in m else "",
                       f"{m['running']:g} running, {m['waiting']:g} waiting" if "running" in m and "waiting" in m else "",

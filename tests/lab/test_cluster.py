@@ -8,6 +8,7 @@ call per host; cluster-down removes exactly sparkprov's containers; two differen
 two hosts; a worker with a wrong fabric address and a host without weights fail with the host
 and the cause, leaving nothing running.
 """
+# Engine: the stand-in (sparkprov/lab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_vllm.py.
 
 from __future__ import annotations
 

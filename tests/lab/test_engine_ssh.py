@@ -1,6 +1,7 @@
 """The engine over real SSH against the lab's sshd: real host keys and known_hosts, a sudo
 password, a small playbook of simple modules. State is checked with plain ssh commands, not
 with sparkprov's own facts."""
+# Engine: none: no model is served in this module.
 
 from __future__ import annotations
 

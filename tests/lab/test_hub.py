@@ -1,4 +1,5 @@
 """The lab hub against the real huggingface_hub client (loopback only, no root needed)."""
+# Engine: none: no model is served in this module.
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """The lab engine (sparkprov/lab/engine): a vLLM stand-in. Runs it as a subprocess on 127.0.0.1."""
+# Engine: the stand-in itself (its behaviour as measured on the real vLLM: docs/real-vllm.md).
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The simulated Spark hosts: isolation, ssh, sudo, fabric, stand-ins, docker, teardown."""
+# Engine: none: no model is served in this module.
 from __future__ import annotations
 
 import os

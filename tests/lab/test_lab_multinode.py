@@ -5,6 +5,7 @@ as the real vLLM was measured to (docs/real-vllm.md): a lost headless rank leave
 policy lets the group form again; a lost rank 0 strands the headless rank, so the group never
 comes back by itself. (tests/lab/test_real_vllm.py and test_cluster.py show sparkprov's rank
 supervisor bringing both back.)"""
+# Engine: the stand-in, run by hand without sparkprov's supervisor (what a bare group does).
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """`lab.fault reboot HOST`: a power cycle brings a host back only from what is persisted."""
+# Engine: none: no model is served in this module.
 from __future__ import annotations
 
 import time

@@ -3,6 +3,7 @@
 driver fails one host while the other completes, MTU drift is repaired, jumbo frames cross the
 link. The state is read back with plain commands over SSH (and ping inside the hosts), not
 through sparkprov's facts."""
+# Engine: none: no model is served in this module.
 
 from __future__ import annotations
 

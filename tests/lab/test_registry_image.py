@@ -4,6 +4,7 @@ Root only. The pull tests run a registry and a dockerd of their own in a tempora
 namespace (loopback only) and remove both at the end; nothing leaves the machine. The first
 run builds the base layer (debootstrap + pip: minutes); later runs take it from .lab-cache/.
 """
+# Engine: none serving: the lab images are built, pushed and inspected (the stand-in's and the real vLLM's).
 from __future__ import annotations
 
 import json

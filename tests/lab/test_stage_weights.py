@@ -6,6 +6,7 @@ inventory's key and known_hosts. Host-to-host fan-out over fabric addresses (and
 the serving image on a Spark) need provision's ssh mesh, FabricInfo and the lab image; the test at
 the end runs that path when they are there and says what is missing when they are not.
 """
+# Engine: none: no model is served in this module.
 
 from __future__ import annotations
 

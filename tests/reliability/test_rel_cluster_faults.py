@@ -3,6 +3,7 @@ catalog's TP=2 recipe across spark1 and spark2. cluster-up must fail naming that
 cause, and start nothing anywhere (no sparkprov-labelled container on any host: the head on
 the healthy host is not started either); with dockerd back, the same command brings the cluster
 up; cluster-down leaves nothing. All through `invoke`, as a user runs it."""
+# Engine: the stand-in (Spark recipes; faults injected into sparkprov's own runs).
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ changes nothing. The state is read back with plain commands inside the hosts.
 
 The seed is printed; rerun a failure with SPARKPROV_DAMAGE_SEED=<seed>.
 """
+# Engine: none: no model is served in this module.
 from __future__ import annotations
 
 import io

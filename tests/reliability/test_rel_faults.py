@@ -2,6 +2,7 @@
 mid-run, a fabric link cut between configuring the fabric and verifying the mesh, a host's
 dockerd killed, and a man in the middle (a lab host's host key replaced). Each ends with the
 lab converged again (a run that changes nothing)."""
+# Engine: none: no model is served in this module.
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ mode 0600 and holds nothing but the secret). One allowance, by design: vLLM take
 VLLM_API_KEY, so the serving processes inside the containers (and only they) carry it in their
 environment, put there from the mounted 0600 file by sparkprov's wrapper, never by docker.
 """
+# Engine: the stand-in (Spark recipes: where keys go, not what the engine does).
 from __future__ import annotations
 
 import os

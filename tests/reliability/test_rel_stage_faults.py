@@ -6,6 +6,7 @@ naming the rsync from spark1 to spark2's fabric address; with the link back, a r
 sends (counted on spark1's rail) only the bytes spark2 did not have: finished files are not sent
 again, partial ones are resumed; nothing is fetched from the hub again.
 """
+# Engine: none: no model is served in this module.
 from __future__ import annotations
 
 import io
