@@ -94,6 +94,29 @@ def test_lint_g13_silent_when_002_split_fits():
     assert found == []
 
 
+def test_lint_g13_cpu_build_without_a_kv_cache_size_errors(tmp_path):
+    """Measured on the real vLLM's CPU build (docs/real-vllm.md): without VLLM_CPU_KVCACHE_SPACE,
+    --gpu-memory-utilization 0.85 claimed 85% of the host's RAM for the KV cache."""
+    f = one(lint("broken", yaml=user("lab-tiny", "remove_env: [VLLM_CPU_KVCACHE_SPACE]\n"
+                                     "add_args: [{--gpu-memory-utilization: 0.85}]\n"),
+                 tmp_path=tmp_path, rule="G13"), ERROR)
+    assert "CPU build" in f.message and "0.85" in f.message and "VLLM_CPU_KVCACHE_SPACE" in f.fix
+    assert lint("lab-tiny", rule="G13") == []
+
+
+def test_lint_g1_cpu_build_warns_and_lab_tiny_silences_it():
+    (f,) = [f for f in lint("lab-tiny", rule="G1")]
+    assert f.severity == WARNING and f.silenced and "CPU build" in f.message
+
+
+def test_lint_g21_on_failure_restart_policy_warns(tmp_path):
+    """The real API server exits 0 when its engine dies: on-failure leaves the model down."""
+    f = one(lint("broken", yaml=user("qwen3.6-27b", "docker: {restart: on-failure}\n"), tmp_path=tmp_path,
+                 rule="G21"), WARNING)
+    assert "exits with status 0" in f.message and "unless-stopped" in f.fix
+    assert lint("qwen3.6-27b", rule="G21") == []
+
+
 # ---------------------------------------------------------------- G17 KV pool
 
 def test_lint_g17_pool_smaller_than_one_request_errors(tmp_path):
