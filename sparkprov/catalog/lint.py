@@ -831,7 +831,10 @@ def g34_same_everywhere(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   "pin a digest (images: digest: sha256:...) for multi-node runs", sources=("001 §13", "001 §6"))
 
 
-@rule("G35", ERROR, "--tensor-parallel-size = number of Sparks, and a TP the model supports", "001 §13", "004")
+GPUS_PER_SPARK = 1  # a DGX Spark has one GB10 GPU
+
+
+@rule("G35", ERROR, "TP x PP = nodes x GPUs per node, and a TP the model supports", "001 §13", "004")
 def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
     if launch.tp not in r.tp_sizes:
@@ -839,11 +842,14 @@ def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   f"use --tp {r.tp_sizes[0]}", sources=(r.source_of("tp_sizes").cite(),))
     n = launch.ctx.cluster_size
     pp = _int(launch.value("--pipeline-parallel-size")) or 1
-    gpus = launch.tp * pp  # one GPU per Spark: the group spans tp x pp nodes
-    if n is not None and n != gpus:
+    gpus = launch.tp * pp  # the engine's GPUs: tp x pp
+    if n is not None and n * GPUS_PER_SPARK != gpus:
         size = f"TP={launch.tp} x PP={pp} = {gpus} GPUs" if pp > 1 else f"TP={launch.tp}"
-        yield Hit(f"{size} but the cluster has {n} node(s): one GPU per Spark",
-                  f"use --tp {n // pp if pp > 1 and n % pp == 0 else n} or change the cluster")
+        fixes = [f"--tp {n // pp}" + (f" --pp {pp}" if pp > 1 else "") if n % pp == 0 else None,
+                 f"--tp {launch.tp} --pp {n // launch.tp}" if n % launch.tp == 0 and n // launch.tp != pp else None]
+        fix = " or ".join(f for f in fixes if f) or "change the cluster"
+        yield Hit(f"{size} but the cluster has {n} node(s) x {GPUS_PER_SPARK} GPU = {n * GPUS_PER_SPARK} GPUs "
+                  "(TP x PP must equal them)", f"use {fix}" + (" or change the cluster" if fix != "change the cluster" else ""))
     info = launch.image_info
     backend = launch.value("--distributed-executor-backend")
     if launch.has("--nnodes") and info is not None and info.native_multinode is False:

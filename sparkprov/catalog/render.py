@@ -56,6 +56,7 @@ SRC_OFFLINE = Source(note="001", where="§3", quote="Force fully-local loading w
 SRC_COMPILE = Source(note="001", where="§4", quote="-v ~/vllm-compile-cache:/root/.cache/vllm")
 SRC_BIND = Source(note="sparkprov", where="host vars serve_bind/serve_port", quote="G31")
 SRC_TP = Source(note="001", where="§13", quote="--tensor-parallel-size = number of GPUs (G35)")
+SRC_PP = Source(note="sparkprov", where="deployment pp", quote="tp x pp = the GPUs of the nodes, one per Spark (G35)")
 SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
 SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
 SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
@@ -89,7 +90,7 @@ class HostServeContext(BaseModel):
     ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
     node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
     utilization_cap: float | None = Field(default=None, gt=0, le=1)  # G18: modeset=0 cap from gpu_check
-    cluster_size: int | None = Field(default=None, ge=1)  # nodes in the TP group
+    cluster_size: int | None = Field(default=None, ge=1)  # nodes the engine spans (tp x pp, one GPU per Spark)
     # multi-node executor for tp > 1: "ray" (today's default) or "native" (vLLM's own: --nnodes,
     # --node-rank, --master-addr, --master-port; ranks > 0 --headless). See Image.executors.
     executor: Literal["ray", "native"] | None = None
@@ -319,21 +320,29 @@ def image_entrypoint(image: str, info: Image | None) -> str:
     return "custom"
 
 
-def _mount_host(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str:
+def _store_path(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str:
+    """A recipe's host path with {model_store} and {model_dir} put in. Without a host the store is
+    `~/vllm` (the login user's home): a path that then starts with `~/` is already whole; only a
+    path relative to nothing is taken as under the store."""
     model_dir = f"{ctx.model_store}/{recipe.model.local_dir}" if recipe.model.local_dir else ctx.model_store
     out = path.replace("{model_store}", ctx.model_store).replace("{model_dir}", model_dir)
-    if not out.startswith("/"):
+    if not out.startswith(("/", "~/")):
         out = f"{ctx.model_store}/{out}"
     return out
 
 
 def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
-                  overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None) -> Launch:
-    """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp` and
-    flag `overrides` ({"--max-model-len": 32768, "--enable-chunked-prefill": None (remove),
-    "--enforce-eager": True (bare switch)}). Pure: nothing is run."""
+                  overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None,
+                  pp: int = 1) -> Launch:
+    """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp`,
+    pipeline parallelism `pp` and flag `overrides` ({"--max-model-len": 32768,
+    "--enable-chunked-prefill": None (remove), "--enforce-eager": True (bare switch)}). A launch
+    that spans nodes (tp x pp > 1, or a ctx.cluster_size > 1) gets the executor and the fabric
+    bindings of the node (VLLM_HOST_IP, NCCL/Gloo/UCX interfaces). Pure: nothing is run."""
     if tp < 1:
         raise InputError(f"--tp must be at least 1, got {tp}", fix="use --tp 1 for one Spark")
+    if pp < 1:
+        raise InputError(f"--pp must be at least 1, got {pp}", fix="use --pp 1 (no pipeline parallelism)")
     if catalog is None:
         from sparkprov.catalog.load import load_catalog
 
@@ -375,8 +384,12 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         if current_tp != str(tp):
             put("--tensor-parallel-size", str(tp), SRC_TP, "tp")
     pp_arg = next((a.value for a in args if a.flag == "--pipeline-parallel-size"), None)
-    pp = int(pp_arg) if pp_arg and pp_arg.isdigit() else 1
-    if tp * pp > 1 and ctx.executor == "native":
+    if pp > 1 and pp_arg != str(pp):
+        put("--pipeline-parallel-size", str(pp), SRC_PP, "tp")
+    elif pp_arg is not None:
+        pp = int(pp_arg) if pp_arg.isdigit() else 1
+    spans = tp * pp > 1 or (ctx.cluster_size or 1) > 1  # the engine spans nodes: executor and fabric
+    if spans and ctx.executor == "native":
         if not ctx.master_addr:
             raise InputError("the native multi-node executor needs master_addr (rank 0's fabric address)",
                              fix="set fabric_ip on the head host, or use the ray executor")
@@ -387,7 +400,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--master-port", str(ctx.master_port), SRC_NATIVE, "tp")
         if ctx.node_rank > 0:
             put("--headless", None, SRC_NATIVE, "tp")
-    elif tp > 1 and not any(a.flag == "--distributed-executor-backend" for a in args):
+    elif spans and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")
@@ -401,7 +414,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         if name in ("HF_HOME", "HF_HUB_OFFLINE", "VLLM_API_KEY", "HF_TOKEN"):
             continue  # sparkprov owns these (the linter reports a recipe that sets them: G22/G24/G31)
         env.append(EnvVar(name=name, value=ev.value, source=ev.source or recipe.source))
-    if tp > 1:
+    if spans:
         iface = ",".join(ctx.fabric_ifaces)
         fabric = {}
         if iface:
@@ -423,7 +436,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         mounts.append(LaunchMount(host=ctx.api_key_file, container=KEY_PATH, read_only=True, purpose="API key",
                                   source=SRC_KEY))
     for m in recipe.mounts:
-        mounts.append(LaunchMount(host=_mount_host(m.host, ctx, recipe), container=m.container,
+        mounts.append(LaunchMount(host=_store_path(m.host, ctx, recipe), container=m.container,
                                   read_only=m.read_only, purpose=m.purpose, source=m.source or recipe.source))
 
     # ---- docker run ----

@@ -21,6 +21,7 @@ RECIPES_HELP = "a user recipe file (YAML: images:, recipes:) merged over the cat
 HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, api_key_file, fabric_ifaces, ...)"
 INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY or inventory.yaml)"
 TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest size the recipe supports)"
+PP_HELP = "pipeline-parallel size (default 1): the engine spans tp x pp Sparks; every node's command (--executor)"
 
 
 def _fail(exc: SparkprovError) -> Exit:
@@ -123,19 +124,20 @@ def _print_launch(launch: Launch) -> None:
         print(f"correction: {corr.what}: {corr.reason}")
 
 
-@task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP,
+@task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP, "pp": PP_HELP,
             "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
             "argv": "print the docker argv as JSON (one list) instead of the annotated view",
-            "executor": "with --tp N > 1: every node's container, for executor ray (default) or native",
+            "executor": "with --tp/--pp over several Sparks: every node's container, for executor ray (the "
+                        "default with --pp) or native",
             "hosts": "with --executor: the inventory hosts of the cluster, rank 0 first (their fabric_ip, "
-                     "fabric_ifaces, ib_hcas vars fill the command; without them it shows placeholders)",
+                     "fabric_ifaces, ib_hcas vars fill the command; without them it shows marked placeholders)",
             "file": "with `import`: a recipe of eugr/spark-vllm-docker or sparkrun/spark-pulse (recipe_version 2)",
             "out": "with `import`: the user recipe file to write (default: imported-ALIAS.yaml)",
             "name": "with `import`: the alias to give it (default: from the recipe's name)",
             "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
 def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
-           variant=None, executor=None, hosts=None):
+           variant=None, executor=None, hosts=None, pp=None):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
     if alias == "import":
@@ -147,8 +149,10 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
     try:
         positional("recipe", "alias", alias)
         tp = int_option("tp", tp, 1, 64)
-        if executor is not None:
-            return _cluster_commands(alias, tp or 2, executor, hosts, inventory, recipes, argv)
+        pp = int_option("pp", pp, 1, 64, default=1)
+        if executor is not None or pp > 1:
+            return _cluster_commands(alias, tp or (1 if pp > 1 else 2), pp, executor or "ray", hosts, inventory,
+                                     recipes, argv)
         cat = _catalog(recipes)
         r = cat.get(alias)
         size = _tp_for(r, tp)
@@ -175,8 +179,12 @@ def _tp_for(r, tp: int | None) -> int:
     return tp
 
 
-def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -> None:
-    """Every node's exact `docker run` for a TP cluster, built by the code cluster-up runs."""
+PLACEHOLDER_NOTE = ("the <...> words are placeholders, not addresses: this command cannot be pasted as is "
+                    "(fix: --hosts H1,H2 with fabric_ip and fabric_ifaces set in the inventory)")
+
+
+def _cluster_commands(alias, tp, pp, executor, hosts, inventory, recipes, as_json) -> None:
+    """Every node's exact `docker run` for a tp x pp cluster, built by the code cluster-up runs."""
     import json
     import shlex
 
@@ -185,8 +193,10 @@ def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -
 
     if executor not in ("ray", "native"):
         raise Exit(f"sparkprov: --executor {executor!r} is not one of ray, native (fix: --executor native)", code=1)
-    if tp < 2 or tp > 64:
-        raise Exit(f"sparkprov: --executor needs --tp from 2 to 64, not {tp}", code=1)
+    nodes = tp * pp
+    if nodes < 2 or nodes > 64:
+        raise Exit(f"sparkprov: --executor needs tp x pp from 2 to 64 Sparks, not {nodes} (fix: --tp 2, or --pp 2)",
+                   code=1)
     try:
         names = [h for h in (hosts or "").split(",") if h.strip()]
         host_vars: dict[str, dict] = {}
@@ -196,12 +206,18 @@ def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -
             inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
             names = inv.resolve(names, what="--hosts")
             host_vars = {h: dict(inv.hosts[h].vars) for h in names}
-        if len(names) != tp:
-            names = names[:tp] + [f"node{i}" for i in range(len(names), tp)]
-        dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names, tp=tp, executor=executor,
-                             recipe_files=list(recipes or []))
+        size = f"tp {tp}" + (f" x pp {pp}" if pp > 1 else "")
+        if names and len(names) != nodes:
+            raise Exit(f"sparkprov: {size} spans {nodes} Sparks, --hosts gives {len(names)} "
+                       f"(fix: --hosts with {nodes} hosts, rank 0 first)", code=1)
+        if not names:
+            names = [f"node{i}" for i in range(nodes)]
+        dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names, tp=tp, pp=pp,
+                             executor=executor, recipe_files=list(recipes or []))
         cat = node.catalog_for(dep)
-        cat.get(alias)
+        r = cat.get(alias)
+        _tp_for(r, tp)
+        _multinode_image(r, node.image_info(dep), executor)
         if node.needs_ray_image(dep):
             from sparkprov.modules.ray_image import derived_tag
 
@@ -215,14 +231,37 @@ def _cluster_commands(alias, tp, executor, hosts, inventory, recipes, as_json) -
             out.append((h, spec))
     except SparkprovError as exc:
         raise _fail(exc)
+    placeholders = any("<" in w and ">" in w for _, s in out for w in s.argv)
     if as_json:
+        if placeholders:
+            print(f"sparkprov: note: {PLACEHOLDER_NOTE}", file=sys.stderr)
         print(json.dumps({h: s.argv for h, s in out}))
         return
+    if placeholders:
+        print(f"# NOTE: {PLACEHOLDER_NOTE}")
     if dep.image:
         print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
     for h, s in out:
         print(f"# rank {dep.rank(h)} on {h}: {s.name} ({s.role})")
         print(shlex.join(s.argv))
+
+
+def _multinode_image(r, info, executor: str) -> None:
+    """Refuse a multi-node render on an image the catalog marks single-node: its vLLM has no native
+    multi-node and it has no Ray sparkprov can use or derive (as `invoke images` shows it)."""
+    from sparkprov.errors import InputError
+
+    if info is None:
+        return
+    derives_ray = executor == "ray" and info.has_ray is False  # cluster-up bakes Ray into a derived image
+    if executor in info.executors or derives_ray:
+        return
+    other = [e for e in info.executors if e != executor]
+    raise InputError(f"{r.alias} runs {info.ref} (vLLM {info.vllm or 'unknown'}), which the catalog marks "
+                     + ("single-node only" if not info.executors else f"multi-node with {', '.join(other)} only")
+                     + f": no {executor} multi-node render",
+                     fix=f"--executor {other[0]}" if other else "--tp 1 (one Spark), or a recipe on an image with "
+                     "vLLM >= 0.12 (invoke images)")
 
 
 @task(help={"alias": "the model alias to lint, or `all` for every recipe (user files included)", "tp": TP_HELP,

@@ -24,6 +24,15 @@ class Args(ServeArgs):
     staged_here: bool = False  # the stage plays of this run put the weights in place (--stage)
 
 
+def _with_stages(dep):
+    """The deployment as its engine runs: with pp > 1 its launch carries --pipeline-parallel-size
+    (the ranks' containers add it, serving/spec.py), so the lint (G35: TP x PP = nodes x GPUs per
+    node) judges tp x pp, not tp alone, against the nodes."""
+    if dep.pp <= 1 or "--pipeline-parallel-size" in dep.overrides:
+        return dep
+    return dep.model_copy(update={"overrides": {**dep.overrides, "--pipeline-parallel-size": dep.pp}})
+
+
 class ServePreflight(Module):
     name = "serve_preflight"
     Args = Args
@@ -45,7 +54,8 @@ class ServePreflight(Module):
         fails: list[str] = []
         notes: list[str] = []
         warns: list[str] = []
-        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi)
+        launch = node.launch(_with_stages(dep), h, host.vars, host.home, facts.fabric if dep.cluster else None,
+                             facts.smi)
         errors, lint_warnings = node.lint_problems(launch, dep)
         fails += errors
         warns += lint_warnings

@@ -8,8 +8,8 @@ VLLM_HOST_IP and NCCL/Gloo/UCX bindings from its FabricInfo):
 
 * `sparkprov-NAME-head` on the first host: `ray start --head` on the node's fabric address, then
   (inside the container, polling `ray status`) it waits until the cluster has N GPUs, reads the
-  API key file into VLLM_API_KEY and execs `vllm serve ... --tensor-parallel-size N
-  --distributed-executor-backend ray`. sparkprov watches the same `ray status` from outside, with
+  API key file into VLLM_API_KEY and execs `vllm serve ... --tensor-parallel-size TP
+  [--pipeline-parallel-size PP] --distributed-executor-backend ray` (TP x PP = N, one GPU per Spark). sparkprov watches the same `ray status` from outside, with
   progress and a timeout, and fails the bring-up naming the node that did not join.
 * `sparkprov-NAME-worker` on every other host: `ray start --address HEAD:PORT --block`.
 
@@ -167,7 +167,7 @@ def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: i
         script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
         return _rank_container(deployment, host, f"sparkprov-{deployment}-head", ROLE_HEAD, launch,
                                {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes)},
-                               script, ["vllm", "serve", *launch.vllm_argv], labels)
+                               script, ["vllm", "serve", *ray_head_argv(launch, nnodes=nnodes)], labels)
     return _rank_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
                            {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id)}, WORKER_SCRIPT, [],
                            labels)
@@ -196,10 +196,31 @@ def drop_options(argv: list[str], *, valued: tuple[str, ...] = (), bare: tuple[s
     return out
 
 
+def _pp_of(launch: Launch, nnodes: int) -> int:
+    """The pipeline stages of an engine over `nnodes` Sparks at the launch's TP (one GPU per Spark)."""
+    return max(1, nnodes // max(1, launch.tp))
+
+
+def ray_head_argv(launch: Launch, *, nnodes: int) -> list[str]:
+    """`vllm serve` on the Ray head: the launch's arguments, with the engine's pipeline stages
+    (--pipeline-parallel-size, tp x pp = nnodes) and the Ray executor wherever they are missing
+    (a tp 1 x pp 2 launch has no executor of its own: vLLM would start a one-GPU server)."""
+    argv = list(launch.vllm_argv)
+    pp = _pp_of(launch, nnodes)
+    if pp > 1 and "--pipeline-parallel-size" not in argv:
+        argv += ["--pipeline-parallel-size", str(pp)]
+    if nnodes > 1 and not any(w == "--distributed-executor-backend" or w.startswith("--distributed-executor-backend=")
+                              for w in argv):
+        argv += ["--distributed-executor-backend", "ray"]
+    return argv
+
+
 def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int) -> list[str]:
     """`vllm serve` for one rank of vLLM's own multi-node: the launch's arguments without Ray's
-    executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0)."""
-    argv = drop_options(list(launch.vllm_argv), valued=("--distributed-executor-backend",))
+    executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0,
+    which serves no API: its --host/--port are dropped, vLLM ignores them there)."""
+    valued = ("--distributed-executor-backend", "--pipeline-parallel-size") + (("--host", "--port") if rank else ())
+    argv = drop_options(list(launch.vllm_argv), valued=valued)
     if pp > 1:
         argv += ["--pipeline-parallel-size", str(pp)]
     argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
