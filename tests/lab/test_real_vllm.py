@@ -61,6 +61,14 @@ def env(lab, tmp_path_factory):
         lab.ssh(n, f"rm -rf {STORE}")
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running(env):
+    """A test that fails half-way leaves nothing for the next: its deployments are removed after it."""
+    yield
+    subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"])], cwd=REPO_ROOT, capture_output=True,
+                   timeout=300)
+
+
 def up(env, *args):
     return cli(env, "cluster-up", "--model", MODEL, "--health-timeout", "300", *args)
 
@@ -156,8 +164,9 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
 
     # monitor: every vLLM metric the dashboard queries is one the real engine exposes
     mon = tmp_path / "monitoring"
-    rc, _, out = cli(env, "monitor", "--out", str(mon))
-    assert rc == 0, out
+    p = subprocess.run([INVOKE, "monitor", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
     req = urllib.request.Request(d["endpoint"].rsplit("/v1", 1)[0] + "/metrics", headers={"Authorization": f"Bearer {key}"})
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as r:
         live = {line.split("{")[0].split(" ")[0] for line in r.read().decode().splitlines() if line.startswith("vllm:")}
