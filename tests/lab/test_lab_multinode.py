@@ -120,7 +120,9 @@ def _state(lab, host):
     return lab.sh(host, f"{DOCKER} inspect -f '{{{{.State.Status}}}} {{{{.RestartCount}}}}' {NAME}").stdout.split()
 
 
-@pytest.mark.parametrize("rebooted", ["spark2", "spark1"], ids=["worker", "head"])
+# (a lost headless rank: tests/lab/test_lab_engine.py shows rank 0's /health staying 200 until a
+# request fails; test_real_vllm.py reboots each node of a supervised group on the real vLLM)
+@pytest.mark.parametrize("rebooted", ["spark1"], ids=["head"])
 def test_native_group_over_the_fabric_and_a_reboot_without_a_supervisor(lab, fabric, served_image, rebooted):
     head = lab.hosts["spark1"]
     other = "spark1" if rebooted == "spark2" else "spark2"
@@ -158,7 +160,7 @@ def test_native_group_over_the_fabric_and_a_reboot_without_a_supervisor(lab, fab
         else:
             # rank 0 rebooted: the headless rank on spark2 is stranded in the old group (it neither
             # exits nor rejoins, as measured), so the new rank 0 never serves
-            time.sleep(GROUP_TIMEOUT + LOST_RANK + 20)
+            time.sleep(GROUP_TIMEOUT + LOST_RANK + 10)
             assert _state(lab, other) == ["running", str(restarts_before)], _state(lab, other)
             assert _health(head) != 200, "a bare group came back although its headless rank was stranded"
             print("native TP2, no supervisor: reboot of spark1 -> the headless rank stays stranded, "
