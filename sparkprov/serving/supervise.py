@@ -34,9 +34,12 @@ PORT = "SPARKPROV_SUPERVISE_PORT"            # rank 0's API port (on 127.0.0.1)
 MODEL = "SPARKPROV_SUPERVISE_MODEL"          # rank 0's served model name
 MASTER = "SPARKPROV_SUPERVISE_MASTER"        # the other ranks: rank 0's rendezvous HOST:PORT
 KEY_FILE = "SPARKPROV_SUPERVISE_KEY_FILE"    # rank 0: the API key file inside the container
+EVERY = "SPARKPROV_SUPERVISE_EVERY_S"        # optional: seconds between liveness checks
+GRACE = "SPARKPROV_SUPERVISE_GRACE_S"        # optional: seconds between SIGTERM and SIGKILL
 
 # Seconds between liveness checks (rank 0) and rendezvous probes (other ranks), the failures in a
-# row that end the group, and how long vLLM gets between SIGTERM and SIGKILL.
+# row that end the group, and how long vLLM gets between SIGTERM and SIGKILL (the first and the
+# last may be set per container through EVERY and GRACE).
 LIVENESS_EVERY_S = 5
 LIVENESS_TIMEOUT_S = 15
 LIVENESS_FAILURES = 2
@@ -49,12 +52,14 @@ import json, os, signal, socket, subprocess, sys, time, urllib.error, urllib.req
 E = os.environ
 role = E["@ROLE@"]
 start_s = float(E.get("@START@") or 900)
+every_s = float(E.get("@EVERY_ENV@") or @EVERY@)
+grace_s = float(E.get("@GRACE_ENV@") or @GRACE@)
 def log(msg):
     print("sparkprov-supervise: " + msg, file=sys.stderr, flush=True)
 child = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL)
 def stop(code, why):
     log(why + ("; stopping vLLM" if child.poll() is None else ""))
-    for sig, wait in ((signal.SIGTERM, @GRACE@), (signal.SIGKILL, 5)):
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
         if child.poll() is not None:
             break
         try:
@@ -97,7 +102,7 @@ def rendezvous_up():
         return False
 t0, serving, failures, seen_up = time.time(), False, 0, False
 while True:
-    time.sleep(@PROBE@ if role != "rank0" or not serving else @EVERY@)
+    time.sleep(@PROBE@ if role != "rank0" or not serving else every_s)
     code = child.poll()
     if code is not None:
         log("vLLM exited with status %s" % code)
@@ -132,6 +137,7 @@ def program() -> str:
     return (PROGRAM.strip("\n")
             .replace("@ROLE@", ROLE).replace("@START@", START_TIMEOUT).replace("@PORT@", PORT)
             .replace("@MODEL@", MODEL).replace("@MASTER@", MASTER).replace("@KEY_FILE@", KEY_FILE)
+            .replace("@EVERY_ENV@", EVERY).replace("@GRACE_ENV@", GRACE)
             .replace("@GRACE@", str(STOP_GRACE_S)).replace("@PROBE@", str(PROBE_EVERY_S))
             .replace("@EVERY@", str(LIVENESS_EVERY_S)).replace("@TIMEOUT@", str(LIVENESS_TIMEOUT_S))
             .replace("@FAILURES@", str(LIVENESS_FAILURES)).replace("@PFAILURES@", str(PROBE_FAILURES)))

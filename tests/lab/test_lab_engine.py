@@ -319,23 +319,13 @@ def ray_py():
     """A Python with Ray and the lab engine's packages, as the lab's Ray image has them: this one
     if it imports ray (or $LAB_ENGINE_RAY_PYTHON), else a venv under .lab-cache made once with the
     versions of the lab image's pip layer. Never a skip: a fresh machine installs it."""
-    from sparkprov.lab.image import BASE_RECIPE, CACHE_DIR
-
-    def has_ray(py):
-        return bool(py) and os.path.exists(py) and subprocess.run([py, "-c", "import ray"],
-                                                                  capture_output=True).returncode == 0
+    from sparkprov.lab.prebuild import ensure_ray_venv
 
     for py in (sys.executable, os.environ.get("LAB_ENGINE_RAY_PYTHON")):
-        if has_ray(py):
+        if py and os.path.exists(py) and subprocess.run([py, "-c", "import ray"],
+                                                        capture_output=True).returncode == 0:
             return py
-    venv = CACHE_DIR.parent / "ray-venv"
-    py = str(venv / "bin" / "python")
-    if not has_ray(py):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        r = subprocess.run([py, "-m", "pip", "install", "-q", *BASE_RECIPE["pip"]], capture_output=True, text=True,
-                           timeout=1200)
-        assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-2000:]
-    return py
+    return ensure_ray_venv()
 
 
 @pytest.fixture

@@ -44,8 +44,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The supervisor's per-container settings, short, so that these tests take seconds (the defaults
+# are LIVENESS_EVERY_S and STOP_GRACE_S; the program is the same).
+EVERY_S, GRACE_S = 1, 2
+
+
 def _run(child: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", supervise.program(), *child], env={**os.environ, **env},
+    fast = {supervise.EVERY: str(EVERY_S), supervise.GRACE: str(GRACE_S)}
+    return subprocess.Popen([sys.executable, "-c", supervise.program(), *child],
+                            env={**os.environ, **fast, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -86,7 +93,7 @@ def test_a_start_that_never_serves_is_killed_at_the_bound():
     child = _child_pid(sup)
     t0 = time.monotonic()
     assert sup.wait(40) == 1
-    assert time.monotonic() - t0 < 2 + supervise.STOP_GRACE_S + 8
+    assert time.monotonic() - t0 < 2 + GRACE_S + 8
     assert not _alive(child), "the hung vLLM was left running"
     assert "no /health 200 within 2s" in sup.stderr.read()
 
@@ -114,7 +121,7 @@ def test_a_live_rank0_is_left_alone(tmp_path):
     sup = _run([sys.executable, "-c", FAKE_SERVER, str(port), "1000"],
                supervise.rank0_env(start_timeout_s=60, port=port, model="m", key_file=str(key)))
     child = _child_pid(sup)
-    time.sleep(2 * supervise.LIVENESS_EVERY_S + 1)
+    time.sleep(2 * EVERY_S + 1.5)
     assert sup.poll() is None and _alive(child)
     sup.send_signal(signal.SIGTERM)  # docker stop: vLLM is stopped with it, and that is no failure
     assert sup.wait(30) == 0
@@ -146,6 +153,6 @@ def test_a_headless_rank_leaves_when_rank0_goes_away(seen_first):
     listener.close()
     t0 = time.monotonic()
     assert sup.wait(30) == 1
-    assert time.monotonic() - t0 < supervise.PROBE_FAILURES * (supervise.PROBE_EVERY_S + 2) + supervise.STOP_GRACE_S
+    assert time.monotonic() - t0 < supervise.PROBE_FAILURES * (supervise.PROBE_EVERY_S + 2) + GRACE_S
     assert not _alive(child)
     assert f"the rendezvous of rank 0 (127.0.0.1:{port}) is gone" in sup.stderr.read()
