@@ -10,8 +10,10 @@ from sparkprov.cli import bench as bench_cli
 from sparkprov.cli import catalog as catalog_tasks
 from sparkprov.cli import cluster as cluster_cli
 from sparkprov.cli import gateway as gateway_cli
+from sparkprov.cli import guard as guard_cli
 from sparkprov.cli import lab as lab_tasks
 from sparkprov.cli import monitor as monitor_cli
+from sparkprov.cli import plan as plan_cli
 
 COMMON_HELP = {
     "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
@@ -139,6 +141,8 @@ ns.add_task(task(cluster_cli.status, help=cluster_cli.STATUS_HELP))
 ns.add_task(task(cluster_cli.nccl_check, name="nccl-check", help=cluster_cli.NCCL_HELP))
 ns.add_task(task(monitor_cli.monitor, help=monitor_cli.HELP))
 ns.add_task(task(bench_cli.bench, help=bench_cli.HELP))
+ns.add_task(task(plan_cli.plan, help=plan_cli.HELP, iterable=["recipes"]))
 ns.add_task(task(gateway_cli.gateway, help=gateway_cli.HELP))
+ns.add_task(task(guard_cli.guard, help=guard_cli.HELP))
 ns.add_task(store)
 ns.add_collection(lab_tasks.ns, "lab")

@@ -1,0 +1,159 @@
+"""`invoke plan MODEL`: every layout of a catalog model on N Sparks, with memory per node and the
+one sparkprov would pick (the logic: sparkprov/catalog/layout_plan.py; this file parses and prints).
+
+No host is contacted: the Sparks are the inventory's hosts (their vars host_memory_gib,
+max_gpu_memory_utilization, other_services_gib, min_headroom_gib where set) or, without --hosts,
+N identical Sparks with the GB10 constants of catalog/memory.py. Bench results are the JSON files
+`invoke bench` stored on this machine.
+"""
+
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+
+from invoke.exceptions import Exit
+
+from sparkprov.errors import InputError
+
+HELP = {
+    "model": "the catalog alias (see `invoke models`)",
+    "hosts": "the inventory hosts to plan for, comma-separated: tp x pp x dp equals their GPUs, one per Spark "
+             "(default: --sparks identical Sparks)",
+    "inventory": "inventory file for --hosts (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
+    "sparks": "without --hosts: plan for 1 to N identical Sparks (default 2)",
+    "concurrency": "concurrent full-length requests the pool must hold (default: the recipe's --max-num-seqs, else 1)",
+    "recipes": "a user recipe file merged over the catalog; repeat for several",
+    "results": "bench results folder (default ~/.local/share/sparkprov/bench, where `invoke bench` stores them)",
+    "json": "print one JSON document instead of the table",
+}
+DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
+MAX_BENCH_FILES = 5000  # a results folder larger than this is read in part (newest names first)
+MAX_BENCH_BYTES = 4 * 2**20
+
+
+def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False):
+    from sparkprov.catalog.layout_plan import catalog_rules, figures_of, latest_bench, pick, plan_layouts
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.cli.common import user_errors
+    from sparkprov.cli.options import hosts_option, int_option, positional, text_option
+
+    with user_errors():
+        positional("plan", "model", model)
+        hosts = hosts_option("hosts", hosts)
+        sparks = int_option("sparks", sparks, 1, 64)
+        concurrency = int_option("concurrency", concurrency, 1, 4096)
+        results = text_option("results", results, default=DEFAULT_RESULTS)
+        if hosts is not None and sparks is not None:
+            raise InputError("--sparks and --hosts both say how many Sparks", fix="give one of them")
+        cat = load_catalog(list(recipes or []))
+        recipe = cat.get(model)
+        fleet, where = _fleet(hosts, inventory, sparks or 2)
+        figures = figures_of(recipe, cat)
+        concurrency = concurrency or _max_num_seqs(recipe) or 1
+        counts = [len(fleet)] if hosts is not None else list(range(1, len(fleet) + 1))
+        bench = latest_bench(_bench_records(results), recipe.alias)
+        plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat), concurrency=concurrency,
+                             bench=bench)
+        chosen = pick(plans, concurrency)
+    if json:
+        print(_json.dumps({"model": recipe.alias, "sparks": [s.name for s in fleet], "from": where,
+                          "concurrency": concurrency, "kv_source": figures.kv_source,
+                          "layouts": [p.as_dict() for p in plans],
+                          "pick": chosen.plan.as_dict() if chosen.plan else None, "why": chosen.why,
+                          "rule": list(chosen.rule)}, indent=2))
+        if chosen.plan is None:
+            raise Exit(code=2)
+        return
+    _print(recipe.alias, figures, fleet, where, concurrency, plans, chosen)
+
+
+def _max_num_seqs(recipe) -> int | None:
+    f = recipe.flag("--max-num-seqs")
+    try:
+        return int(f.value) if f is not None and f.value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _fleet(hosts: str | None, inventory: str | None, count: int):
+    """The Sparks to plan for: the inventory's hosts (their memory vars, no connection), or
+    `count` identical ones."""
+    from sparkprov.catalog.layout_plan import Spark
+
+    if hosts is None:
+        return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read"
+    from sparkprov.catalog.render import HostServeContext
+    from sparkprov.cli.common import inventory_path, split_csv
+    from sparkprov.data.inventory import load_inventory
+
+    inv = load_inventory(inventory_path(inventory))
+    names = inv.resolve(split_csv(hosts), where=("--hosts", None, None), what="--hosts")
+    if not names:
+        raise InputError(f"--hosts {hosts!r} selects no host of {inv.path}", fix="name hosts of the inventory")
+    fleet = []
+    for name in names:
+        ctx = HostServeContext.from_host_vars(name, inv.host_vars(name), home="/home/nvidia")
+        fleet.append(Spark(name, host_gib=ctx.host_memory_gib, utilization_cap=ctx.utilization_cap,
+                           other_services_gib=ctx.other_services_gib, min_headroom_gib=ctx.min_headroom_gib))
+    return fleet, f"inventory {inv.path} (host vars and the GB10 constants; no host contacted)"
+
+
+def _bench_records(results: str) -> list[dict]:
+    """The runs `invoke bench` stored (RESULTS/DEPLOYMENT/RECIPE_HASH/*.json); unreadable files are skipped."""
+    from sparkprov.inputfiles import read_text_checked
+
+    root = Path(results).expanduser()
+    if not root.is_dir():
+        return []
+    out = []
+    for path in sorted(root.glob("*/*/*.json"), reverse=True)[:MAX_BENCH_FILES]:
+        try:
+            doc = _json.loads(read_text_checked(path, "bench result", MAX_BENCH_BYTES))
+        except (InputError, ValueError, OSError):
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
+    bpt = figures.bytes_per_token
+    print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}")
+    print(f"  util {figures.utilization:.2f}, weights {_num(figures.weights_gib, '.1f')} GiB at runtime size, KV "
+          f"{_num(bpt and bpt / 1024, '.1f')} KiB/token on one GPU ({figures.kv_source}), --max-model-len "
+          f"{_num(figures.max_model_len, ',')}, concurrency {concurrency}")
+    print()
+    header = (f"{'layout':<22} {'sparks':>6}  {'budget':>7} {'weights':>8} {'KV pool':>8} {'tokens':>11}  "
+              "verdict (per node: GiB; tokens: one engine)")
+    print(header)
+    for p in plans:
+        n = min(p.nodes, key=lambda x: x.kv_pool_gib if x.kv_pool_gib is not None else float("inf"))
+        verdict = []
+        if p.refused:
+            verdict.append(f"not allowed: {p.refused}")
+        if p.does_not_fit:
+            verdict.append(p.does_not_fit)
+        if p.fits:
+            verdict.append("fits" + ("" if p.covers is None else
+                                     f", covers {-(-concurrency // p.dp)} x {figures.max_model_len:,} per replica"
+                                     if p.covers else f", does not cover {concurrency} x {figures.max_model_len:,}"))
+        print(f"{p.describe():<22} {p.sparks:>6}  {n.budget_gib:>7.1f} {_num(n.weights_gib, '>8.1f')} "
+              f"{_num(n.kv_pool_gib, '>8.1f')} {_num(n.tokens, '>11,')}  {'; '.join(verdict)}")
+        print(f"{'':<22} {'':>6}  run as: {p.options()} ({p.mode})")
+        for row in (p.bench or {}).get("rows") or []:
+            print(f"{'':<31}measured: concurrency {row.get('concurrency')}: {_num(row.get('output_throughput'), '.1f')} "
+                  f"output tok/s, TTFT p50 {_num(row.get('ttft_p50_ms'), '.0f')} ms "
+                  f"({p.bench.get('time')}, {p.bench.get('host')})")
+    print()
+    if chosen.plan is None:
+        print(f"pick: none: {chosen.why}")
+    else:
+        print(f"pick: {chosen.plan.describe()} ({chosen.plan.options()}): {chosen.why}")
+    print("rule: " + "; ".join(chosen.rule))
+    if chosen.plan is None:
+        raise Exit(code=2)
