@@ -294,12 +294,14 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
            accept_new_host_keys=False):
     """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, requests, spec-decode
     acceptance, unified memory, GPU temperature and power; per deployment: expected vs joined nodes.
-    Exit 2 when a deployment is degraded, 4 when a host is unreachable."""
+    Exit 2 when a deployment is degraded or a node guard acted (its action stands) or is not running,
+    4 when a host is unreachable."""
     import time
 
     from sparkprov.cli.common import engine_options, finish, inventory_path, select_hosts, user_errors
     from sparkprov.cli.options import float_option, int_option
     from sparkprov.data.inventory import load_inventory
+    from sparkprov.facts import guard as guard_facts
     from sparkprov.plays import serve as plays
 
     with user_errors():
@@ -310,12 +312,16 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
         shown = 0
         while True:
             st, code = plays.read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys))
+            guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
+            code = guard_facts.exit_code(guards, code)  # 2: a guard acted (and its action stands) or is down
             if json:
                 print(_json.dumps({"ok": code == 0, "hosts": st}, indent=2, default=str), flush=True)
             else:
                 if watch is not None and sys.stdout.isatty():
                     print("\x1b[H\x1b[2J", end="")
                 print_status(st)
+                for h, g in guards.items():
+                    print(guard_facts.describe(h, g))
                 if watch is not None:
                     print(f"refreshed {time.strftime('%H:%M:%S')}, every {watch:g}s (Ctrl-C stops)", flush=True)
             shown += 1

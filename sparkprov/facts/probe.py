@@ -209,8 +209,9 @@ print(json.dumps(out))
 LIVENESS_TIMEOUT_S = 15
 
 
-def program() -> str:
-    return PROGRAM.replace("LIVENESS_TIMEOUT", str(LIVENESS_TIMEOUT_S))
+def program(liveness_timeout_s: float = LIVENESS_TIMEOUT_S) -> str:
+    """The probe's Python text (the node guard runs it with its own, shorter, token timeout)."""
+    return PROGRAM.replace("LIVENESS_TIMEOUT", f"{liveness_timeout_s:g}")
 
 
 def script(mode: str, base_url: str, keyfile: str | None, spec: dict | None = None) -> str:

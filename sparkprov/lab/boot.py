@@ -24,7 +24,8 @@ What a real power cycle does, step by step, and what the lab does for each:
       Address= and Gateway= (and the link up). Nothing else configures the fabric;
    c. sshd starts, then dockerd (its daemon.json as persisted). dockerd itself restores the
       containers: those with restart policy `always` or `unless-stopped` (and not stopped by
-      hand) start again, others stay Exited, exactly as docker decides.
+      hand) start again, others stay Exited, exactly as docker decides. Then the node guard,
+      where provision installed it (a Spark's systemd starts its unit).
 
 A missing or wrong fabric file in /etc/netplan therefore shows as a host whose fabric does not
 come back, and a container without a restart policy as one that does not come back.
@@ -208,8 +209,21 @@ def boot(name: str) -> dict:
     _log(name, lines)
     sshd.start_sshd(name)
     dockerd.start_dockerd(name)
+    start_guard(name)
     return {"netplan_rc": r.returncode, "netplan_files": have, "applied": applied,
             "netplan_error": (r.stderr.strip() or r.stdout.strip()) if r.returncode else ""}
+
+
+def start_guard(name: str) -> bool:
+    """init's part for the node guard where provision installed it (sparkprov/modules/guard.py): a
+    host without systemd starts it at boot, after dockerd, with the command the module runs."""
+    from sparkprov.modules.guard import start_script
+    from sparkprov.serving.guard import CONFIG_PATH
+
+    if nsexec(name, ["test", "-f", CONFIG_PATH], check=False).returncode != 0:
+        return False
+    nsexec(name, ["sh", "-c", start_script()])
+    return True
 
 
 def reboot(name: str, down_seconds: float = 2.0) -> dict:

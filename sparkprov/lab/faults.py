@@ -1,11 +1,16 @@
 """Faults to inject into the lab (and to clear again)."""
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 from . import dockerd, net, sshd
-from .hosts import LabError, _record
-from .state import FABRIC_IFACES
+from .hosts import LabError, _record, nsexec, write_file
+from .state import FABRIC_IFACES, STATE_DIR
 
 
 def _check_iface(iface: str) -> None:
@@ -100,6 +105,135 @@ def reset_mtu(host: str, iface: str = "enp1s0f1np1", mtu: int = 1500) -> str:
     return f"{host}: {iface} mtu {mtu}"
 
 
+# -- the node guard's faults (sparkprov/serving/guard.py), each as a Spark shows it ------------------
+
+PRESSURE_MEMINFO = "/var/lib/sparklab/meminfo-pressure"   # inside the host
+# What a Spark near exhaustion showed: 2.3 GiB available of 119 GiB (1.9%), 965 MiB free, swap in
+# use (gb10-failure-outputs.md §3.3, Surfer11May/DwemerA4Skyrim3_AI_Spark latest_errors.md).
+PRESSURE_AVAILABLE = 2.3 / 119
+PRESSURE_FREE = 0.965 / 119
+# The line the kernel printed on a GB10 under unified-memory pressure, verbatim
+# (gb10-failure-outputs.md §1.1: vllm-project/vllm PR#41834, dmesg at [81033.194223]; the same
+# line in NVIDIA/open-gpu-kernel-modules#1358 and NVIDIA/dgx-spark-playbooks#97), written as the
+# /dev/kmsg record the kernel makes of it (priority 3, its timestamp in microseconds).
+NVRM_LINE = ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) "
+             "returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359")
+NVRM_RECORD = "3,{seq},81033194223,-;" + NVRM_LINE
+
+
+def pressure_meminfo(real: str) -> str:
+    """The host's /proc/meminfo with MemAvailable and MemFree at what a Spark near exhaustion showed."""
+    from sparkprov.serving.guard import parse_meminfo
+
+    total = parse_meminfo(real)["MemTotal"] // 1024
+    want = {"MemAvailable": int(total * PRESSURE_AVAILABLE), "MemFree": int(total * PRESSURE_FREE)}
+    out = []
+    for line in real.splitlines():
+        key = line.split(":", 1)[0]
+        out.append(f"{key + ':':<16}{want[key]:>8} kB" if key in want else line)
+    return "\n".join(out) + "\n"
+
+
+def _meminfo_mounted(host: str) -> bool:
+    r = nsexec(host, ["sh", "-c", "grep -c ' /proc/meminfo ' /proc/self/mounts || true"], check=False)
+    return (r.stdout.strip() or "0") != "0"
+
+
+def memory_pressure(host: str) -> str:
+    """The guard's view of MemAvailable falls: a file bind-mounted over /proc/meminfo in the host's own
+    mount namespace (containers keep theirs; the engine is not starved, only the host reads low)."""
+    _record(host)
+    if not _meminfo_mounted(host):
+        write_file(host, PRESSURE_MEMINFO, pressure_meminfo(nsexec(host, ["cat", "/proc/meminfo"]).stdout))
+        nsexec(host, ["mount", "--bind", PRESSURE_MEMINFO, "/proc/meminfo"])
+    avail = nsexec(host, ["grep", "MemAvailable", "/proc/meminfo"]).stdout.split()
+    return f"{host}: /proc/meminfo reads MemAvailable {int(avail[1]) / 2**20:.2f} GiB"
+
+
+def clear_memory_pressure(host: str) -> str:
+    _record(host)
+    if not _meminfo_mounted(host):
+        return f"{host}: no memory pressure to clear"
+    while _meminfo_mounted(host):
+        nsexec(host, ["umount", "/proc/meminfo"])
+    return f"{host}: /proc/meminfo is the kernel's again"
+
+
+def nvrm(host: str) -> str:
+    """An NVRM memory error in the host's kernel log (its /dev/kmsg: lab/hosts.py), as a GB10 printed it."""
+    _record(host)
+    seq = int(time.time())
+    nsexec(host, ["sh", "-c", "cat >> /dev/kmsg"], input=NVRM_RECORD.format(seq=seq) + "\n")
+    return f"{host}: kernel log: {NVRM_LINE}"
+
+
+def clear_nvrm(host: str) -> str:
+    _record(host)
+    return (f"{host}: nothing to clear: a kernel log keeps its lines; the guard reads each once and "
+            "starts serving again when memory allows")
+
+
+def _hang_file(host: str) -> Path:
+    return STATE_DIR / f"hang-{host}.json"
+
+
+def _engine_cores(host: str) -> list[int]:
+    ids = nsexec(host, ["docker", "ps", "-q", "--filter", "label=sparkprov.managed=1"]).stdout.split()
+    if not ids:
+        return []
+    roots = {int(p) for p in nsexec(host, ["docker", "inspect", "-f", "{{.State.Pid}}", *ids]).stdout.split()
+             if p.isdigit() and p != "0"}
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) if d.isdigit() else None
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(d))
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            title = ""
+        if "EngineCore" in title:
+            found.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def hang(host: str) -> str:
+    """The engine's generation stalls while /health stays 200: SIGSTOP of the real vLLM's EngineCore
+    process(es) in the host's serving containers (the API server keeps answering /health)."""
+    _record(host)
+    pids = _engine_cores(host)
+    if not pids:
+        raise LabError(f"{host}: no VLLM::EngineCore process in a sparkprov container (the engine core "
+                       "runs on rank 0's node)")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    _hang_file(host).write_text(json.dumps(pids))
+    return f"{host}: EngineCore stopped (SIGSTOP): pid {', '.join(map(str, pids))}"
+
+
+def clear_hang(host: str) -> str:
+    _record(host)
+    f = _hang_file(host)
+    pids = json.loads(f.read_text()) if f.exists() else []
+    resumed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            resumed.append(pid)
+        except ProcessLookupError:
+            pass
+    f.unlink(missing_ok=True)
+    return (f"{host}: EngineCore resumed (SIGCONT): pid {', '.join(map(str, resumed))}" if resumed else
+            f"{host}: no stopped EngineCore left (the guard's docker stop ended it)")
+
+
 ACTIONS = {
     "stop-sshd": lambda h, **k: stop_sshd(h),
     "start-sshd": lambda h, **k: start_sshd(h),
@@ -111,6 +245,12 @@ ACTIONS = {
     "start-dockerd": lambda h, **k: start_dockerd(h),
     "reset-mtu": lambda h, iface, mtu, **k: reset_mtu(h, iface, mtu),
     "reboot": lambda h, **k: reboot(h),
+    "memory-pressure": lambda h, **k: memory_pressure(h),
+    "clear-memory-pressure": lambda h, **k: clear_memory_pressure(h),
+    "nvrm": lambda h, **k: nvrm(h),
+    "clear-nvrm": lambda h, **k: clear_nvrm(h),
+    "hang": lambda h, **k: hang(h),
+    "clear-hang": lambda h, **k: clear_hang(h),
 }
 
 

@@ -29,6 +29,9 @@ USR_LOCAL_DIRS = ("bin", "etc", "games", "include", "lib", "sbin", "share", "src
 LOGIN_GROUPS = ("adm", "cdrom", "sudo", "dip", "plugdev", "video", "render", "lpadmin")
 
 
+KMSG_FILE = "/var/log/sparklab-kmsg"   # inside the host: what its /dev/kmsg reads
+
+
 class LabError(RuntimeError):
     pass
 
@@ -187,6 +190,9 @@ def _anchor_script(name: str, hdir: Path) -> str:
     # the real vLLM takes two Sparks for one node (its same-node test opens a shared-memory segment)
     # and waits forever on a local channel the other host cannot reach
     lines.append("mount -t tmpfs -o mode=1777,nosuid,nodev sparklab-shm /dev/shm")
+    # a kernel log of its own: the host's /dev/kmsg is a file on its disk (/var/log persists, as a
+    # journal does), where `lab.fault nvrm` writes the NVRM lines a Spark's kernel printed
+    lines.append(f"touch {KMSG_FILE} && mount --bind {KMSG_FILE} /dev/kmsg")
     lines.append("mkdir -p /var/lib/docker")
     lines.append(f"mount --bind {q(str(hdir / 'docker'))} /var/lib/docker")
     for d in BINDS:

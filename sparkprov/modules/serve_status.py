@@ -6,9 +6,11 @@ Exports it all as `serving_status` for the play after it (deployment_health)."""
 
 from __future__ import annotations
 
+from sparkprov.facts.guard import GuardState, guard_summary
 from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.serving import guard
 
 
 class Args(ModuleArgs):
@@ -21,14 +23,15 @@ class ServeStatus(Module):
     doc = "Read sparkprov's containers on the host: state, health, models, metrics, Ray (changes nothing)."
 
     def needs(self, args: Args, host: HostContext):
-        return {"status": ServingStatus(), "mem": MemInfo(), "sensors": GpuSensors()}
+        return {"status": ServingStatus(), "mem": MemInfo(), "sensors": GpuSensors(),
+                "guard": GuardState(**guard.paths())}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         mem = facts.mem
         st = {**facts.status, "host": {
             "mem_total": mem.get("MemTotal"), "mem_available": mem.get("MemAvailable"),
             "swap_total": mem.get("SwapTotal"), "swap_used": (mem.get("SwapTotal") or 0) - (mem.get("SwapFree") or 0),
-            **facts.sensors}}
+            **facts.sensors, "guard": guard_summary(facts.guard)}}
         if not st["access"]:
             return Plan.fail(f"{host.name}: docker: {st['error']}", exports={"serving_status": st})
         running = sum(1 for c in st["containers"] if c["status"] == "running")

@@ -1,0 +1,130 @@
+"""The node guard as a host shows it (read-only): installed, running, its last sample, what it
+holds stopped, its breaker, its latest events (sparkprov/serving/guard.py writes them; this reads
+them); and `guard_summary`, the pure judgement `status` and `invoke guard` print and exit on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.transport.shell import quote
+
+EVENTS_READ = 50   # the journal's last lines a gather brings back
+# A guard whose last sample is older than this is not running, whatever its pid says: one sample
+# waits at most for each container's token (2 x liveness timeout) and a docker stop (20 s).
+STALE_AFTER_S = 120
+
+
+@dataclass(frozen=True)
+class GuardState(Fact):
+    """The guard's pid (alive or not), how it is started (systemd or at boot), its state file and
+    the end of its journal, and the node's clock (ages are the node's, not the control machine's).
+    The paths are the guard program's (sparkprov/serving/guard.py: `GuardState(**guard.paths())`)."""
+
+    program: str
+    pidfile: str
+    state: str
+    journal: str
+
+    def command(self, sh: ShellCtx) -> str:
+        return "\n".join([
+            "printf 'now=%s\\n' \"$(date +%s)\"",
+            f"[ -f {quote(self.program)} ] && echo installed=1 || echo installed=0",
+            "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0",
+            f"pid=$(cat {quote(self.pidfile)} 2>/dev/null || true)",
+            'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q guard.py; '
+            'then echo "running=$pid"; else echo running=; fi',
+            "echo @state",
+            f"cat {quote(self.state)} 2>/dev/null; echo",
+            "echo @events",
+            f"tail -n {EVENTS_READ} {quote(self.journal)} 2>/dev/null; :",
+        ])
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        return parse_guard_state(out)
+
+
+def parse_guard_state(out: str) -> dict[str, Any]:
+    head, sep, rest = out.partition("@state\n")
+    if not sep:
+        raise FactError(f"no guard state in {out[:200]!r}")
+    state_text, _, events_text = rest.partition("@events\n")
+    kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+    try:
+        state = json.loads(state_text) if state_text.strip() else None
+    except ValueError:
+        state = None   # a state file caught half-written by a reader (it is replaced atomically)
+    events = []
+    for line in events_text.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return {"now": float(kv.get("now") or 0), "installed": kv.get("installed") == "1",
+            "systemd": kv.get("systemd") == "1", "pid": int(kv["running"]) if kv.get("running", "").isdigit() else None,
+            "state": state, "events": events}
+
+
+def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
+    """One host's guard, judged: running, its last readings, what it holds, its events, and the
+    problems that make `status` exit 2 (installed but not running, or an action that stands:
+    containers held stopped, the breaker open). A host without the guard is shown, not failed."""
+    state = fact.get("state") or {}
+    sample = state.get("sample") or {}
+    age = fact["now"] - sample["t"] if sample.get("t") else None
+    running = fact.get("pid") is not None and age is not None and age <= STALE_AFTER_S
+    mem = sample.get("mem") or {}
+    problems: list[str] = []
+    if fact.get("installed") and not running:
+        problems.append("the guard is not running" + (f" (last sample {age:.0f}s ago)" if age is not None else "")
+                        + ": invoke provision starts it")
+    held = state.get("held") or {}
+    for name, h in sorted(held.items()):
+        cause = next((e for e in reversed(fact.get("events") or []) if name in (e.get("action") or "")), None)
+        problems.append(f"the guard stopped {name} ({h.get('kind')})"
+                        + (f": {cause['reading']} (threshold {cause['threshold']})" if cause else ""))
+    if state.get("breaker"):
+        problems.append(f"crash-loop breaker open: {state['breaker']}; the guard will not restart "
+                        "(fix the cause, then invoke cluster-up)")
+    return {"installed": bool(fact.get("installed")), "running": running, "pid": fact.get("pid"),
+            "started_by": "systemd" if fact.get("systemd") else "boot",
+            "last_sample_age_s": round(age, 1) if age is not None else None,
+            "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
+            "mem_floor": state.get("mem_floor_bytes"), "gpu": sample.get("gpu") or {},
+            "held": held, "breaker": state.get("breaker"), "events": fact.get("events") or [],
+            "acted": bool(held or state.get("breaker")), "problems": problems}
+
+
+def describe(host: str, s: dict[str, Any]) -> str:
+    """One line per host for `status`: the guard's state, its last readings, its standing problems."""
+    if not s.get("installed"):
+        return f"guard on {host}: not installed (invoke provision installs it)"
+    gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else "?"  # noqa: E731
+    head = (f"guard on {host}: " + (f"running (pid {s['pid']}, {s['started_by']}), last sample "
+                                    f"{s['last_sample_age_s']:.0f}s ago" if s["running"] else "NOT RUNNING")
+            + f"; MemAvailable {gib(s.get('mem_available'))} (floor {gib(s.get('mem_floor'))})")
+    temp = (s.get("gpu") or {}).get("temperature_c")
+    head += f", GPU {temp:g} C" if temp is not None else ""
+    head += f"; {len(s.get('events') or [])} event(s) in its journal"
+    return head + "".join(f"\n  {p}" for p in s["problems"])
+
+
+def exit_code(summaries: dict[str, dict[str, Any]], code: int) -> int:
+    """status's exit code with the guards': 2 where a guard acted (and its action stands) or is not
+    running, unless the code already says worse (4: a host unreachable)."""
+    if code == 0 and any(s.get("problems") for s in summaries.values()):
+        return 2
+    return code
+
+
+def fleet_events(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every host's journaled events with the host named, oldest first."""
+    return sorted(({"host": h, **e} for h, s in summaries.items() for e in s.get("events") or []),
+                  key=lambda e: (e.get("epoch") or 0, e["host"]))
+
+
+def event_line(e: dict[str, Any]) -> str:
+    return (f"{e.get('time')} {e['host']} {e.get('kind')}: {e.get('reading')} "
+            f"(threshold {e.get('threshold')}) -> {e.get('action')}")
