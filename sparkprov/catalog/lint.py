@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
+from sparkprov.catalog.layout import GPUS_PER_SPARK
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token,
                                       kv_dtype_bytes, plan_host, plan_model)
@@ -322,6 +323,14 @@ def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
         elif fs.is_deprecated(a.flag):
             yield Hit(f"{a.flag} is deprecated in the vLLM in {where}", REPLACED.get(a.flag, "drop it"),
                       severity=WARNING, sources=src)
+    # every VLLM_* variable against the image's vLLM (envs.py of its version; G7 names the MoE ones)
+    said = set(G7_NAMES) | (set(LEGACY_MOE_ENV) if info is not None and info.vllm_at_least("0.23") else set())
+    for e in launch.env:
+        if e.name.startswith("VLLM_") and e.name not in said and fs.knows_env(e.name) is False:
+            yield Hit(f"{e.name} is not an environment variable of the vLLM in {where}: vLLM logs 'Unknown vLLM "
+                      "environment variable detected' and ignores it",
+                      "remove it, or use the flag or variable this vLLM has for the same setting",
+                      sources=(_cite(e.source), "001 §6 Caution"))
 
 
 @rule("G5", WARNING, "image needs a newer driver or CUDA forward compatibility", "001 §7.3.1")
@@ -386,6 +395,7 @@ def g6_quantization(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 # 001 writes VLLM_MXFP4_BACKEND=marlin; the variable vLLM reads is VLLM_MXFP4_USE_MARLIN (vllm/envs.py).
 MXFP4_MARLIN_FIX = "set env VLLM_MXFP4_USE_MARLIN=1 (not VLLM_MXFP4_BACKEND, which vLLM does not know)"
 LEGACY_MOE_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_FLASHINFER_MOE_BACKEND")
+G7_NAMES = ("VLLM_USE_FLASHINFER_MOE", "VLLM_MXFP4_BACKEND")  # not vLLM variables: G7 says what they meant
 
 
 @rule("G7", ERROR, "FP4 MoE on sm_121 must use the Marlin path", "001 §6 Caution", "004")
@@ -400,20 +410,6 @@ def g7_fp4_moe(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     if legacy and at23:
         yield Hit(f"{', '.join(legacy)} are ignored on vLLM 0.23+ ({r.image}) and log 'Unknown vLLM environment "
                   "variable'", "remove them and use --moe-backend marlin", severity=WARNING)
-    fs = lc.flag_set(launch)
-    said = {"VLLM_USE_FLASHINFER_MOE", "VLLM_MXFP4_BACKEND", *(legacy if at23 else ())}
-    for e in launch.env:
-        if not e.name.startswith("VLLM_") or e.name in said or fs is None or fs.knows_env(e.name) is not False:
-            continue
-        if info is None:
-            from sparkprov.catalog.knownflags import infer_image
-
-            info = infer_image(launch.image)
-        version = (info.vllm if info is not None else None) or "?"
-        yield Hit(f"{e.name} is not an environment variable of the vLLM in {r.image} (vLLM {version}; "
-                  f"{fs.describe()}): vLLM logs 'Unknown vLLM environment variable detected' and ignores it",
-                  "remove it, or use the flag or variable this vLLM has for the same setting",
-                  sources=(_cite(e.source), "001 §6 Caution"))
     if r.traits.moe and r.traits.quant in ("nvfp4-modelopt", "nvfp4-ct"):
         backend = launch.value("--moe-backend")
         if backend == "marlin":
@@ -831,10 +827,7 @@ def g34_same_everywhere(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   "pin a digest (images: digest: sha256:...) for multi-node runs", sources=("001 §13", "001 §6"))
 
 
-GPUS_PER_SPARK = 1  # a DGX Spark has one GB10 GPU
-
-
-@rule("G35", ERROR, "TP x PP = nodes x GPUs per node, and a TP the model supports", "001 §13", "004")
+@rule("G35", ERROR, "TP x PP x DP = nodes x GPUs per node, and a TP the model supports", "001 §13", "004")
 def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
     if launch.tp not in r.tp_sizes:
@@ -842,14 +835,18 @@ def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
                   f"use --tp {r.tp_sizes[0]}", sources=(r.source_of("tp_sizes").cite(),))
     n = launch.ctx.cluster_size
     pp = _int(launch.value("--pipeline-parallel-size")) or 1
-    gpus = launch.tp * pp  # the engine's GPUs: tp x pp
+    dp = _int(launch.value("--data-parallel-size")) or 1
+    gpus = launch.tp * pp * dp  # the deployment's GPUs: tp x pp x dp
     if n is not None and n * GPUS_PER_SPARK != gpus:
-        size = f"TP={launch.tp} x PP={pp} = {gpus} GPUs" if pp > 1 else f"TP={launch.tp}"
-        fixes = [f"--tp {n // pp}" + (f" --pp {pp}" if pp > 1 else "") if n % pp == 0 else None,
+        size = (f"TP={launch.tp}" + (f" x PP={pp}" if pp > 1 else "") + (f" x DP={dp}" if dp > 1 else "")
+                + (f" = {gpus} GPUs" if gpus != launch.tp else ""))
+        rest = " ".join([f"--pp {pp}"] * (pp > 1) + [f"--dp {dp}"] * (dp > 1))
+        fixes = [f"--tp {n // (pp * dp)}" + (f" {rest}" if rest else "") if n % (pp * dp) == 0 else None,
                  f"--tp {launch.tp} --pp {n // launch.tp}" if n % launch.tp == 0 and n // launch.tp != pp else None]
         fix = " or ".join(f for f in fixes if f) or "change the cluster"
         yield Hit(f"{size} but the cluster has {n} node(s) x {GPUS_PER_SPARK} GPU = {n * GPUS_PER_SPARK} GPUs "
-                  "(TP x PP must equal them)", f"use {fix}" + (" or change the cluster" if fix != "change the cluster" else ""))
+                  "(TP x PP x DP must equal them)",
+                  f"use {fix}" + (" or change the cluster" if fix != "change the cluster" else ""))
     info = launch.image_info
     backend = launch.value("--distributed-executor-backend")
     if launch.has("--nnodes") and info is not None and info.native_multinode is False:

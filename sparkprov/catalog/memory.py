@@ -30,6 +30,9 @@ and the planner prefers it (`kv_bytes_per_token_measured`).
 
 Sliding-window layers (gpt-oss, Gemma) hold at most a window of tokens; like the linear layers they
 are left out (the catalog lists only the full-attention layer count).
+
+How far these figures are from every measured one they were not fitted to, and why:
+docs/memory-planner.md (tests/unit/test_planner_measured.py keeps it true).
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ SRC_COMPILE = Source(note="001", where="§4", quote="-v ~/vllm-compile-cache:/ro
 SRC_BIND = Source(note="sparkprov", where="host vars serve_bind/serve_port", quote="G31")
 SRC_TP = Source(note="001", where="§13", quote="--tensor-parallel-size = number of GPUs (G35)")
 SRC_PP = Source(note="sparkprov", where="deployment pp", quote="tp x pp = the GPUs of the nodes, one per Spark (G35)")
+SRC_DP = Source(note="sparkprov", where="deployment dp",
+                quote="data-parallel replicas: tp x pp x dp = the GPUs of the nodes (G35); vLLM data_parallel_deployment")
+SRC_EP = Source(note="sparkprov", where="deployment ep", quote="--enable-expert-parallel (MoE: experts split over tp x dp)")
 SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
 SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
 SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
@@ -90,7 +93,7 @@ class HostServeContext(BaseModel):
     ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
     node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
     utilization_cap: float | None = Field(default=None, gt=0, le=1)  # G18: modeset=0 cap from gpu_check
-    cluster_size: int | None = Field(default=None, ge=1)  # nodes the engine spans (tp x pp, one GPU per Spark)
+    cluster_size: int | None = Field(default=None, ge=1)  # nodes the deployment spans (tp x pp x dp, one GPU each)
     # multi-node executor for tp > 1: "ray" (today's default) or "native" (vLLM's own: --nnodes,
     # --node-rank, --master-addr, --master-port; ranks > 0 --headless). See Image.executors.
     executor: Literal["ray", "native"] | None = None
@@ -196,6 +199,9 @@ class Launch(BaseModel):
     alias: str
     tp: int
     image: str
+    pp: int = 1  # pipeline stages of the engine
+    dp: int = 1  # data-parallel replicas (one Spark each)
+    ep: bool = False  # expert parallelism
     image_info: Image | None
     command: Literal["bare", "full"]
     wrapped: bool
@@ -333,16 +339,22 @@ def _store_path(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str
 
 def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
                   overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None,
-                  pp: int = 1) -> Launch:
+                  pp: int = 1, dp: int = 1, ep: bool = False) -> Launch:
     """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp`,
-    pipeline parallelism `pp` and flag `overrides` ({"--max-model-len": 32768,
-    "--enable-chunked-prefill": None (remove), "--enforce-eager": True (bare switch)}). A launch
-    that spans nodes (tp x pp > 1, or a ctx.cluster_size > 1) gets the executor and the fabric
-    bindings of the node (VLLM_HOST_IP, NCCL/Gloo/UCX interfaces). Pure: nothing is run."""
-    if tp < 1:
-        raise InputError(f"--tp must be at least 1, got {tp}", fix="use --tp 1 for one Spark")
-    if pp < 1:
-        raise InputError(f"--pp must be at least 1, got {pp}", fix="use --pp 1 (no pipeline parallelism)")
+    pipeline parallelism `pp`, `dp` data-parallel replicas, expert parallelism `ep` (the sizes:
+    each rank's own options come from serving/spec.py) and flag `overrides` ({"--max-model-len":
+    32768, "--enable-chunked-prefill": None (remove), "--enforce-eager": True (bare switch)}); an
+    override may not set a size against the layout. A launch that spans nodes (tp x pp x dp > 1, or
+    a ctx.cluster_size > 1) gets the fabric bindings of the node (VLLM_HOST_IP, NCCL/Gloo/UCX
+    interfaces), and an engine over several GPUs its executor. Pure: nothing is run."""
+    from sparkprov.catalog.layout import Layout, override_conflicts
+
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        if value < 1:
+            raise InputError(f"--{name} must be at least 1, got {value}", fix=f"use --{name} 1")
+    conflict = override_conflicts(dict(overrides or {}), Layout(tp, pp, dp, ep))
+    if conflict:
+        raise InputError(f"override {conflict}", fix="set the layout with tp/pp/dp/ep, not an override")
     if catalog is None:
         from sparkprov.catalog.load import load_catalog
 
@@ -388,8 +400,13 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--pipeline-parallel-size", str(pp), SRC_PP, "tp")
     elif pp_arg is not None:
         pp = int(pp_arg) if pp_arg.isdigit() else 1
-    spans = tp * pp > 1 or (ctx.cluster_size or 1) > 1  # the engine spans nodes: executor and fabric
-    if spans and ctx.executor == "native":
+    if dp > 1:
+        put("--data-parallel-size", str(dp), SRC_DP, "tp")
+    if ep:
+        put("--enable-expert-parallel", None, SRC_EP, "tp")
+    spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
+    engine_spans = tp * pp > 1 or (dp == 1 and (ctx.cluster_size or 1) > 1)  # one engine over several GPUs
+    if engine_spans and ctx.executor == "native":
         if not ctx.master_addr:
             raise InputError("the native multi-node executor needs master_addr (rank 0's fabric address)",
                              fix="set fabric_ip on the head host, or use the ray executor")
@@ -400,7 +417,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--master-port", str(ctx.master_port), SRC_NATIVE, "tp")
         if ctx.node_rank > 0:
             put("--headless", None, SRC_NATIVE, "tp")
-    elif spans and not any(a.flag == "--distributed-executor-backend" for a in args):
+    elif engine_spans and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")
@@ -470,6 +487,6 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     labels = {"sparkprov.managed": "1", "sparkprov.recipe": recipe.alias, "sparkprov.recipe_hash": digest}
     label_argv = [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
     argv = opts + label_argv + body + tail
-    return Launch(alias=recipe.alias, tp=tp, image=image, image_info=info, command=command, wrapped=wrapped,
+    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=image, image_info=info, command=command, wrapped=wrapped,
                   entrypoint=entrypoint, container_name=name, labels=labels, env=env, vllm_args=args,
                   mounts=mounts, argv=argv, recipe=recipe, ctx=ctx, startup=recipe.startup, smoke=recipe.smoke)

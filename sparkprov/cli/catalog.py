@@ -22,6 +22,9 @@ HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, 
 INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY or inventory.yaml)"
 TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest size the recipe supports)"
 PP_HELP = "pipeline-parallel size (default 1): the engine spans tp x pp Sparks; every node's command (--executor)"
+DP_HELP = ("data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): the "
+           "deployment spans tp x pp x dp Sparks")
+EP_HELP = "--enable-expert-parallel (MoE recipes; experts split over tp x dp)"
 
 
 def _fail(exc: SparkprovError) -> Exit:
@@ -46,11 +49,14 @@ def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
     if host not in inv.hosts:
         names = inv.resolve(host, what="--host")  # raises a one-line error with a suggestion
         host = names[0]
+    return HostServeContext.from_host_vars(host, inv.host_vars(host), home=_home(inv, host))
+
+
+def _home(inv, host: str) -> str:
+    """Without connecting, the usual home of the host's login user (cluster-up uses the real one)."""
     entry = inv.hosts[host]
-    # Without connecting we take the usual home of the login user; cluster-up uses the real one.
     user = entry.user or ("root" if entry.connection == "local" else "nvidia")
-    home = "/root" if user == "root" else f"/home/{user}"
-    return HostServeContext.from_host_vars(host, inv.host_vars(host), home=home)
+    return "/root" if user == "root" else f"/home/{user}"
 
 
 def _console():
@@ -125,10 +131,11 @@ def _print_launch(launch: Launch) -> None:
 
 
 @task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP, "pp": PP_HELP,
+            "dp": DP_HELP, "ep": EP_HELP,
             "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
             "argv": "print the docker argv as JSON (one list) instead of the annotated view",
-            "executor": "with --tp/--pp over several Sparks: every node's container, for executor ray (the "
-                        "default with --pp) or native",
+            "executor": "with --tp/--pp/--dp over several Sparks: every node's container, for executor ray (the "
+                        "default with --pp) or native (the default with --dp)",
             "hosts": "with --executor: the inventory hosts of the cluster, rank 0 first (their fabric_ip, "
                      "fabric_ifaces, ib_hcas vars fill the command; without them it shows marked placeholders)",
             "file": "with `import`: a recipe of eugr/spark-vllm-docker or sparkrun/spark-pulse (recipe_version 2)",
@@ -137,26 +144,31 @@ def _print_launch(launch: Launch) -> None:
             "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
 def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
-           variant=None, executor=None, hosts=None, pp=None):
+           variant=None, executor=None, hosts=None, pp=None, dp=None, ep=False):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
     if alias == "import":
         return recipe_import(c, file, out=out, name=name, variant=variant)
     from sparkprov.catalog.render import render_launch
 
-    from sparkprov.cli.options import int_option, positional
+    from sparkprov.catalog.layout import Layout, layout_of
+    from sparkprov.cli.options import choice_option, int_option, positional
 
     try:
         positional("recipe", "alias", alias)
         tp = int_option("tp", tp, 1, 64)
         pp = int_option("pp", pp, 1, 64, default=1)
-        if executor is not None or pp > 1:
-            return _cluster_commands(alias, tp or (1 if pp > 1 else 2), pp, executor or "ray", hosts, inventory,
-                                     recipes, argv)
+        dp = int_option("dp", dp, 1, 64, default=1)
+        executor = choice_option("executor", executor, ("ray", "native"))
+        if executor is not None or pp > 1 or dp > 1 or (tp or 1) > 1 and hosts:
+            executor = executor or ("native" if dp > 1 else "ray")
+            layout = Layout(tp or (1 if pp > 1 or dp > 1 else 2), pp, dp, bool(ep), executor)
+            return _cluster_commands(alias, layout, hosts, inventory, recipes, argv)
         cat = _catalog(recipes)
         r = cat.get(alias)
         size = _tp_for(r, tp)
-        launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat)
+        layout_of(r, cat, Layout(size, ep=bool(ep)))
+        launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat, ep=bool(ep))
     except SparkprovError as exc:
         raise _fail(exc)
     if argv:
@@ -179,89 +191,60 @@ def _tp_for(r, tp: int | None) -> int:
     return tp
 
 
-PLACEHOLDER_NOTE = ("the <...> words are placeholders, not addresses: this command cannot be pasted as is "
-                    "(fix: --hosts H1,H2 with fabric_ip and fabric_ifaces set in the inventory)")
-
-
-def _cluster_commands(alias, tp, pp, executor, hosts, inventory, recipes, as_json) -> None:
-    """Every node's exact `docker run` for a tp x pp cluster, built by the code cluster-up runs."""
+def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json) -> None:
+    """Every node's exact `docker run` for a tp x pp x dp layout, built by the code cluster-up runs."""
     import json
     import shlex
 
+    from sparkprov.catalog.layout import layout_of
+    from sparkprov.errors import InputError
     from sparkprov.serving import node
     from sparkprov.serving.playbook import DeploymentArgs
 
-    if executor not in ("ray", "native"):
-        raise Exit(f"sparkprov: --executor {executor!r} is not one of ray, native (fix: --executor native)", code=1)
-    nodes = tp * pp
+    nodes = layout.nodes
     if nodes < 2 or nodes > 64:
-        raise Exit(f"sparkprov: --executor needs tp x pp from 2 to 64 Sparks, not {nodes} (fix: --tp 2, or --pp 2)",
-                   code=1)
-    try:
-        names = [h for h in (hosts or "").split(",") if h.strip()]
-        host_vars: dict[str, dict] = {}
-        if names:
-            from sparkprov.data.inventory import load_inventory
+        raise InputError(f"--executor needs tp x pp x dp from 2 to 64 Sparks, not {nodes}",
+                         fix="--tp 2, --pp 2 or --dp 2")
+    names = [h for h in (hosts or "").split(",") if h.strip()]
+    dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names or ["node0"],
+                         tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
+                         recipe_files=list(recipes or []))
+    cat = node.catalog_for(dep)
+    layout_of(cat.get(alias), cat, layout, hosts=len(names) if names else None)  # the layout before the hosts
+    if not names:  # no placeholder ever reaches a printed command: the addresses come from the inventory
+        raise InputError(f"{layout.describe()} spans {nodes} Sparks: every node's command carries rank 0's fabric "
+                         "address and its own", fix=f"--hosts with {nodes} inventory hosts, rank 0 first, whose "
+                         "vars set fabric_ip and fabric_ifaces")
+    from sparkprov.data.inventory import load_inventory
 
-            inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
-            names = inv.resolve(names, what="--hosts")
-            host_vars = {h: dict(inv.hosts[h].vars) for h in names}
-        size = f"tp {tp}" + (f" x pp {pp}" if pp > 1 else "")
-        if names and len(names) != nodes:
-            raise Exit(f"sparkprov: {size} spans {nodes} Sparks, --hosts gives {len(names)} "
-                       f"(fix: --hosts with {nodes} hosts, rank 0 first)", code=1)
-        if not names:
-            names = [f"node{i}" for i in range(nodes)]
-        dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names, tp=tp, pp=pp,
-                             executor=executor, recipe_files=list(recipes or []))
-        cat = node.catalog_for(dep)
-        r = cat.get(alias)
-        _tp_for(r, tp)
-        _multinode_image(r, node.image_info(dep), executor)
-        if node.needs_ray_image(dep):
-            from sparkprov.modules.ray_image import derived_tag
+    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    names = inv.resolve(names, what="--hosts")
+    host_vars = {h: inv.host_vars(h) for h in names}
+    unset = [f"{h} ({', '.join(v for v in ('fabric_ip', 'fabric_ifaces') if not host_vars[h].get(v))})"
+             for h in names if not (host_vars[h].get("fabric_ip") and host_vars[h].get("fabric_ifaces"))]
+    if unset:
+        raise InputError(f"no fabric address or interface in the inventory for {', '.join(unset)}: the commands "
+                         "would bind the management LAN (G32)", fix="set fabric_ip and fabric_ifaces in the hosts' "
+                         "vars (invoke provision --tags fabric brings the link up)")
+    dep = dep.model_copy(update={"hosts": names})
+    if node.needs_ray_image(dep):
+        from sparkprov.modules.ray_image import derived_tag
 
-            dep = dep.model_copy(update={"image": derived_tag(node.image_ref(dep))})
-        out = []
-        for h in names:
-            v = {"fabric_ip": f"<{h} fabric address>", "fabric_ifaces": ["<fabric interface>"], **host_vars.get(h, {})}
-            launch = node.launch(dep, h, v, "/home/nvidia", None, None)
-            head_ip = (host_vars.get(names[0], {}).get("fabric_ip") or f"<{names[0]} fabric address>")
-            spec = node.container(dep, h, launch, head_ip, "<rank 0 container id>" if dep.rank(h) else "")
-            out.append((h, spec))
-    except SparkprovError as exc:
-        raise _fail(exc)
-    placeholders = any("<" in w and ">" in w for _, s in out for w in s.argv)
+        dep = dep.model_copy(update={"image": derived_tag(node.image_ref(dep))})
+    out = []
+    for h in names:
+        launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None)
+        out.append((h, node.container(dep, h, launch, str(host_vars[names[0]]["fabric_ip"]))))
     if as_json:
-        if placeholders:
-            print(f"sparkprov: note: {PLACEHOLDER_NOTE}", file=sys.stderr)
         print(json.dumps({h: s.argv for h, s in out}))
         return
-    if placeholders:
-        print(f"# NOTE: {PLACEHOLDER_NOTE}")
+    print(f"# {layout.describe()} on {', '.join(names)}; cluster-up adds SPARKPROV_RANK0 (rank 0's container "
+          "ID, known once it runs) to the other ranks")
     if dep.image:
         print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
     for h, s in out:
         print(f"# rank {dep.rank(h)} on {h}: {s.name} ({s.role})")
         print(shlex.join(s.argv))
-
-
-def _multinode_image(r, info, executor: str) -> None:
-    """Refuse a multi-node render on an image the catalog marks single-node: its vLLM has no native
-    multi-node and it has no Ray sparkprov can use or derive (as `invoke images` shows it)."""
-    from sparkprov.errors import InputError
-
-    if info is None:
-        return
-    derives_ray = executor == "ray" and info.has_ray is False  # cluster-up bakes Ray into a derived image
-    if executor in info.executors or derives_ray:
-        return
-    other = [e for e in info.executors if e != executor]
-    raise InputError(f"{r.alias} runs {info.ref} (vLLM {info.vllm or 'unknown'}), which the catalog marks "
-                     + ("single-node only" if not info.executors else f"multi-node with {', '.join(other)} only")
-                     + f": no {executor} multi-node render",
-                     fix=f"--executor {other[0]}" if other else "--tp 1 (one Spark), or a recipe on an image with "
-                     "vLLM >= 0.12 (invoke images)")
 
 
 @task(help={"alias": "the model alias to lint, or `all` for every recipe (user files included)", "tp": TP_HELP,

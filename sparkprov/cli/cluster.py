@@ -83,51 +83,61 @@ UP_HELP.update({
     "limit": "Further limit the hosts (pattern)",
     "forks": "How many hosts to work on at once (default 32)",
 })
+    "dp": "With --model: data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): "
+          "the deployment spans tp x pp x dp Sparks",
+    "ep": "With --model: --enable-expert-parallel (MoE recipes; experts split over tp x dp)",
 DOWN_HELP["model"] = "Remove the deployment cluster-up --model started (its name: --name, else the alias)"
 DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
 NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
 
 
-def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes):
-    """A deployment from the command line: --model ALIAS [--tp N] [--hosts H1,H2] [--name NAME]."""
+def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes, dp=1, ep=False):
+    """A deployment from the command line: --model ALIAS [--tp N] [--pp N] [--dp N] [--ep] [--hosts H1,H2]
+    [--name NAME]; the layout checked against the catalog (catalog/layout.py) before any host."""
     import re
 
     from sparkprov.catalog.load import load_catalog
     from sparkprov.errors import InputError
     from sparkprov.serving.playbook import NAME_RE, Deployment
+    from sparkprov.catalog.layout import Layout, layout_of
 
     cat = load_catalog(list(recipes))
     recipe = cat.get(model)
     tp = tp or 1
-    nodes = tp * pp
-    if tp not in recipe.tp_sizes:
-        raise InputError(f"{model} runs at TP {', '.join(map(str, recipe.tp_sizes))}, not {tp} (G35)",
-                         fix=f"--tp {recipe.tp_sizes[0]}")
+    executor = executor or ("native" if dp > 1 else "ray")
+    layout = Layout(tp, pp, dp, ep, executor)
+    nodes = layout.nodes
+    layout_of(recipe, cat, Layout(tp, pp, dp, ep, executor if nodes > 1 else None), known_executors_only=False)
     chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
     if nodes > 1:
         if len(chosen) < nodes:
-            raise InputError(f"--tp {tp}" + (f" --pp {pp}" if pp > 1 else "") + f" needs {nodes} hosts, "
+            raise InputError(f"{layout.options()} needs {nodes} hosts, "
                              f"{'--hosts gives' if hosts else 'the inventory has'} {len(chosen)}: {', '.join(chosen)}",
                              fix=f"--hosts with {nodes} hosts (the first is rank 0)")
         if hosts and len(chosen) != nodes:
-            raise InputError(f"--tp {tp} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
+            raise InputError(f"{layout.options()} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
                              fix=f"list {nodes} hosts")
         chosen = chosen[:nodes]
     dep_name = name or re.sub(r"[^a-z0-9_.-]", "-", model.lower())[:40]
     if not NAME_RE.match(dep_name):
         raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
-    return Deployment(dep_name, model, chosen, tp, {}, None, where=("--model", None, None), pp=pp, executor=executor)
+    return Deployment(dep_name, model, chosen, tp, {}, None, where=("--model", None, None), pp=pp, executor=executor,
+                      dp=dp, ep=ep)
 
 
-def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes):
+def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes, dp=1, ep=False):
     from sparkprov.serving.playbook import load_serve_playbook, select
 
     from sparkprov.catalog.load import load_catalog
     from sparkprov.errors import InputError
 
+    from sparkprov.catalog.layout import layout_of
     if model:
-        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor or "ray",
-                                 recipes=recipes)], list(recipes)
+    from sparkprov.cli.options import OptionError
+        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor,
+                                 recipes=recipes, dp=dp, ep=ep)], list(recipes)
+    if dp > 1 or ep:
+        raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
     pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
     chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
     deps = select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments))
@@ -142,7 +152,12 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
     return deps, list(pb.recipe_files) + list(recipes)
 
 
-def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=None, playbook=None, inventory=None,
+        try:
+            layout_of(cat.get(d.model), cat, d.layout, hosts=len(d.hosts) if d.cluster else None,
+                      known_executors_only=False)
+        except InputError as exc:
+            raise d.error(exc.message, fix=exc.fix) from None
+def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
                limit=None, forks=None, accept_new_host_keys=False):
@@ -163,6 +178,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         executor = choice_option("executor", executor, ("ray", "native"))
         image_source = choice_option("image-source", image_source, ("auto", "registry", "peer"), default="auto")
         ray_timeout = float_option("ray-timeout", ray_timeout, 0, 86400, default=300.0, unit="seconds")
+        dp = int_option("dp", dp, 1, 64, default=1)
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
         hosts = hosts_option("hosts", hosts)
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
@@ -171,7 +187,7 @@ def cluster_up(c, model=None, tp=None, pp=None, hosts=None, name=None, executor=
         inv = load_inventory(inventory_path(inventory))
         deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
                                              executor=executor, deployments=deployments,
-                                             recipes=list(recipes or []))
+                                             recipes=list(recipes or []), dp=dp, ep=bool(ep))
         targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
         if limit:
             allowed = set(select_hosts(inv, None, limit))
@@ -230,7 +246,7 @@ def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):
                  ("would start or replace" if changed else "already up, unchanged") if check else
                  ("started" if changed else "already up, unchanged"))
         out["deployments"][d.name] = {
-            "alias": d.model, "tp": d.tp, "pp": d.pp, "executor": d.executor if d.cluster else None,
+            "alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep, "executor": d.executor if d.cluster else None,
             "hosts": d.hosts, "state": state, "endpoint": f"http://{addr}:{port}/v1",
             "model": serving.get("model"), "api_key_file": f"{head}:{serving['api_key_file']}"
             if serving.get("api_key_file") else None,
@@ -244,6 +260,7 @@ def print_summary(summary) -> None:
             (f", {d['executor']}" if d.get("executor") else "")
         print(f"\n{name}: {d['alias']} ({size}) on {', '.join(d['hosts'])}: {d['state']}")
         if not d["state"].startswith(("failed", "would")):
+            (f" x DP {d['dp']}" if d.get("dp", 1) > 1 else "") + (" +EP" if d.get("ep") else "") + \
             print(f"  endpoint:     {d['endpoint']}")
             print(f"  model:        {d['model']}")
             print(f"  API key file: {d['api_key_file'] or 'none (bound to loopback)'}")

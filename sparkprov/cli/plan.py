@@ -154,6 +154,8 @@ def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
         print(f"pick: none: {chosen.why}")
     else:
         print(f"pick: {chosen.plan.describe()} ({chosen.plan.options()}): {chosen.why}")
-    print("rule: " + "; ".join(chosen.rule))
+    print("rule:")
+    for step in chosen.rule:
+        print(f"  {step}")
     if chosen.plan is None:
         raise Exit(code=2)

@@ -88,7 +88,7 @@ def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str,
         if var not in host_vars:
             extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
-    out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat)
+    out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
     return out.model_copy(update={"image": dep.image}) if dep.image else out
 
 
@@ -128,7 +128,8 @@ def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str 
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,
-                                   master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id)
+                                   master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id,
+                                   dp=dep.dp)
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
                             ray_port=dep.ray_port, rank0_id=rank0_id)
 

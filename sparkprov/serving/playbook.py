@@ -8,8 +8,12 @@
         tp: 2                           # 1 (default): one independent server per host;
                                         # tp x pp > 1: one engine across exactly tp x pp hosts, rank 0 first
         pp: 1                           # pipeline-parallel size (default 1)
+        dp: 1                           # data-parallel replicas behind rank 0's API (default 1; native,
+                                        # one Spark each): the deployment spans tp x pp x dp hosts
+        ep: false                       # --enable-expert-parallel (MoE recipes; tp x dp > 1)
         executor: ray                   # ray (default: a Ray cluster, head = rank 0) or native
-                                        # (vLLM's own --nnodes/--node-rank; the other ranks --headless)
+                                        # (vLLM's own --nnodes/--node-rank; the other ranks --headless;
+                                        # the default with dp > 1)
         overrides: {--max-model-len: 32768, --enable-chunked-prefill: null}   # null removes a flag
         port: 8000                      # default: the host's serve_port var, else 8000
         ray_port: 6379                  # Ray GCS port on the head (executor ray)
@@ -26,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkprov.catalog.layout import Layout, override_conflicts
 from sparkprov.defaults import MASTER_PORT, RAY_PORT
 from sparkprov.errors import InputError
 from sparkprov.yamlpos import load_yaml, parse_model
@@ -48,11 +53,20 @@ class DeploymentEntry(_Strict):
     hosts: str | list[str]
     tp: int = Field(default=1, ge=1, le=64)
     pp: int = Field(default=1, ge=1, le=64)
-    executor: Literal["ray", "native"] = "ray"
+    dp: int = Field(default=1, ge=1, le=64)
+    ep: bool = False
+    executor: Literal["ray", "native"] | None = None  # None: ray, native with dp > 1
     overrides: dict[str, Any] = Field(default_factory=dict)
     port: int | None = Field(default=None, ge=1, le=65535)
     ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _sizes_from_the_layout(self) -> "DeploymentEntry":
+        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
+        if conflict:
+            raise ValueError(f"override {conflict}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -70,8 +84,10 @@ class DeploymentEntry(_Strict):
             if k in ("--api-key",):
                 raise ValueError("--api-key in argv shows in `docker inspect` and `ps`: sparkprov passes the "
                                  "host's 0600 key file instead (G31)")
-            if k in ("--tensor-parallel-size", "--host", "--port"):
-                raise ValueError(f"{k} comes from the deployment (tp, port) and the host's serve_bind")
+            if k in ("--host", "--port", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                     "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
+                     "--data-parallel-rpc-port", "--data-parallel-rank"):
+                raise ValueError(f"{k} comes from the deployment (its layout, ranks and port) and the host's vars")
             if not (val is None or isinstance(val, (str, int, float, bool, dict, list))):
                 raise ValueError(f"override {k}: unsupported value {val!r}")
         return v
@@ -95,11 +111,17 @@ class Deployment:
     pp: int = 1
     executor: str = "ray"     # ray | native (vLLM's own multi-node: --nnodes/--node-rank/--headless)
     master_port: int = MASTER_PORT
+    dp: int = 1               # data-parallel replicas behind rank 0's API (native, one Spark each)
+    ep: bool = False          # --enable-expert-parallel
 
     @property
     def nodes(self) -> int:
-        """Sparks in one engine: tp x pp GPUs, one GPU per Spark (G35)."""
-        return self.tp * self.pp
+        """Sparks of the deployment: tp x pp x dp GPUs, one GPU per Spark (G35)."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tp, self.pp, self.dp, self.ep, self.executor if self.cluster else None)
 
     @property
     def cluster(self) -> bool:
@@ -108,7 +130,7 @@ class Deployment:
     def as_args(self, recipe_files: list[str]) -> dict[str, Any]:
         """What the serving modules take as arguments (plain data, validated by DeploymentArgs)."""
         return {"name": self.name, "model": self.model, "hosts": list(self.hosts), "tp": self.tp, "pp": self.pp,
-                "executor": self.executor, "overrides": dict(self.overrides), "port": self.port,
+                "dp": self.dp, "ep": self.ep, "executor": self.executor, "overrides": dict(self.overrides), "port": self.port,
                 "ray_port": self.ray_port, "master_port": self.master_port, "recipe_files": list(recipe_files)}
 
     @property
@@ -129,6 +151,8 @@ class DeploymentArgs(BaseModel):
     hosts: list[str]
     tp: int = Field(ge=1, le=64)
     pp: int = Field(default=1, ge=1, le=64)
+    dp: int = Field(default=1, ge=1, le=64)
+    ep: bool = False
     executor: Literal["ray", "native"] = "ray"
     overrides: dict[str, Any] = Field(default_factory=dict)
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -137,9 +161,16 @@ class DeploymentArgs(BaseModel):
     recipe_files: list[str] = Field(default_factory=list)
     image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
 
+    @model_validator(mode="after")
+    def _sizes_from_the_layout(self) -> "DeploymentArgs":
+        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
+        if conflict:
+            raise ValueError(f"override {conflict}")
+        return self
+
     @property
     def nodes(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def cluster(self) -> bool:
@@ -185,15 +216,17 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
         if not hosts:
             raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {d.hosts!r} match no host",
                             fix="name hosts or groups of the inventory")
-        nodes = d.tp * d.pp
+        nodes = d.tp * d.pp * d.dp
+        executor = d.executor or ("native" if d.dp > 1 else "ray")
         if nodes > 1 and len(hosts) != nodes:
-            size = f"tp {d.tp}" + (f" x pp {d.pp}" if d.pp > 1 else "")
+            size = Layout(d.tp, d.pp, d.dp).describe()
             raise pos.error(where + ("tp",), f"deployment {d.name!r}: {size} needs exactly {nodes} "
                             f"hosts (one GPU per Spark, G35), hosts gives {len(hosts)}: {', '.join(hosts)}",
                             fix=f"list {nodes} hosts (the first is rank 0) or set tp: {len(hosts)}")
         wl, wc = pos.at(where)
         out.deployments.append(Deployment(d.name, d.model, hosts, d.tp, dict(d.overrides), d.port, d.ray_port,
-                                          (file, wl, wc), pp=d.pp, executor=d.executor, master_port=d.master_port))
+                                          (file, wl, wc), pp=d.pp, executor=executor, master_port=d.master_port,
+                                          dp=d.dp, ep=d.ep))
     # one host, one port: two deployments on a host must not share a port
     by_host: dict[tuple[str, int | None], str] = {}
     for d in out.deployments:

@@ -215,12 +215,27 @@ def ray_head_argv(launch: Launch, *, nnodes: int) -> list[str]:
     return argv
 
 
-def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int) -> list[str]:
+DP_VALUED = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-start-rank",
+             "--data-parallel-address", "--data-parallel-rpc-port")
+
+
+def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int,
+                dp: int = 1) -> list[str]:
     """`vllm serve` for one rank of vLLM's own multi-node: the launch's arguments without Ray's
     executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0,
-    which serves no API: its --host/--port are dropped, vLLM ignores them there)."""
+    which serves no API: its --host/--port are dropped, vLLM ignores them there). With `dp` > 1
+    every rank is a data-parallel replica on its own Spark (vLLM's data-parallel deployment): rank 0
+    serves the API with --data-parallel-size/-size-local/-address/-rpc-port (rank 0's fabric address
+    and the deployment's master port), the others are --headless engines from
+    --data-parallel-start-rank RANK."""
     valued = ("--distributed-executor-backend", "--pipeline-parallel-size") + (("--host", "--port") if rank else ())
-    argv = drop_options(list(launch.vllm_argv), valued=valued)
+    argv = drop_options(list(launch.vllm_argv), valued=valued + (DP_VALUED if dp > 1 else ()))
+    if dp > 1:
+        argv += ["--data-parallel-size", str(dp), "--data-parallel-size-local", "1",
+                 "--data-parallel-address", master_addr, "--data-parallel-rpc-port", str(master_port)]
+        if rank:
+            argv += ["--data-parallel-start-rank", str(rank), "--headless"]
+        return argv
     if pp > 1:
         argv += ["--pipeline-parallel-size", str(pp)]
     argv += ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr,
@@ -231,11 +246,12 @@ def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr:
 
 
 def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str,
-                master_port: int, rank0_id: str = "") -> ContainerSpec:
+                master_port: int, rank0_id: str = "", dp: int = 1) -> ContainerSpec:
     labels = {"sparkprov.executor": "native", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
     pre, key = _pre_and_key(launch, rank == 0)
     script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
-    argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port)
+    argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port,
+                       dp=dp)
     if rank == 0:
         env = supervise.rank0_env(start_timeout_s=launch.recipe.startup.health_timeout_s, port=launch.ctx.port,
                                   model=launch.served_model_name, key_file=KEY_PATH if launch.ctx.api_key_file else None)
@@ -250,3 +266,5 @@ def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) 
     head_ip = launches[0][1].env_value("VLLM_HOST_IP") or ""
     return [ray_rank(deployment, h, launch, rank=i, nnodes=len(launches), head_ip=head_ip, ray_port=ray_port)
             for i, (h, launch) in enumerate(launches)]
+    if dp > 1:
+        labels["sparkprov.dp"] = str(dp)

@@ -333,18 +333,22 @@ def test_docker_unreachable_reason_is_dockers_own_line(tmp_path):
     assert parsed["error"].startswith("ERROR: Cannot connect to the Docker daemon")
 
 
-def test_recipe_shows_every_nodes_command_per_executor():
+def test_recipe_shows_every_nodes_command_per_executor(tmp_path):
     """`invoke recipe ALIAS --tp 2 --executor native|ray`: each node's docker run, from the code
     cluster-up runs (a derived Ray image named where the image ships no Ray)."""
     inv = REPO / ".venv" / "bin" / "invoke"
-    native = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "native", "--argv"],
-                            cwd=REPO, capture_output=True, text=True)
+    hosts = ["--hosts", "spark1,spark2", "--inventory", str(tmp_path / "inv.yaml")]
+    (tmp_path / "inv.yaml").write_text("hosts:\n" + "".join(
+        f"  spark{i}: {{address: 10.0.0.{i}, vars: {{fabric_ip: 192.168.100.1{i}, fabric_ifaces: enp1s0f1np1}}}}\n"
+        for i in (1, 2)))
+    native = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "native", "--argv",
+                             *hosts], cwd=REPO, capture_output=True, text=True)
     assert native.returncode == 0, native.stderr
     ranks = json.loads(native.stdout)
-    r0, r1 = ranks["node0"], ranks["node1"]
+    r0, r1 = ranks["spark1"], ranks["spark2"]
     assert "--headless" in r1 and "--headless" not in r0
-    assert r1[r1.index("--master-addr") + 1] == "<node0 fabric address>" and "--nnodes" in r0
-    ray = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "ray"], cwd=REPO,
+    assert r1[r1.index("--master-addr") + 1] == "192.168.100.11" and "--nnodes" in r0
+    ray = subprocess.run([str(inv), "recipe", "llama-3.3-70b", "--tp", "2", "--executor", "ray", *hosts], cwd=REPO,
                          capture_output=True, text=True)
     assert ray.returncode == 0 and "ships no Ray: cluster-up runs sparkprov/ray-" in ray.stdout
     assert ray.stdout.count("docker run -d") == 2 and "pip install" not in ray.stdout

@@ -11,14 +11,14 @@ from helpers import one, user
 CAT = load_catalog()
 
 
-def lint(alias, *, yaml=None, tmp_path=None, ctx=None, tp=None, rule=None, overrides=None):
+def lint(alias, *, yaml=None, tmp_path=None, ctx=None, tp=None, rule=None, overrides=None, pp=1):
     cat = CAT
     if yaml is not None:
         p = tmp_path / "user.yaml"
         p.write_text(textwrap.dedent(yaml))
         cat = load_catalog([p])
     r = cat.get(alias)
-    launch = render_launch(r, ctx or HostServeContext(), tp or min(r.tp_sizes), overrides, catalog=cat)
+    launch = render_launch(r, ctx or HostServeContext(), tp or min(r.tp_sizes), overrides, catalog=cat, pp=pp)
     return [f for f in lint_launch(launch, catalog=cat) if rule is None or f.rule == rule]
 
 
@@ -69,13 +69,15 @@ def test_G6_quantization_that_does_not_match_the_checkpoint(tmp_path):
 
 
 # G7: environment variables the image's vLLM does not know
-def test_G7_unknown_vllm_env_var_names_image_and_version(tmp_path):
-    f = one(lint("broken", yaml=user("qwen3.6-27b", "env: {VLLM_MADE_UP: '1'}\n"), tmp_path=tmp_path, rule="G7"),
+def test_G4_unknown_vllm_env_var_names_image_and_version(tmp_path):
+    """Every VLLM_* variable is checked against the image's vLLM by G4 (the rule the preflight runs
+    against the image's own flags), with the image and its version named."""
+    f = one(lint("broken", yaml=user("qwen3.6-27b", "env: {VLLM_MADE_UP: '1'}\n"), tmp_path=tmp_path, rule="G4"),
             ERROR)
     assert f.message.startswith("VLLM_MADE_UP is not an environment variable of the vLLM in vllm/vllm-openai:nightly "
                                 "(vLLM 0.23; recorded set: vllm-0.23)")
     # the FlashInfer MoE variables are valid on NGC 26.04 (0.19) and gone on 0.23
-    assert not [x for x in lint("qwen3.6-35b-a3b-ngc", rule="G7") if "not an environment variable" in x.message]
+    assert not [x for x in lint("qwen3.6-35b-a3b-ngc", rule="G4") if "not an environment variable" in x.message]
     gone = lint("broken", yaml=user("qwen3.6-27b", "env: {VLLM_FLASHINFER_MOE_BACKEND: latency}\n"),
                 tmp_path=tmp_path, rule="G7")
     assert [x.severity for x in gone] == [WARNING] and "ignored on vLLM 0.23+" in gone[0].message
@@ -112,12 +114,12 @@ def test_G29_unknown_key_inside_the_speculative_config(tmp_path):
 # G35: the cluster size is tp x pp
 def test_G35_cluster_size_counts_pipeline_stages(tmp_path):
     ctx = HostServeContext(cluster_size=4)
-    found = lint("llama-3.3-70b", tp=2, ctx=ctx, rule="G35", overrides={"--pipeline-parallel-size": 2})
+    found = lint("llama-3.3-70b", tp=2, ctx=ctx, rule="G35", pp=2)
     assert [f for f in found if "node(s)" in f.message] == []
     f = [x for x in lint("llama-3.3-70b", tp=2, ctx=ctx, rule="G35") if "node(s)" in x.message]
     assert len(f) == 1 and f[0].severity == ERROR and "has 4 node(s)" in f[0].message
-    f = [x for x in lint("llama-3.3-70b", tp=2, ctx=HostServeContext(cluster_size=2), rule="G35",
-                         overrides={"--pipeline-parallel-size": 2}) if "node(s)" in x.message]
+    f = [x for x in lint("llama-3.3-70b", tp=2, ctx=HostServeContext(cluster_size=2), rule="G35", pp=2)
+         if "node(s)" in x.message]
     assert len(f) == 1 and "TP=2 x PP=2 = 4 GPUs" in f[0].message
 
 

@@ -132,7 +132,9 @@ def test_plan_llama_on_two_hosts_prints_every_layout_with_memory_per_node(invent
     assert "65.7" in rows["tp 2"]  # half the 131.3 GiB of weights on each node
     # spark2 is capped at 0.80 (max_gpu_memory_utilization): the row shows the tighter node
     assert "95.7" in rows["tp 2"] and "26.8" in rows["tp 2"]
-    assert out.splitlines()[-2].startswith("pick: tp 2 (--tp 2 --executor native)")
+    picked = [line for line in out.splitlines() if line.startswith("pick: ")]
+    assert len(picked) == 1 and picked[0].startswith("pick: tp 2 (--tp 2 --executor native): ")
+    assert "rule:" in out and "  5. else, concurrency >= 8" in out
 
 
 def test_plan_json_and_stored_bench_results(tmp_path, capsys):

@@ -157,20 +157,33 @@ def test_vllm_use_v1_is_no_variable_of_0_12_and_no_recipe_sets_it():
     assert all("VLLM_USE_V1" not in r.env for r in load_catalog().recipes.values())
 
 
-def test_recipe_cli_pp_placeholders_and_single_node_images(capsys):
+INVENTORY = """\
+defaults: {user: nvidia}
+hosts:
+  spark1: {address: 10.0.0.1, vars: {fabric_ip: 192.168.100.11, fabric_ifaces: enp1s0f1np1}}
+  spark2: {address: 10.0.0.2, vars: {fabric_ip: 192.168.100.12, fabric_ifaces: enp1s0f1np1}}
+  spark3: {address: 10.0.0.3}
+"""
+
+
+def test_recipe_cli_pp_needs_hosts_with_fabric_and_refuses_single_node_images(capsys, tmp_path):
+    """No placeholder reaches a printed command: without --hosts, or with a host whose inventory has
+    no fabric address, the multi-node render is refused in one line that says what to give."""
     from invoke import Context, Exit
 
     from sparkprov.cli import catalog as cli
 
-    cli.recipe(Context(), "lab-tiny", tp=1, pp=2, argv=True)
-    cap = capsys.readouterr()
-    ranks = json.loads(cap.out)
-    assert len(ranks) == 2 and "--pipeline-parallel-size" in ranks["node0"]
-    assert "placeholders" in cap.err and "--hosts" in cap.err  # said plainly, not silently printed
-    cli.recipe(Context(), "lab-tiny", tp=1, pp=2)
-    assert capsys.readouterr().out.startswith("# NOTE: the <...> words are placeholders")
-    with pytest.raises(Exit, match="spans 2 Sparks, --hosts gives 1"):
-        cli.recipe(Context(), "lab-tiny", tp=1, pp=2, hosts="spark1")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    cli.recipe(Context(), "lab-tiny", tp=1, pp=2, argv=True, hosts="spark1,spark2", inventory=str(inv))
+    ranks = json.loads(capsys.readouterr().out)
+    assert list(ranks) == ["spark1", "spark2"] and "--pipeline-parallel-size" in ranks["spark1"]
+    assert not [w for argv in ranks.values() for w in argv if "<" in w and ">" in w]
+    for kw, why in (({}, "--hosts with 2 inventory hosts"), ({"hosts": "spark1,spark3"}, "spark3 (fabric_ip, fabric_ifaces)"),
+                    ({"hosts": "spark1"}, "takes 2 Spark(s)")):
+        with pytest.raises(Exit, match=why.replace("(", r"\(").replace(")", r"\)")) as exc:
+            cli.recipe(Context(), "lab-tiny", tp=1, pp=2, inventory=str(inv), **kw)
+        assert len(str(exc.value).splitlines()) == 1
     # nemotron-3-nano: nvcr.io/nvidia/vllm:25.12.post1-py3, single-node only as far as the catalog knows
     with pytest.raises(Exit, match="single-node only") as exc:
         cli.recipe(Context(), "nemotron-3-nano", tp=1, pp=2, executor="native")

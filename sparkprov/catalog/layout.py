@@ -1,0 +1,175 @@
+"""Parallel layouts across Sparks (one GPU each): tensor (tp) x pipeline (pp) stages of one engine,
+data-parallel replicas (dp) of it, expert parallelism (ep) for MoE models, and the executor.
+
+The rules, checked here once for `invoke recipe`, `cluster-up` and the playbooks (pure: no host):
+
+* tp x pp x dp = the GPUs of the hosts, one per Spark (G35); tp is one the recipe runs at.
+* Data-parallel replicas run on vLLM's own (native) executor: rank 0 serves the one API and the
+  others are `--headless` engines (`--data-parallel-size/-size-local/-address/-rpc-port`,
+  `--data-parallel-start-rank`; vLLM's data_parallel_deployment docs). Each replica is one Spark
+  (tp x pp = 1): a replica spanning Sparks would mix vLLM's multi-node ranks with its DP ranks,
+  which sparkprov does not render; run such replicas as separate deployments behind the gateway.
+* `--enable-expert-parallel` only for MoE recipes, and only where experts are split (tp x dp > 1).
+* The image's vLLM must have every flag the layout renders (the recorded set of its version):
+  a version without them refuses the layout, naming the image and the version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+from sparkprov.errors import InputError
+
+if TYPE_CHECKING:
+    from sparkprov.catalog.knownflags import FlagSet
+    from sparkprov.catalog.load import Catalog
+    from sparkprov.catalog.models import Image, ResolvedRecipe
+
+GPUS_PER_SPARK = 1  # a DGX Spark has one GB10 GPU
+EXECUTORS = ("ray", "native")
+# the vLLM options each part of a layout renders (serving/spec.py, catalog/render.py)
+NATIVE_FLAGS = ("--distributed-executor-backend", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                "--headless")
+DP_FLAGS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
+            "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless")
+# the layout's sizes: set by the deployment, never by an override
+SIZE_FLAGS = {"--tensor-parallel-size": "tp", "--pipeline-parallel-size": "pp", "--data-parallel-size": "dp",
+              "--enable-expert-parallel": "ep"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: bool = False
+    executor: str | None = None  # ray | native; None: one Spark
+
+    @property
+    def engine_gpus(self) -> int:
+        """The GPUs of one replica's engine (tp x pp)."""
+        return self.tp * self.pp
+
+    @property
+    def nodes(self) -> int:
+        """Sparks the layout takes: tp x pp x dp (one GPU per Spark)."""
+        return self.tp * self.pp * self.dp // GPUS_PER_SPARK
+
+    def describe(self) -> str:
+        parts = [f"tp {self.tp}"] + [f"pp {self.pp}"] * (self.pp > 1) + [f"dp {self.dp}"] * (self.dp > 1)
+        return " x ".join(parts) + (" +ep" if self.ep else "") + (f" ({self.executor})" if self.executor else "")
+
+    def options(self) -> str:
+        """The command-line options that select this layout."""
+        out = [f"--tp {self.tp}"] + [f"--pp {self.pp}"] * (self.pp > 1) + [f"--dp {self.dp}"] * (self.dp > 1)
+        out += ["--ep"] * self.ep + [f"--executor {self.executor}"] * bool(self.executor and self.nodes > 1)
+        return " ".join(out)
+
+    def flags(self) -> tuple[str, ...]:
+        """The vLLM options its launches carry, beyond the recipe's own."""
+        out: list[str] = []
+        if self.tp > 1:
+            out.append("--tensor-parallel-size")
+        if self.pp > 1:
+            out.append("--pipeline-parallel-size")
+        if self.engine_gpus > 1:
+            out += NATIVE_FLAGS if self.executor == "native" else ("--distributed-executor-backend",)
+        if self.dp > 1:
+            out += DP_FLAGS
+        if self.ep:
+            out.append("--enable-expert-parallel")
+        return tuple(dict.fromkeys(out))
+
+
+def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, flagset: FlagSet | None = None,
+                 hosts: int | None = None, known_executors_only: bool = True) -> None:
+    """Refuse a layout that cannot run (InputError, one line with the fix). `info`: the catalog's
+    record of the recipe's image; `flagset`: its vLLM's options (None: not known, not checked);
+    `hosts`: how many Sparks the deployment has (None: not known yet). `known_executors_only`:
+    refuse an executor the catalog does not know the image to run (`invoke recipe`); False refuses
+    only what it knows cannot run (cluster-up, whose preflight asks the image itself)."""
+    if layout.tp not in recipe.tp_sizes:
+        raise InputError(f"--tp {layout.tp}: {recipe.alias} runs at tp {', '.join(map(str, recipe.tp_sizes))} (G35)",
+                         fix=f"--tp {min(recipe.tp_sizes)}")
+    if layout.dp > 1:
+        if layout.executor == "ray":
+            raise InputError("--dp: data-parallel replicas run on vLLM's own multi-node executor, not on Ray",
+                             fix="--executor native (or leave --executor out)")
+        if layout.engine_gpus > 1:
+            raise InputError(f"--dp {layout.dp} with tp {layout.tp} x pp {layout.pp}: each data-parallel replica "
+                             "here is one Spark (tp x pp = 1)",
+                             fix="--tp 1 --pp 1 --dp N, or replicas spanning Sparks as separate deployments behind "
+                                 "`invoke gateway up`")
+    if layout.ep:
+        if not recipe.traits.moe:
+            raise InputError(f"--ep: {recipe.alias} is not a mixture-of-experts model (expert parallelism splits "
+                             "experts)", fix="leave out --ep")
+        if layout.tp * layout.dp < 2:
+            raise InputError("--ep with tp x dp = 1: there is nothing to split the experts over",
+                             fix="--ep with --tp 2 or --dp 2")
+    if hosts is not None and layout.nodes != hosts:
+        raise InputError(f"{layout.describe()} takes {layout.nodes} Spark(s) ({layout.nodes} GPUs, one per Spark), "
+                         f"the hosts are {hosts} (tp x pp x dp must equal them, G35)",
+                         fix=f"--hosts with {layout.nodes} hosts (the first is rank 0)")
+    if layout.nodes > 1 and info is not None and layout.executor:
+        executor = layout.executor
+        derives_ray = executor == "ray" and info.has_ray is False  # cluster-up bakes Ray into a derived image
+        known_not = executor == "native" and info.native_multinode is False
+        if executor not in info.executors and not derives_ray and (known_executors_only or known_not):
+            other = [e for e in info.executors if e != executor]
+            raise InputError(f"{recipe.alias} runs {info.ref} (vLLM {info.vllm or 'unknown'}), which the catalog marks "
+                             + ("single-node only" if not info.executors else f"multi-node with {', '.join(other)} only")
+                             + f": no {executor} multi-node layout",
+                             fix=f"--executor {other[0]}" if other else "--tp 1 (one Spark), or a recipe on an image "
+                             "with vLLM >= 0.12 (invoke images)")
+    if flagset is not None:
+        missing = [f for f in layout.flags() if not flagset.knows(f)]
+        if missing:
+            version = info.vllm if info is not None and info.vllm else "unknown"
+            raise InputError(f"{layout.describe()}: the vLLM in {recipe.image} (vLLM {version}; {flagset.describe()}) "
+                             f"has no {', '.join(missing)}", fix="another layout, or a recipe on an image whose "
+                             "vLLM has them (invoke images)")
+
+
+def layout_of(recipe: ResolvedRecipe, catalog: Catalog, layout: Layout, *, hosts: int | None = None,
+              known_executors_only: bool = True) -> None:
+    """check_layout with the catalog's image record and the recorded flag set of its vLLM."""
+    from sparkprov.catalog.knownflags import known_flags
+
+    check_layout(recipe, catalog.image(recipe.image), layout, flagset=known_flags(recipe.image, catalog),
+                 hosts=hosts, known_executors_only=known_executors_only)
+
+
+def layouts(recipe: ResolvedRecipe, catalog: Catalog, max_nodes: int) -> Iterator[Layout]:
+    """Every layout of `recipe` on 1..max_nodes Sparks that check_layout accepts (ep variants
+    included for MoE recipes), each multi-node one once per executor its image allows."""
+    for tp in sorted(recipe.tp_sizes):
+        for pp in range(1, max_nodes + 1):
+            for dp in range(1, max_nodes + 1):
+                if tp * pp * dp > max_nodes:
+                    continue
+                for ep in (False, True):
+                    for executor in (EXECUTORS if tp * pp * dp > 1 else (None,)):
+                        lay = Layout(tp, pp, dp, ep, executor)
+                        try:
+                            layout_of(recipe, catalog, lay)
+                        except InputError:
+                            continue
+                        yield lay
+
+
+def override_conflicts(overrides: dict, layout: Layout) -> str | None:
+    """Why an override may not set a size flag (None: none set one against the layout). The sizes
+    come from the deployment's tp/pp/dp/ep; an override equal to them changes nothing."""
+    for flag, field in SIZE_FLAGS.items():
+        if flag not in overrides:
+            continue
+        value, want = overrides[flag], getattr(layout, field)
+        if field == "ep":
+            if bool(value) != want:
+                return f"{flag} comes from the deployment's ep ({'true' if want else 'false'})"
+            continue
+        if str(value) != str(want):
+            return f"{flag} {value} conflicts with the deployment's {field} {want} (set {field}: instead)"
+    return None
