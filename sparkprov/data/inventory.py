@@ -198,7 +198,9 @@ class Inventory:
 # Variables sparkprov itself reads as paths on the hosts (sparkprov/defaults.py): they end up in
 # scripts, mounts and unit files, where a newline or carriage return would split a line.
 PATH_VARS = {"model_store", "compile_cache", "api_key_file"}
-PORT_VARS = {"serve_port"}
+PORT_VARS = {"serve_port", "gateway_port"}
+URL_VARS = {"hf_endpoint"}
+IMAGE_VARS = {"gateway_image", "stage_image"}
 
 
 def _is_path_var(name: str) -> bool:
@@ -228,12 +230,34 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
                 if not isinstance(value, int) or not 1 <= value <= 65535:
                     raise pos.error(where, f"{name}: {value!r} is not a port",
                                     fix="give a whole number from 1 to 65535")
+            elif name in URL_VARS and value is not None:
+                _check_url_var(pos, where, name, value)
+            elif name in IMAGE_VARS and value is not None:
+                from sparkprov.catalog.load import IMAGE_RE
+
+                if not isinstance(value, str) or not IMAGE_RE.match(value):
+                    raise pos.error(where, f"{name}: {value!r} is not an image reference",
+                                    fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")
             elif _is_path_var(name) and value is not None:
                 if not isinstance(value, str):
                     raise pos.error(where, f"{name}: {value!r} is not a path", fix='write it as a string, e.g. "~/vllm"')
                 if any(not c.isprintable() for c in value) or (name != "api_key_file" and not value.strip()):
                     raise pos.error(where, f"{name}: {value!r} is not a usable path",
                                     fix="remove newlines, carriage returns and other control characters")
+
+
+def _check_url_var(pos: Positions, where: tuple, name: str, value: Any) -> None:
+    """The hub endpoint as stage-weights will use it (staging.hub.check_endpoint's rule), so a bad
+    one is refused at its line before any host or hub is asked."""
+    from sparkprov.errors import SparkprovError
+    from sparkprov.staging.hub import check_endpoint
+
+    if not isinstance(value, str):
+        raise pos.error(where, f"{name}: {value!r} is not a URL", fix="write it as a string, e.g. https://huggingface.co")
+    try:
+        check_endpoint(value)
+    except SparkprovError as exc:
+        raise pos.error(where, exc.message, fix=exc.fix) from None
 
 
 def _close(term: str, names: list[str]) -> str | None:
