@@ -255,8 +255,10 @@ def pick(plans: list[LayoutPlan], concurrency: int) -> Pick:
     """The layout `invoke plan` recommends, by RULE (each step narrows the last)."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
-        return Pick(None, "no layout fits on these Sparks: see each layout's reason (more Sparks, a smaller "
-                          "checkpoint, or a lower --max-model-len)", RULE)
+        memory = [p for p in plans if p.refused is None]
+        why = ("no layout the rules allow fits in memory: more Sparks, a smaller checkpoint, or a lower "
+               "--max-model-len" if memory else "the layout rules refuse every layout on these Sparks (each says why)")
+        return Pick(None, why, RULE)
     covering = [p for p in fitting if p.covers is not False]
     if covering:
         pool, step2 = covering, f"its pool covers --max-model-len x {concurrency} concurrent"
@@ -290,13 +292,16 @@ def pick(plans: list[LayoutPlan], concurrency: int) -> Pick:
 
 def latest_bench(records: list[dict], alias: str) -> dict[tuple[int, int, int], dict]:
     """The latest stored bench run of `alias` per layout (tp, pp, dp), from serving/bench.py's
-    records (pp and dp count as 1 where a record does not name them)."""
+    records: the layout its provenance records, else its tp label (pp and dp then count as 1)."""
     out: dict[tuple[int, int, int], dict] = {}
     for rec in records:
         if rec.get("recipe") != alias:
             continue
+        prov = rec.get("provenance")
+        layout = prov.get("layout") if isinstance(prov, dict) else None
+        where = layout if isinstance(layout, dict) else rec
         try:
-            key = (int(rec.get("tp") or 1), int(rec.get("pp") or 1), int(rec.get("dp") or 1))
+            key = (int(where.get("tp") or 1), int(where.get("pp") or 1), int(where.get("dp") or 1))
         except (TypeError, ValueError):
             continue
         if key not in out or str(rec.get("time", "")) > str(out[key].get("time", "")):

@@ -79,7 +79,10 @@ def test_pick_takes_the_fewest_sparks_without_hosts_and_none_when_nothing_fits()
     plans = plan_layouts(SMALL, TWO, counts=[1, 2], rules=allow_all, concurrency=1)
     assert pick(plans, 1).plan.describe() == "tp 1"
     nothing = pick(plan_layouts(LLAMA, TWO[:1], counts=[1], rules=allow_all, concurrency=1), 1)
-    assert nothing.plan is None and "no layout fits" in nothing.why
+    assert nothing.plan is None and "no layout the rules allow fits in memory" in nothing.why
+    refuse_all = plan_layouts(SMALL, TWO, counts=[2], rules=lambda tp, pp, dp: (ONE_ENGINE, None, "a rule"),
+                              concurrency=1)
+    assert "the layout rules refuse every layout" in pick(refuse_all, 1).why
 
 
 def test_a_refused_layout_is_listed_with_its_reason_and_never_picked():
@@ -98,7 +101,8 @@ def test_measured_bench_results_decide_between_fitting_layouts():
     records = [
         {"recipe": "small", "tp": "2", "time": "2026-11-01T00:00:00Z", "rows": [{"concurrency": 16, "output_throughput": 300.0}]},
         {"recipe": "small", "tp": "2", "time": "2026-11-02T00:00:00Z", "rows": [{"concurrency": 16, "output_throughput": 310.0}]},
-        {"recipe": "small", "tp": "1", "dp": "2", "time": "2026-11-01T00:00:00Z",
+        {"recipe": "small", "tp": "1", "time": "2026-11-01T00:00:00Z",  # the layout as provenance records it
+         "provenance": {"layout": {"tp": 1, "pp": 1, "dp": 2, "nodes": 2}},
          "rows": [{"concurrency": 16, "output_throughput": 280.0}]},
         {"recipe": "other", "tp": "1", "time": "2026-11-03T00:00:00Z", "rows": []},
     ]
