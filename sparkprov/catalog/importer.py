@@ -359,11 +359,17 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     """One foreign recipe as a sparkprov user recipe (a dict ready for YAML) and its problems.
     Every error is an InputError at the key it comes from (FILE:LINE:COL where `pos` knows it)."""
     pos = pos or Positions(str(origin))
-    fmt = detect_format(data, pos)
+    from sparkprov.catalog import import_formats  # NVIDIA schema 3, spark-pulse params/engines
+
+    problems: list[str] = []
+    other = import_formats.read(data, pos)
+    if other:
+        fmt, data, problems, pos = other
+    else:
+        fmt = detect_format(data, pos)
     rec = _typed(data, pos)
     if variant:
         rec = _variant(rec, variant, pos)
-    problems: list[str] = []
     src = f"user {one_line(Path(origin).name)}: imported from a {fmt} recipe"
     if fmt == "sparkrun-v2":
         runtime = rec.runtime or "vllm"
