@@ -33,6 +33,7 @@ MAX_BENCH_BYTES = 4 * 2**20
 
 
 def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False):
+    """Every layout of a model on the Sparks (tp x pp, replicas): memory per node, and the one to pick and why."""
     from sparkprov.catalog.layout_plan import catalog_rules, figures_of, latest_bench, pick, plan_layouts
     from sparkprov.catalog.load import load_catalog
     from sparkprov.cli.common import user_errors
