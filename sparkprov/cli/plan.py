@@ -44,7 +44,11 @@ def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, re
         hosts = hosts_option("hosts", hosts)
         sparks = int_option("sparks", sparks, 1, 64)
         concurrency = int_option("concurrency", concurrency, 1, 4096)
+        given = results is not None
         results = text_option("results", results, default=DEFAULT_RESULTS)
+        if given and not Path(results).expanduser().is_dir():
+            raise InputError(f"--results {results!r} is not a folder", fix="name the folder `invoke bench --results` wrote "
+                             f"(default {DEFAULT_RESULTS})")
         if hosts is not None and sparks is not None:
             raise InputError("--sparks and --hosts both say how many Sparks", fix="give one of them")
         cat = load_catalog(list(recipes or []))

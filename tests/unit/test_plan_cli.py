@@ -128,7 +128,7 @@ def inventory(tmp_path):
 
 
 def test_plan_llama_on_two_hosts_prints_every_layout_with_memory_per_node(inventory, tmp_path, capsys):
-    cli.plan(Context(), "llama-3.3-70b", hosts="spark1,spark2", inventory=inventory, results=str(tmp_path / "none"))
+    cli.plan(Context(), "llama-3.3-70b", hosts="spark1,spark2", inventory=inventory, results=str(tmp_path))
     out = capsys.readouterr().out
     rows = {line.split("  ")[0].strip(): line for line in out.splitlines() if line[:1].isalnum()}
     assert {"tp 2", "tp 1 x pp 2", "2 replicas"} <= set(rows)
@@ -162,6 +162,7 @@ def test_plan_json_and_stored_bench_results(tmp_path, capsys):
     ({"model": "llama-3.3-70b", "hosts": "spark9"}, "unknown host or group 'spark9'"),
     ({"model": "llama-3.3-70b", "hosts": "spark1", "sparks": "2"}, "--sparks and --hosts"),
     ({"model": "llama-3.3-70b", "concurrency": "many"}, "--concurrency"),
+    ({"model": "llama-3.3-70b", "results": "/dev/null"}, "--results '/dev/null' is not a folder"),
 ])
 def test_plan_bad_input_is_one_line_exit_1(inventory, kwargs, message):
     with pytest.raises(Exit) as err:
