@@ -158,3 +158,23 @@ def check_condition_safe(expr: str) -> None:
     bad = condition_dunder(expr)
     if bad is not None:
         raise ExprError(f"{bad!r} is not allowed in a condition (names starting with '_' are Python internals)")
+
+
+def check_override_flags(dep: Any, recipe: Any, catalog: Any, cache_dir: str | None = None) -> None:
+    """Each flag a deployment's overrides add is one the vLLM of its recipe's image knows: the
+    image's cached `vllm serve --help=all` answer where one is cached, else the set recorded for
+    its vLLM version (the lint's G4 knows the same offline). An unknown flag would otherwise be
+    found by the preflight on the host, or by vLLM exiting with 'unrecognized arguments'."""
+    from sparkprov.catalog.knownflags import REPLACED, known_flags
+
+    info = catalog.image(recipe.image)
+    flags = known_flags(info if info is not None else recipe.image, catalog, cache_dir)
+    if flags is None:  # an image whose vLLM nothing records: the preflight asks the image itself
+        return
+    for flag, value in dep.overrides.items():
+        if value is None or value is False:  # removing a flag the image lacks harms nothing
+            continue
+        if not flags.knows(flag):
+            raise dep.error(f"override {flag} is not an option of the vLLM in {recipe.image} ({flags.describe()})",
+                            fix=REPLACED.get(flag, "check the spelling (invoke images --host H --flags lists the "
+                                                   "image's own), or remove it"))

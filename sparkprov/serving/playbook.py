@@ -93,6 +93,29 @@ class DeploymentEntry(_Strict):
         return v
 
 
+_FLAG_WORD = re.compile(r"--?[A-Za-z]")
+
+
+def override_value_problem(value: Any, top: bool = True) -> str | None:
+    """Why an override's value is not one value of its flag, or None. It becomes one argv word of
+    `vllm serve` (and a line of the unit file that restarts it): a line break would split that
+    line, `$(` or a backtick would be read by any shell it meets, and a second word that looks like
+    a flag (`32768 --trust-remote-code`) smuggles in an option the playbook does not show as one."""
+    if isinstance(value, str):
+        if any(not c.isprintable() for c in value):
+            return f"{value!r} holds a line break or another control character"
+        if "$(" in value or "`" in value:
+            return f"{value!r} holds a command substitution ($( or a backtick)"
+        if top and any(_FLAG_WORD.match(w) for w in value.split()):
+            return f"{value!r} holds a word that reads as an option"
+    elif isinstance(value, dict):
+        return next((p for k, x in value.items() for p in (override_value_problem(str(k), False),
+                                                           override_value_problem(x, False)) if p), None)
+    elif isinstance(value, list):
+        return next((p for x in value if (p := override_value_problem(x, False))), None)
+    return None
+
+
 class ServePlaybookFile(_Strict):
     recipes: list[str] = Field(default_factory=list)
     deployments: list[DeploymentEntry]
@@ -211,6 +234,11 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
         if d.name in seen:
             raise pos.error(where + ("name",), f"deployment {d.name!r} is defined twice", fix="give it another name")
         seen[d.name] = i
+        for flag, value in d.overrides.items():
+            problem = override_value_problem(value)
+            if problem:
+                raise pos.error(where + ("overrides", flag), f"deployment {d.name!r}: override {flag}: {problem}",
+                                fix="give one value per flag (each flag its own key under overrides:)")
         line, col = pos.at(where + ("hosts",))
         hosts = inventory.resolve(d.hosts, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
         if not hosts:
