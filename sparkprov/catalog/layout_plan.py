@@ -86,6 +86,7 @@ class NodeMemory:
     tokens: int | None
     headroom_gib: float
     problems: tuple[str, ...] = ()
+    measured: bool = False  # the pool is one a note measured (memory's one-Spark plan), not the formula
 
     def as_dict(self) -> dict:
         return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -163,9 +164,10 @@ def node_memory(model: ModelFigures, spark: Spark, tp: int, pp: int,
                 overhead_gib: float = RUNTIME_OVERHEAD_GIB) -> NodeMemory:
     """One node of a tp x pp engine on `spark` (see the module docstring for the formulas)."""
     util = min(model.utilization, spark.utilization_cap or 1.0)
-    if tp * pp == 1 and model.single is not None and util == model.single.gpu_memory_utilization \
-            and spark.host_gib == HOST_MEMORY_GIB:
-        plan = model.single  # memory's own plan: measured figures where the notes have them
+    measured = (tp * pp == 1 and model.single is not None and util == model.single.gpu_memory_utilization
+                and spark.host_gib == HOST_MEMORY_GIB and model.kv_source == "measured")
+    if measured:
+        plan = model.single  # memory's own plan of the recipe: the pool a note measured
     else:
         weights = None if model.weights_gib is None else model.weights_gib / (tp * pp)
         plan = plan_model(model.alias, gpu_memory_utilization=util, weights_gib=weights,
@@ -176,7 +178,7 @@ def node_memory(model: ModelFigures, spark: Spark, tp: int, pp: int,
     return NodeMemory(host=spark.name, utilization=util, budget_gib=plan.budget_gib, weights_gib=plan.weights_gib,
                       overhead_gib=plan.overhead_gib, kv_pool_gib=plan.kv_pool_gib, bytes_per_token=plan.bytes_per_token,
                       tokens=plan.pool_tokens, headroom_gib=host.headroom_gib,
-                      problems=tuple(str(p) for p in host.problems))
+                      problems=tuple(str(p) for p in host.problems), measured=measured)
 
 
 def _split_bytes_per_token(model: ModelFigures, tp: int, pp: int) -> float | None:

@@ -143,6 +143,8 @@ def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
             verdict.append(f"not allowed: {p.refused}")
         if p.does_not_fit:
             verdict.append(p.does_not_fit)
+        if all(x.measured for x in p.nodes):
+            verdict.append("pool as measured")
         if p.fits:
             verdict.append("fits" + ("" if p.covers is None else
                                      f", covers {-(-concurrency // p.dp)} x {figures.max_model_len:,} per replica"

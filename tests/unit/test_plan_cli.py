@@ -153,6 +153,8 @@ def test_plan_json_and_stored_bench_results(tmp_path, capsys):
     assert doc["kv_source"] == "measured" and doc["pick"]["layout"] == "tp 1"
     one = next(p for p in doc["layouts"] if p["layout"] == "tp 1")
     assert one["engine_tokens"] == 1_600_000 and one["bench"]["rows"][0]["output_throughput"] == 123.4
+    assert one["nodes"][0]["measured"] is True  # 002's pool; a split layout's is the formula's, and says so
+    assert [n["measured"] for n in next(p for p in doc["layouts"] if p["layout"] == "tp 1 x pp 2")["nodes"]] == [False] * 2
     cli.plan(Context(), "qwen3.6-35b-a3b-ngc", sparks=1, results=str(tmp_path / "bench"))
     assert "measured: concurrency 4: 123.4 output tok/s" in capsys.readouterr().out
 
