@@ -13,6 +13,10 @@ HELP = {
     "concurrency": "Concurrency levels, comma-separated (default 1,4,16,64; each 1 to 4096)",
     "input_len": "Prompt length in tokens (default 1024)",
     "output_len": "Output length in tokens, generated to the end (--ignore-eos; default 128)",
+    "profile": "A named workload: arena (the community leaderboard's: input 2048, output 128, concurrency "
+               "1,2,5,10); --concurrency, --input-len and --output-len still override it",
+    "export": "Write the deployment's newest stored run (under --results) as NVIDIA's performance.yaml to this "
+              "file; runs nothing, contacts no host",
     "prompts": "Requests per level (default: 4 x the concurrency, at least 8)",
     "results": "Folder for the results (default ~/.local/share/sparkprov/bench): DEPLOYMENT/RECIPE_HASH/*.json and *.png",
     "compare": "Show the change against the last stored run of the same recipe, host and parameters",
@@ -31,15 +35,16 @@ DEPLOYMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 
 def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prompts=None, results=None,
           compare=False, timeout=None, check=False, json=False, hosts=None, inventory=None, limit=None, forks=None,
-          accept_new_host_keys=False):
+          accept_new_host_keys=False, profile=None, export=None):
     """Throughput and latency of a deployment at each concurrency (vllm bench serve in its container):
-    stored as JSON under its recipe hash and image, plotted (PNG), compared with --compare."""
+    stored as JSON under its recipe hash and image with its provenance (image digest, model commit,
+    driver, kernel, layout), plotted (PNG), compared with --compare; --export writes a stored run
+    as NVIDIA's performance.yaml."""
     import re
 
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import (OptionError, csv_option, float_option, int_option, parse_forks, positional,
-                                       text_option)
-    from sparkprov.outputs import check_output_dir
+    from sparkprov.cli.options import OptionError, parse_forks, positional, text_option
+    from sparkprov.outputs import check_output_dir, check_output_file
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.engine.run import DEFAULT_FORKS
@@ -52,16 +57,12 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
         if not re.fullmatch(DEPLOYMENT_PATTERN, deployment):
             raise OptionError(f"bench: {deployment!r} is not a deployment name",
                               fix="give the name `invoke status` shows (letters, digits, . _ -)")
-        levels = [int_option("concurrency", w, 1, 4096)
-                  for w in csv_option("concurrency", concurrency, pattern=r"[0-9]+", allowed_text="whole numbers",
-                                      default=["1", "4", "16", "64"])]
-        args = {"deployment": deployment, "concurrency": sorted(set(levels)),
-                "input_len": int_option("input-len", input_len, 1, 1_048_576, default=1024),
-                "output_len": int_option("output-len", output_len, 1, 1_048_576, default=128),
-                "prompts": int_option("prompts", prompts, 1, 1_000_000),
-                "timeout": float_option("timeout", timeout, 0, 86400, default=3600.0, unit="seconds")}
+        args = bench_args(deployment, concurrency=concurrency, input_len=input_len, output_len=output_len,
+                          prompts=prompts, timeout=timeout, profile=profile)
         # checked before any host: a FIFO, /dev/full or a file here would fail the run at its end
         store_at = check_output_dir("results", text_option("results", results, default="~/.local/share/sparkprov/bench"))
+        if export is not None:
+            return export_run(deployment, store_at, check_output_file("export", text_option("export", export)), check)
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
@@ -69,11 +70,14 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
         runner = plays.run_book(inv, plays.bench_book(targets, **args), targets,
                                 engine_options(check=check, forks=forks, accept_new_host_keys=accept_new_host_keys), report)
         served = [h for h in targets if (runner.exports.get(h) or {}).get("bench_target")]
+        members = sorted((h for h in targets if (runner.exports.get(h) or {}).get("bench_member")),
+                         key=lambda h: _rank(runner.exports[h]["bench_member"].get("rank")))
         runs = []
         for h in targets:
             rec = (runner.exports.get(h) or {}).get("bench")
             if not rec:
                 continue
+            rec = sb.with_hosts(rec, members)
             old = sb.previous(store_at, rec) if compare else None
             path = sb.store(store_at, rec)
             png = sb.plot(rec, path.with_suffix(".png"))
@@ -93,6 +97,52 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
             print(f"would run vllm bench serve for {deployment} on {', '.join(served)}; nothing ran")
         report.recap()
     finish(report.exit_code())
+
+
+def bench_args(deployment: str, *, concurrency=None, input_len=None, output_len=None, prompts=None, timeout=None,
+               profile=None) -> dict:
+    """The serve_bench arguments from the options: a named profile's values, unless an option gives its own."""
+    from sparkprov.cli.options import choice_option, csv_option, float_option, int_option
+    from sparkprov.serving import bench as sb
+
+    profile = choice_option("profile", profile, sorted(sb.PROFILES))
+    preset = sb.PROFILES.get(profile or "", {})
+    levels = [int_option("concurrency", w, 1, 4096)
+              for w in csv_option("concurrency", concurrency, pattern=r"[0-9]+", allowed_text="whole numbers",
+                                  default=[str(x) for x in preset.get("concurrency", [1, 4, 16, 64])])]
+    return {"deployment": deployment, "concurrency": sorted(set(levels)),
+            "input_len": int_option("input-len", input_len, 1, 1_048_576, default=preset.get("input_len", 1024)),
+            "output_len": int_option("output-len", output_len, 1, 1_048_576, default=preset.get("output_len", 128)),
+            "prompts": int_option("prompts", prompts, 1, 1_000_000),
+            "timeout": float_option("timeout", timeout, 0, 86400, default=3600.0, unit="seconds"),
+            "profile": profile}
+
+
+def _rank(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 1 << 30  # unknown ranks after the known ones
+
+
+def export_run(deployment: str, results, out, check: bool) -> None:
+    """The newest stored run of the deployment, as NVIDIA's performance.yaml (written atomically)."""
+    import json as _json
+
+    from sparkprov.errors import SparkprovError
+    from sparkprov.outputs import write_text_atomic
+    from sparkprov.serving import bench as sb
+
+    runs = sb.stored_runs(results, deployment)
+    if not runs:
+        raise SparkprovError(f"bench --export: no stored run of {deployment} under {results}",
+                             fix=f"run invoke bench {deployment} first, or give --results the folder it stored into")
+    rec = _json.loads(runs[-1].read_text())
+    if check:
+        print(f"would write {out} from {runs[-1]}; nothing written")
+        return
+    write_text_atomic(out, sb.performance_yaml(rec))
+    print(f"{runs[-1]} -> {out} (NVIDIA performance.yaml, {len(rec.get('rows') or [])} profile(s))")
 
 
 def print_run(run: dict) -> None:
@@ -125,10 +175,18 @@ def print_run(run: dict) -> None:
         t.add_row(str(r["concurrency"]), val("output_throughput"), val("total_token_throughput"), lat("ttft"),
                   lat("itl"), e2e, str(r.get("failed") if r.get("failed") is not None else "-"))
     con.print(t)
+    prov = run.get("provenance") or {}
+    lay = prov.get("layout") or {}
+    con.print(f"image {prov.get('image_digest') or prov.get('image') or '?'}; model {prov.get('model_repo') or '?'}@"
+              f"{(prov.get('model_commit') or prov.get('model_revision') or '?')[:12]}; vLLM {prov.get('vllm_version') or '?'}; "
+              f"driver {prov.get('driver_version') or '?'}; kernel {prov.get('kernel') or '?'}; "
+              f"tp {lay.get('tp', '?')} x pp {lay.get('pp', '?')} on {', '.join(lay.get('hosts') or []) or run['host']}")
     c = run.get("compare")
     if c:
         con.print(f"compared with {c['against']} ({c['time']})"
                   + ("" if c["same_image"] else ": ANOTHER IMAGE than this run's"))
+        for k, (before, now) in (c.get("changed") or {}).items():
+            con.print(f"  {k} changed: {before} -> {now}")
     elif run.get("compared"):
         con.print("no earlier run of this recipe, host and parameters to compare with")
     con.print(f"stored {run['path']}\nplot   {run['plot']}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from sparkprov.facts.base import FactError
+from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import bench
@@ -23,6 +25,7 @@ class Args(ModuleArgs):
     output_len: int = Field(default=128, ge=1, le=1_048_576)
     prompts: int | None = Field(default=None, ge=1, le=1_000_000)  # per level; None: 4 x concurrency, at least 8
     timeout: float = Field(default=3600, gt=0, le=86400)  # per level
+    profile: str | None = Field(default=None, max_length=64)  # a named profile the parameters came from (arena)
 
 
 class ServeBench(Module):
@@ -31,7 +34,9 @@ class ServeBench(Module):
     doc = "Run vLLM's benchmark client (vllm bench serve) against a deployment this host serves."
 
     def needs(self, args: Args, host: HostContext):
-        return {"status": ServingStatus()}
+        # the driver comes with the gather (one section more, no round trip); the kernel and the
+        # OS with the host's identity, which every gather reads
+        return {"status": ServingStatus(), "gpu": NvidiaSmi()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         st = facts.status
@@ -40,7 +45,10 @@ class ServeBench(Module):
         mine = [c for c in st["containers"] if c["labels"].get("sparkprov.deployment") == args.deployment
                 and c["labels"].get("sparkprov.port")]
         if not mine:
-            return Plan(msg=f"{args.deployment} does not serve here")
+            # a rank that serves no API: the command names it among the run's hosts
+            ranks = [c for c in st["containers"] if c["labels"].get("sparkprov.deployment") == args.deployment]
+            exports = {"bench_member": {"rank": ranks[0]["labels"].get("sparkprov.rank")}} if ranks else {}
+            return Plan(msg=f"{args.deployment} does not serve here", exports=exports)
         c = mine[0]
         if c["status"] != "running" or c.get("health") != 200:
             return Plan.fail(f"{host.name}: {args.deployment} is not answering ({c['name']} is {c['status']}, "
@@ -56,16 +64,22 @@ class ServeBench(Module):
                         verify=False, timeout=args.timeout * len(args.concurrency) + 60)
         params = {"concurrency": args.concurrency, "input_len": args.input_len, "output_len": args.output_len,
                   "prompts": args.prompts}
-        change.outcome = lambda out: _judge(out, args, host.name, labels, params, change)
-        return Plan([change], exports={"bench_target": {"container": c["name"], "labels": labels}})
+        try:
+            gpu = facts.gpu
+        except FactError:  # no driver to name: the run records none
+            gpu = None
+        system = bench.system_facts(gpu, host.info)
+        change.outcome = lambda out: _judge(out, args, host.name, labels, params, system, change)
+        return Plan([change], exports={"bench_target": {"container": c["name"], "labels": labels},
+                                       "bench_member": {"rank": labels.get("sparkprov.rank") or "0"}})
 
 
-def _judge(out: str, args: Args, host: str, labels: dict, params: dict, change: Change) -> str | None:
+def _judge(out: str, args: Args, host: str, labels: dict, params: dict, system: dict, change: Change) -> str | None:
     try:
         doc = bench.parse_host_output(out)
     except ValueError as e:
         return f"{host}: {e}"
-    rec = bench.record(host, args.deployment, labels, params, doc)
+    rec = bench.record(host, args.deployment, labels, params, doc, system, args.profile)
     change.exports = {"bench": rec}
     failed = doc.get("error") or next((r["error"] for r in doc.get("rows", []) if "error" in r), None)
     done = ", ".join(f"c={r['concurrency']}: {r['output_throughput']:.1f} output tok/s" for r in rec["rows"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,17 @@ RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; remov
 
 # The host side: stdlib Python, one JSON line on stdout.
 HOST_PROGRAM = r'''
-import json, os, subprocess, sys, urllib.request
+import json, os, re, subprocess, sys, urllib.request
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REFS_PY = """import json, os, sys
+hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+d, out = os.path.join(hub, sys.argv[1], "refs"), {}
+for r, _, fs in os.walk(d):
+    for f in fs:
+        with open(os.path.join(r, f)) as fh:
+            out[os.path.relpath(os.path.join(r, f), d)] = fh.read(100).strip()
+print(json.dumps(out))
+"""
 spec = json.loads(sys.argv[1])
 name, port, served = spec["container"], spec["port"], spec["model"]
 key = ""
@@ -45,8 +56,10 @@ if spec.get("keyfile"):
 def inspect(fmt, *what):
     r = subprocess.run(["docker", "inspect", "--format", fmt, *what], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else ""
-out = {"container": name, "image_id": inspect("{{.Image}}", name), "rows": []}
+out = {"container": name, "image_id": inspect("{{.Image}}", name), "image": inspect("{{.Config.Image}}", name),
+       "rows": []}
 out["repo_digests"] = json.loads(inspect("{{json .RepoDigests}}", out["image_id"]) or "[]") if out["image_id"] else []
+out["args"] = json.loads(inspect("{{json .Args}}", name) or "[]")
 # the tokenizer is the model the server loaded (/v1/models "root"): the served name is only a name
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 req = urllib.request.Request("http://127.0.0.1:%d/v1/models" % port)
@@ -55,11 +68,25 @@ if key:
 try:
     with opener.open(req, timeout=10) as r:
         models = json.loads(r.read())["data"]
-    root = next((m.get("root") for m in models if m.get("id") == served), None) or served
+    mine = next((m for m in models if m.get("id") == served), {})
+    root = mine.get("root") or served
 except Exception as e:
     print(json.dumps({**out, "error": "the server did not list its models: %s" % e}))
     sys.exit(0)
-out["tokenizer"] = root
+out["tokenizer"], out["max_model_len"] = root, mine.get("max_model_len")
+try:
+    with opener.open(urllib.request.Request("http://127.0.0.1:%d/version" % port), timeout=10) as r:
+        out["server_version"] = json.loads(r.read()).get("version")
+except Exception:
+    out["server_version"] = None
+# the refs (branch/tag -> commit) of the served repo in the container's own store: which commit it loaded
+if REPO_RE.match(root):
+    r = subprocess.run(["docker", "exec", name, "python3", "-c", REFS_PY, "models--" + root.replace("/", "--")],
+                       capture_output=True, text=True, timeout=30)
+    try:
+        out["refs"] = json.loads(r.stdout) if r.returncode == 0 else None
+    except ValueError:
+        out["refs"] = None
 # the key arrives on stdin and goes to the client's environment, which vLLM's client reads
 run = ('OPENAI_API_KEY=$(cat); export OPENAI_API_KEY; mkdir -p %s && exec "$@" > %s/bench.log 2>&1'
        % (spec["result_dir"], spec["result_dir"]))
@@ -125,15 +152,120 @@ def summarize(concurrency: int, res: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def record(host: str, deployment: str, labels: dict[str, str], params: dict[str, Any], doc: dict[str, Any]) -> dict:
-    """What one run keeps: the deployment, its recipe hash and image, the parameters and a row per level."""
+def record(host: str, deployment: str, labels: dict[str, str], params: dict[str, Any], doc: dict[str, Any],
+           system: dict[str, Any] | None = None, profile: str | None = None) -> dict:
+    """What one run keeps: the deployment, its recipe hash and image, the parameters, a row per
+    level, and its provenance (what a later run must match to be compared with it)."""
     return {"deployment": deployment, "host": host, "recipe": labels.get("sparkprov.recipe"),
             "recipe_hash": labels.get("sparkprov.recipe_hash"), "model": labels.get("sparkprov.model"),
             "tp": labels.get("sparkprov.tp"), "image_id": doc.get("image_id"),
             "repo_digests": doc.get("repo_digests") or [], "tokenizer": doc.get("tokenizer"),
-            "client": "vllm bench serve", "params": params,
+            "client": "vllm bench serve", "params": params, "profile": profile,
+            "provenance": provenance(labels, doc, system or {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "rows": [summarize(r["concurrency"], r["result"]) for r in doc.get("rows", []) if "result" in r]}
+
+
+# -- provenance: what exactly was measured --------------------------------------------------------
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
+
+
+def image_repository(ref: str) -> str:
+    """The repository of an image reference, as docker names it in RepoDigests (no tag, no digest;
+    Docker Hub's docker.io/ and library/ prefixes dropped)."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return name.removeprefix("library/")
+
+
+def pick_digest(image: str | None, repo_digests: list[str]) -> str | None:
+    """The registry digest (REPO@sha256:...) of the image a container runs: the reference's own
+    when it was started by digest, else the one of its repository among the image's RepoDigests,
+    else the only one; None for an image that never came from a registry (built or loaded here)."""
+    if image and "@sha256:" in image:
+        return image
+    repo = image_repository(image) if image else None
+    mine = [d for d in repo_digests if image_repository(d) == repo]
+    if mine:
+        return mine[0]
+    return repo_digests[0] if len(repo_digests) == 1 else None
+
+
+def revision_of(args: list[str]) -> str:
+    """The model revision a vLLM command line asks for (`--revision R` / `--revision=R`; main)."""
+    for i, w in enumerate(args):
+        if w == "--revision" and i + 1 < len(args):
+            return args[i + 1]
+        if w.startswith("--revision="):
+            return w.split("=", 1)[1]
+    return "main"
+
+
+def commit_of(model: str | None, revision: str, refs: dict[str, str] | None) -> str | None:
+    """The commit served: the revision when it is one, a snapshot path's own, else the store's ref."""
+    if _COMMIT.fullmatch(revision):
+        return revision
+    m = _SNAPSHOT.search(model or "")
+    if m:
+        return m.group(1)
+    commit = (refs or {}).get(revision.removeprefix("refs/"))
+    return commit if commit and _COMMIT.fullmatch(commit) else None
+
+
+def layout_of(labels: dict[str, str], hosts: list[str] | None = None) -> dict[str, Any]:
+    """tp x pp (x dp) over how many nodes, and which hosts (rank order), from the container labels."""
+    def num(key: str, default: int = 1) -> int:
+        try:
+            return max(1, int(labels.get(key) or default))
+        except ValueError:
+            return default
+
+    tp, dp = num("sparkprov.tp"), num("sparkprov.dp")
+    nodes = num("sparkprov.nodes")
+    return {"tp": tp, "pp": max(1, nodes // (tp * dp)) if dp == 1 else 1, "dp": dp, "nodes": nodes,
+            "executor": labels.get("sparkprov.executor") or ("single" if nodes == 1 else None),
+            "hosts": list(hosts or [])}
+
+
+def provenance(labels: dict[str, str], doc: dict[str, Any], system: dict[str, Any]) -> dict[str, Any]:
+    """Image digest, model repo and commit, vLLM, driver, kernel, recipe hash and layout of one run.
+    `doc`: the host program's reads of the container; `system`: the host's gathered facts."""
+    model = doc.get("tokenizer")
+    revision = revision_of([str(a) for a in doc.get("args") or []])
+    return {"image": doc.get("image"), "image_id": doc.get("image_id"),
+            "image_digest": pick_digest(doc.get("image"), doc.get("repo_digests") or []),
+            "model_repo": model if model and not model.startswith("/") else labels.get("sparkprov.model"),
+            "model_revision": revision, "model_commit": commit_of(model, revision, doc.get("refs")),
+            "vllm_version": doc.get("server_version"), "max_model_len": doc.get("max_model_len"),
+            "driver_version": system.get("driver_version"), "cuda_version": system.get("cuda_version"),
+            "gpu": system.get("gpu"), "gpu_count": system.get("gpu_count"), "kernel": system.get("kernel"),
+            "os": system.get("os"), "system": system.get("system"),
+            "recipe_hash": labels.get("sparkprov.recipe_hash"), "layout": layout_of(labels, [])}
+
+
+def system_facts(gpu: dict[str, Any] | None, info: dict[str, str]) -> dict[str, Any]:
+    """What a run keeps of the host (the gathered NvidiaSmi fact and the host's identity)."""
+    gpu = gpu or {}
+    gpus = gpu.get("gpus") or []
+    return {"driver_version": gpu.get("driver_version"), "cuda_version": gpu.get("cuda_version"),
+            "gpu": gpus[0].get("name") if gpus else None, "gpu_count": len(gpus) or None,
+            "kernel": info.get("kernel"), "os": info.get("os_pretty_name"),
+            "system": info.get("dgx_pretty_name") or info.get("dgx_name")}
+
+
+def with_hosts(rec: dict, hosts: list[str]) -> dict:
+    """The run with the deployment's hosts (rank 0 first) in its layout."""
+    prov = dict(rec.get("provenance") or {})
+    prov["layout"] = {**(prov.get("layout") or {}), "hosts": list(hosts)}
+    return {**rec, "provenance": prov}
 
 
 def _short(image_id: str | None) -> str:
@@ -179,13 +311,25 @@ def compare(rec: dict, old: dict) -> dict[str, Any]:
     """Per concurrency both runs have, the change of each compared figure in percent."""
     before = {r["concurrency"]: r for r in old.get("rows", [])}
     out: dict[str, Any] = {"against": old.get("path"), "time": old.get("time"),
-                           "same_image": old.get("image_id") == rec.get("image_id"), "levels": {}}
+                           "same_image": old.get("image_id") == rec.get("image_id"),
+                           "changed": provenance_changes(old, rec), "levels": {}}
     for r in rec["rows"]:
         b = before.get(r["concurrency"])
         if not b:
             continue
         out["levels"][str(r["concurrency"])] = {k: _pct(b.get(k), r.get(k)) for k in COMPARED}
     return out
+
+
+# What must be the same for two runs to measure the same thing (a run stored before provenance
+# was recorded has none of these: nothing is said about it).
+PROVENANCE_COMPARED = ("image_digest", "model_commit", "vllm_version", "driver_version", "kernel", "recipe_hash")
+
+
+def provenance_changes(old: dict, new: dict) -> dict[str, list]:
+    """{field: [before, now]} for each provenance field both runs recorded and that differs."""
+    a, b = old.get("provenance") or {}, new.get("provenance") or {}
+    return {k: [a[k], b.get(k)] for k in PROVENANCE_COMPARED if a.get(k) is not None and a.get(k) != b.get(k)}
 
 
 def _pct(a, b) -> float | None:
@@ -227,3 +371,88 @@ def plot(rec: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# -- named profiles ---------------------------------------------------------------------------------
+
+# The community leaderboard's parameters (llama-benchy at pp2048/tg128, concurrency 1, 2, 5, 10;
+# issue 26): the same workload run with vLLM's client, so a Spark's figures sit beside the board's.
+PROFILES: dict[str, dict[str, Any]] = {
+    "arena": {"input_len": 2048, "output_len": 128, "concurrency": [1, 2, 5, 10]},
+}
+
+
+# -- NVIDIA's performance.yaml ----------------------------------------------------------------------
+
+def stored_runs(results: Path, deployment: str) -> list[Path]:
+    """Every stored run of a deployment (all recipe hashes), oldest first by the time it recorded."""
+    runs = []
+    for p in (results / deployment).glob("*/*.json"):
+        try:
+            runs.append((json.loads(p.read_text()).get("time") or "", p))
+        except (OSError, ValueError):
+            continue
+    return [p for _, p in sorted(runs)]
+
+
+def _per_second(tokens: Any, ms: Any) -> float | None:
+    if not isinstance(tokens, (int, float)) or not isinstance(ms, (int, float)) or ms <= 0:
+        return None
+    return round(tokens * 1000.0 / ms, 2)
+
+
+def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
+    """A stored run in the shape of the `performance.yaml` files of NVIDIA's recipe catalog
+    (NVIDIA/local-ai-inference-recipes: schema 1, one profile per workload), one profile per
+    concurrency level. What vLLM's summary does not give is null: the prompt lengths' min and max
+    (its random prompts are all --input-len long). Per request: prefill tok/s is prompt tokens over
+    TTFT and decode tok/s is one token per TPOT, both from the level's means. Runs stored before
+    provenance was recorded export with nulls where it would be."""
+    prov = rec.get("provenance") or {}
+    layout = prov.get("layout") or layout_of({"sparkprov.tp": str(rec.get("tp") or 1),
+                                              "sparkprov.nodes": str(rec.get("tp") or 1)})
+    nodes = layout.get("nodes") or 1
+    name = prov.get("system") or prov.get("gpu")
+    digest = prov.get("image_digest") or pick_digest(None, rec.get("repo_digests") or [])
+    os_version = prov.get("os")
+    if prov.get("kernel"):  # the schema has no kernel field: it goes with the OS
+        os_version = f"{os_version or 'Linux'} (kernel {prov['kernel']})"
+    params = rec.get("params") or {}
+    profile = rec.get("profile") or "custom"
+    profiles = []
+    for row in rec.get("rows") or []:
+        done = row.get("completed") or 0
+        prompt = row.get("total_input_tokens") / done if done and row.get("total_input_tokens") else None
+        profiles.append({
+            "id": f"{profile}-c{row['concurrency']}",
+            "workload": {"input_tokens": params.get("input_len"), "context_tokens": prov.get("max_model_len"),
+                         "dataset": "random", "profile": profile, "input_tokens_min": None, "input_tokens_max": None,
+                         "input_tokens_total": row.get("total_input_tokens"), "output_tokens": params.get("output_len"),
+                         "concurrency": row["concurrency"], "requests": row.get("num_prompts"),
+                         # vLLM's client sends one request before it measures
+                         "warmup_requests": 1},
+            "results": {"prefill_tokens_per_second_mean": _per_second(prompt, row.get("ttft_mean_ms")),
+                        "decode_tokens_per_second_mean": _per_second(1, row.get("tpot_mean_ms")),
+                        "e2e_latency_ms_mean": row.get("e2el_mean_ms")},
+        })
+    return {
+        "schema_version": 1,
+        "status": "measured",
+        "recipe_sha256": rec.get("recipe_hash"),  # sparkprov's recipe hash (sha256 of the launch, 16 hex)
+        "launch_id": rec.get("recipe") or "default",
+        "measured_at": (rec.get("time") or "")[:10] or None,
+        "harness": {"name": rec.get("client") or "vllm bench serve", "version": prov.get("vllm_version")},
+        "system": {"label": (f"{nodes}× {name}" if nodes > 1 else name) if name else None,
+                   "accelerator": prov.get("gpu"), "accelerator_count": (prov.get("gpu_count") or 1) * nodes,
+                   "operating_system": "linux", "os_version": os_version,
+                   "driver_version": prov.get("driver_version"), "cuda_version": prov.get("cuda_version")},
+        "software": {"backend_version": prov.get("vllm_version"), "model_revision": prov.get("model_commit"),
+                     "runtime_revision": digest.split("@", 1)[1] if digest else None},
+        "profiles": profiles,
+    }
+
+
+def performance_yaml(rec: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(performance_doc(rec), sort_keys=False, allow_unicode=True, width=120)
