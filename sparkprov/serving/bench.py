@@ -30,11 +30,9 @@ from sparkprov.transport.shell import quote
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
 
-# The host side: stdlib Python, one JSON line on stdout.
-HOST_PROGRAM = r'''
-import json, os, re, subprocess, sys, urllib.request
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-REFS_PY = """import json, os, sys
+# Run inside the serving container (python3 is in every vLLM image): the refs (branch or tag ->
+# commit) of one repo of the store the container reads, as JSON. Which commit the server loaded.
+REFS_PROGRAM = """import json, os, sys
 hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
 d, out = os.path.join(hub, sys.argv[1], "refs"), {}
 for r, _, fs in os.walk(d):
@@ -43,6 +41,12 @@ for r, _, fs in os.walk(d):
             out[os.path.relpath(os.path.join(r, f), d)] = fh.read(100).strip()
 print(json.dumps(out))
 """
+
+# The host side: stdlib Python, one JSON line on stdout.
+HOST_PROGRAM = r'''
+import json, os, re, subprocess, sys, urllib.request
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REFS_PY = @REFS_PROGRAM@
 spec = json.loads(sys.argv[1])
 name, port, served = spec["container"], spec["port"], spec["model"]
 key = ""
@@ -123,7 +127,8 @@ print(json.dumps(out))
 
 
 def host_script(spec: dict[str, Any]) -> str:
-    return f"python3 - {quote(json.dumps(spec))} <<'SPARKPROV_BENCH'\n{HOST_PROGRAM}\nSPARKPROV_BENCH\n"
+    program = HOST_PROGRAM.replace("@REFS_PROGRAM@", repr(REFS_PROGRAM))
+    return f"python3 - {quote(json.dumps(spec))} <<'SPARKPROV_BENCH'\n{program}\nSPARKPROV_BENCH\n"
 
 
 def parse_host_output(out: str) -> dict[str, Any]:
