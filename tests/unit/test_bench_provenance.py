@@ -15,6 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from invoke import Context, Exit
+
+from sparkprov.cli.bench import bench
 from sparkprov.facts import hardware as hw
 from sparkprov.facts.base import HostInfo
 from sparkprov.serving import bench as sb
@@ -112,3 +116,15 @@ def test_a_record_carries_its_provenance():
     assert (prov["vllm_version"], prov["kernel"], prov["recipe_hash"]) == ("0.32.0", "6.11.0-1016-nvidia",
                                                                            "0123456789abcdef")
     assert prov["layout"]["hosts"] == ["spark1"] and rec["profile"] == "arena"
+
+
+def test_bench_reads_everything_it_records_in_one_round_trip(tmp_path, capsys):
+    """On this machine (connection: local, no serving container): the status, the driver and the
+    host identity come back in one gather, one remote call; nothing else runs."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("hosts:\n  localhost: {connection: local}\n")
+    with pytest.raises(Exit) as e:
+        bench(Context(), "nosuch", inventory=str(inv), results=str(tmp_path / "r"), json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hosts"]["localhost"]["remote_calls"] == 1, doc
+    assert e.value.code == 2 and doc["bench"]["runs"] == [] and not (tmp_path / "r").exists()
