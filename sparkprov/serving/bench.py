@@ -85,11 +85,11 @@ except Exception:
     out["server_version"] = None
 # the refs (branch/tag -> commit) of the served repo in the container's own store: which commit it loaded
 if REPO_RE.match(root):
-    r = subprocess.run(["docker", "exec", name, "python3", "-c", REFS_PY, "models--" + root.replace("/", "--")],
-                       capture_output=True, text=True, timeout=30)
     try:
+        r = subprocess.run(["docker", "exec", name, "python3", "-c", REFS_PY, "models--" + root.replace("/", "--")],
+                           capture_output=True, text=True, timeout=30)
         out["refs"] = json.loads(r.stdout) if r.returncode == 0 else None
-    except ValueError:
+    except (ValueError, subprocess.TimeoutExpired):  # no commit to name: the run records none
         out["refs"] = None
 # the key arrives on stdin and goes to the client's environment, which vLLM's client reads
 run = ('OPENAI_API_KEY=$(cat); export OPENAI_API_KEY; mkdir -p %s && exec "$@" > %s/bench.log 2>&1'
