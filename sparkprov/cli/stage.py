@@ -53,6 +53,7 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         forks = parse_forks(forks, DEFAULT_FORKS)
         float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
         revision = revision_option("revision", revision)
+        model = model_argument(model)
         include = csv_option("include", include, pattern=PATH_PATTERN, allowed_text=PATH_PATTERN_TEXT)
         exclude = csv_option("exclude", exclude, pattern=PATH_PATTERN, allowed_text=PATH_PATTERN_TEXT)
         inv = load_inventory(inventory_path(inventory))
@@ -68,6 +69,25 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
         print(f"\n{model}: {summary['files']} files, {_h(summary['bytes'])}; source {src}; "
               f"{summary['seconds']:.1f}s" + (" (check: nothing transferred)" if check else ""))
     finish(report.exit_code())
+
+
+def model_argument(model) -> str:
+    """The MODEL argument: an alias, or ORG/NAME[@REVISION] whose revision is checked as
+    --revision's is (it went to the hub unchecked)."""
+    from sparkprov.cli.options import OptionError, positional, revision_option
+
+    positional("stage-weights", "model", model)
+    repo, at, rev = model.partition("@")
+    if at and (not rev or "/" not in repo):
+        raise OptionError(f"MODEL {model!r}: a revision follows ORG/NAME after '@'",
+                          fix=f"give ORG/NAME@REVISION, e.g. {repo if '/' in repo else 'org/name'}@main")
+    if at:
+        try:
+            revision_option("revision", rev)
+        except OptionError as exc:
+            raise OptionError(f"MODEL {model!r}: {exc.message.removeprefix('--revision ')}",
+                              fix=f"e.g. {repo}@main, {repo}@refs/pr/1 or {repo}@<a 40-character commit id>") from None
+    return model
 
 
 def _h(n: int) -> str:

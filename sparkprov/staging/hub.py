@@ -244,6 +244,12 @@ def list_stage(spec: StageSpec, endpoint: str, token: str | None, *, include: li
     endpoint = check_endpoint(endpoint)
     for repo, _rev, *_ in spec.repos + spec.files:
         check_repo_id(repo)
+    if spec.gated and not token:  # the catalog knows it: say so before the hub is asked (it may be down)
+        repo = spec.repos[0][0]
+        raise SparkprovError(f"{spec.label}: {repo} is gated and no Hugging Face token was found; nothing was "
+                             "contacted", fix=f"accept the license on {endpoint}/{repo}, then set HF_TOKEN or run "
+                                              "`hf auth login` on this machine (sparkprov passes the token to the "
+                                              "downloading host)")
     listings: dict[tuple[str, str], RepoListing] = {}
     items: list[Item] = []
     for repo, rev, local_dir in spec.repos:
