@@ -80,12 +80,12 @@ UP_HELP.update({
     "name": "Deployment name for --model (default: the model alias)",
     "executor": "Multi-node executor: ray (default: a Ray cluster) or native (vLLM's own --nnodes/--node-rank)",
     "pp": "Pipeline-parallel size (default 1): a cluster spans tp x pp Sparks",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to work on at once (default 32)",
-})
     "dp": "With --model: data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): "
           "the deployment spans tp x pp x dp Sparks",
     "ep": "With --model: --enable-expert-parallel (MoE recipes; experts split over tp x dp)",
+    "limit": "Further limit the hosts (pattern)",
+    "forks": "How many hosts to work on at once (default 32)",
+})
 DOWN_HELP["model"] = "Remove the deployment cluster-up --model started (its name: --name, else the alias)"
 DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
 NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
@@ -96,10 +96,10 @@ def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes, dp=1
     [--name NAME]; the layout checked against the catalog (catalog/layout.py) before any host."""
     import re
 
+    from sparkprov.catalog.layout import Layout, layout_of
     from sparkprov.catalog.load import load_catalog
     from sparkprov.errors import InputError
     from sparkprov.serving.playbook import NAME_RE, Deployment
-    from sparkprov.catalog.layout import Layout, layout_of
 
     cat = load_catalog(list(recipes))
     recipe = cat.get(model)
@@ -128,12 +128,12 @@ def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes, dp=1
 def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes, dp=1, ep=False):
     from sparkprov.serving.playbook import load_serve_playbook, select
 
+    from sparkprov.catalog.layout import layout_of
     from sparkprov.catalog.load import load_catalog
+    from sparkprov.cli.options import OptionError
     from sparkprov.errors import InputError
 
-    from sparkprov.catalog.layout import layout_of
     if model:
-    from sparkprov.cli.options import OptionError
         return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor,
                                  recipes=recipes, dp=dp, ep=ep)], list(recipes)
     if dp > 1 or ep:
@@ -149,14 +149,14 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
             raise d.error(exc.message, fix=exc.fix) from None
         if executor:  # --executor overrides what the playbook says
             d.executor = executor
-    return deps, list(pb.recipe_files) + list(recipes)
-
-
         try:
             layout_of(cat.get(d.model), cat, d.layout, hosts=len(d.hosts) if d.cluster else None,
                       known_executors_only=False)
         except InputError as exc:
             raise d.error(exc.message, fix=exc.fix) from None
+    return deps, list(pb.recipe_files) + list(recipes)
+
+
 def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
@@ -175,10 +175,10 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
     with user_errors():
         tp = int_option("tp", tp, 1, 64)
         pp = int_option("pp", pp, 1, 64, default=1)
+        dp = int_option("dp", dp, 1, 64, default=1)
         executor = choice_option("executor", executor, ("ray", "native"))
         image_source = choice_option("image-source", image_source, ("auto", "registry", "peer"), default="auto")
         ray_timeout = float_option("ray-timeout", ray_timeout, 0, 86400, default=300.0, unit="seconds")
-        dp = int_option("dp", dp, 1, 64, default=1)
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
         hosts = hosts_option("hosts", hosts)
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
@@ -257,10 +257,10 @@ def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):
 def print_summary(summary) -> None:
     for name, d in summary.get("deployments", {}).items():
         size = f"TP {d['tp']}" + (f" x PP {d['pp']}" if d.get("pp", 1) > 1 else "") + \
+            (f" x DP {d['dp']}" if d.get("dp", 1) > 1 else "") + (" +EP" if d.get("ep") else "") + \
             (f", {d['executor']}" if d.get("executor") else "")
         print(f"\n{name}: {d['alias']} ({size}) on {', '.join(d['hosts'])}: {d['state']}")
         if not d["state"].startswith(("failed", "would")):
-            (f" x DP {d['dp']}" if d.get("dp", 1) > 1 else "") + (" +EP" if d.get("ep") else "") + \
             print(f"  endpoint:     {d['endpoint']}")
             print(f"  model:        {d['model']}")
             print(f"  API key file: {d['api_key_file'] or 'none (bound to loopback)'}")

@@ -248,6 +248,8 @@ def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr:
 def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str,
                 master_port: int, rank0_id: str = "", dp: int = 1) -> ContainerSpec:
     labels = {"sparkprov.executor": "native", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
+    if dp > 1:
+        labels["sparkprov.dp"] = str(dp)
     pre, key = _pre_and_key(launch, rank == 0)
     script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
     argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port,
@@ -256,7 +258,10 @@ def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes
         env = supervise.rank0_env(start_timeout_s=launch.recipe.startup.health_timeout_s, port=launch.ctx.port,
                                   model=launch.served_model_name, key_file=KEY_PATH if launch.ctx.api_key_file else None)
     else:
-        env = {**_member_of(rank0_id), **supervise.rank_env(master_addr=master_addr, master_port=master_port)}
+        # what the rank watches of rank 0: its rendezvous, or with dp its API (vLLM closes the data-parallel
+        # handshake port once the engines have started; the API listens as long as rank 0 serves)
+        watch = launch.ctx.port if dp > 1 else master_port
+        env = {**_member_of(rank0_id), **supervise.rank_env(master_addr=master_addr, master_port=watch)}
     return _rank_container(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
                            launch, env, script, ["vllm", "serve", *argv], labels)
 
@@ -266,5 +271,3 @@ def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) 
     head_ip = launches[0][1].env_value("VLLM_HOST_IP") or ""
     return [ray_rank(deployment, h, launch, rank=i, nnodes=len(launches), head_ip=head_ip, ray_port=ray_port)
             for i, (h, launch) in enumerate(launches)]
-    if dp > 1:
-        labels["sparkprov.dp"] = str(dp)
