@@ -29,7 +29,7 @@ def up(c, hosts=None, images=True, ollama=False, light=False):
     _up.up(n, images=images, ollama=ollama, light=light)
 
 
-@task(help={"purge": "also delete the build caches in .lab-cache/"})
+@task(help={"purge": "also delete the build caches (/var/cache/sparkprov-lab, shared by every checkout)"})
 def down(c, purge=False):
     """Remove everything the lab made (processes, namespaces, links, mounts, state files)."""
     _up.down(purge=purge)

@@ -1,6 +1,6 @@
 """The lab serving image, built without a running dockerd and pushed straight to the lab registry.
 
-Layers (each a gzipped tar, cached in ``.lab-cache/images/`` of the checkout); a serving image
+Layers (each a gzipped tar, cached in ``images/`` of the lab's cache, state.cache_root()); a serving image
 is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alone:
 
 * **base** (keyed by :data:`BASE_RECIPE`): ``debootstrap --variant=minbase`` of Debian bookworm
@@ -95,8 +95,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .state import cache_root
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CACHE_DIR = REPO_ROOT / ".lab-cache" / "images"
+CACHE_DIR = cache_root() / "images"
 ENGINE_DIR = Path(__file__).resolve().parent / "engine"
 
 VENV = "/opt/venv"

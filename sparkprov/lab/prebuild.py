@@ -20,7 +20,8 @@ from pathlib import Path
 
 from . import image
 
-RAY_VENV = image.CACHE_DIR.parent / "ray-venv"
+# keyed by what is installed in it, like every other entry of the cache
+RAY_VENV = image.CACHE_DIR.parent / f"ray-venv-{image._hash_obj(image.BASE_RECIPE['pip'])[:12]}"
 
 
 def ensure_ray_venv(venv: Path = RAY_VENV) -> str:

@@ -1,7 +1,7 @@
 """Where the lab keeps its state, and the record of what it made.
 
 State (everything `lab.down` removes) lives in /run/sparkprov-lab; build caches live in
-.lab-cache/ at the top of the checkout and survive `lab.down` unless it is given --purge.
+/var/cache/sparkprov-lab (see cache_root) and survive `lab.down` unless it is given --purge.
 """
 from __future__ import annotations
 
@@ -14,7 +14,21 @@ from pathlib import Path
 
 STATE_DIR = Path(os.environ.get("SPARKPROV_LAB_STATE", "/run/sparkprov-lab"))
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CACHE_DIR = REPO_ROOT / ".lab-cache"
+
+
+def cache_root() -> Path:
+    """Where the lab's builds are cached (images, the trained lab-tiny, generated hub repos, the
+    Ray venv): $SPARKPROV_LAB_CACHE, else once per machine, /var/cache/sparkprov-lab. Everything
+    in it is keyed by its content, so every checkout on the machine shares it: a fresh clone's
+    `make demo` or CI run reuses what another built (a cold machine builds it: about five
+    minutes). Without root (no lab then, only the tools that build) .lab-cache/ of the checkout."""
+    env = os.environ.get("SPARKPROV_LAB_CACHE")
+    if env:
+        return Path(env)
+    return Path("/var/cache/sparkprov-lab") if os.geteuid() == 0 else REPO_ROOT / ".lab-cache"
+
+
+CACHE_DIR = cache_root()
 
 BRIDGE = "sparklab0"
 BRIDGE_IP = "10.77.0.1"

@@ -1,6 +1,6 @@
 """`lab-tiny`, the lab's real model: trained once on this machine (sparkprov/lab/tiny/train.py) in
 a chroot of the real vLLM image's rootfs, so that the torch, transformers and tokenizers that
-train it are the ones that serve it; cached by content under ``.lab-cache/models/`` and published
+train it are the ones that serve it; cached by content under ``models/`` of the lab's cache and published
 by the lab hub as ``sparkprov-lab/lab-tiny``.
 
 Why a trained model and not random weights: warm-up, smoke and content checks are then real (greedy
@@ -21,7 +21,7 @@ from pathlib import Path
 from sparkprov.lab import image
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "tiny" / "train.py"
-MODELS_DIR = image.REPO_ROOT / ".lab-cache" / "models"
+MODELS_DIR = image.CACHE_DIR.parent / "models"
 REPO_ID = "sparkprov-lab/lab-tiny"
 
 

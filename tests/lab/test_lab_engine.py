@@ -317,7 +317,7 @@ def test_max_model_len_too_long_fails(hf_home):
 @pytest.fixture(scope="session")
 def ray_py():
     """A Python with Ray and the lab engine's packages, as the lab's Ray image has them: this one
-    if it imports ray (or $LAB_ENGINE_RAY_PYTHON), else a venv under .lab-cache made once with the
+    if it imports ray (or $LAB_ENGINE_RAY_PYTHON), else a venv in the lab's cache made once with the
     versions of the lab image's pip layer. Never a skip: a fresh machine installs it."""
     from sparkprov.lab.prebuild import ensure_ray_venv
 

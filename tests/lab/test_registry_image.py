@@ -2,7 +2,7 @@
 
 Root only. The pull tests run a registry and a dockerd of their own in a temporary network
 namespace (loopback only) and remove both at the end; nothing leaves the machine. The first
-run builds the base layer (debootstrap + pip: minutes); later runs take it from .lab-cache/.
+run builds the base layer (debootstrap + pip: minutes); later runs take it from the lab's cache (/var/cache/sparkprov-lab).
 """
 # Engine: none serving: the lab images are built, pushed and inspected (the stand-in's and the real vLLM's).
 from __future__ import annotations

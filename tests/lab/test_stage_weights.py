@@ -35,8 +35,9 @@ MiB = 1024 * 1024
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparkprov.lab.hub.manage import default_root
 
-    root = Path(os.environ.get("SPARKPROV_LAB_CACHE", REPO_ROOT / ".lab-cache")) / "hub"
+    root = default_root()
     specs = [RepoSpec("stagetest/qwen-mini", num_shards=3, total_size=24 * MiB),
              RepoSpec("stagetest/qwen-kill", num_shards=4, total_size=32 * MiB),
              RepoSpec("stagetest/gemma-gated", num_shards=2, total_size=4 * MiB, gated=True)]

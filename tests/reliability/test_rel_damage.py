@@ -87,8 +87,9 @@ DAMAGES = [
 @pytest.fixture(scope="module")
 def hub():
     from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparkprov.lab.hub.manage import default_root
 
-    root = Path(os.environ.get("SPARKPROV_LAB_CACHE", REPO / ".lab-cache")) / "hub"
+    root = default_root()
     repo = ensure_generated(RepoSpec(MODEL, num_shards=2, total_size=4 * MiB), root)
     server = start_in_thread([repo], bind=HUB_IP, port=0)
     yield server, repo

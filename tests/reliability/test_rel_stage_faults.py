@@ -10,7 +10,6 @@ again, partial ones are resumed; nothing is fetched from the hub again.
 from __future__ import annotations
 
 import io
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
 
-from ._lab import REPO, converge, problems, write_inventory
+from ._lab import converge, problems, write_inventory
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -36,8 +35,9 @@ RATE = "40mbit"                            # ~5 MB/s on the rail: the fan-out ta
 @pytest.fixture(scope="module")
 def hub():
     from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparkprov.lab.hub.manage import default_root
 
-    root = Path(os.environ.get("SPARKPROV_LAB_CACHE", REPO / ".lab-cache")) / "hub"
+    root = default_root()
     repo = ensure_generated(RepoSpec(MODEL, num_shards=6, total_size=TOTAL), root)
     server = start_in_thread([repo], bind=HUB_IP, port=0)
     yield server, repo

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sparkprov.lab.hub", description=__doc__)
     p.add_argument("--bind", default="127.0.0.1", help="loopback or lab bridge address (10.77.0.0/24)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--root", type=Path, default=None, help="cache of generated repos (default .lab-cache/hub)")
+    p.add_argument("--root", type=Path, default=None, help="cache of generated repos (default: hub/ of the lab's cache)")
     p.add_argument("--spec", type=Path, help="JSON/YAML list of repo specs (or {repos: [...]})")
     p.add_argument("--repo", action="append", default=[], help="serve this repo id with default settings")
     p.add_argument("--token-file", type=Path, help="file (mode 600) holding the lab token for gated repos")

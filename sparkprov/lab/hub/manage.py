@@ -80,11 +80,10 @@ def ensure_lab_hub(state_dir: Path, bind_ip: str, port: int = 8080) -> str:
 
 
 def default_root() -> Path:
-    """Where generated repos are cached: $SPARKPROV_LAB_CACHE/hub, else .lab-cache/hub in the checkout."""
-    env = os.environ.get("SPARKPROV_LAB_CACHE")
-    if env:
-        return Path(env) / "hub"
-    return Path(__file__).resolve().parents[3] / ".lab-cache" / "hub"
+    """Where generated repos are cached: hub/ of the lab's cache (state.cache_root, read at each call)."""
+    from sparkprov.lab.state import cache_root
+
+    return cache_root() / "hub"
 
 
 def _hub_dir(state_dir: Path) -> Path:
