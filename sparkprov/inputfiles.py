@@ -19,7 +19,10 @@ from pathlib import Path
 from sparkprov.errors import InputError
 
 # Limits by kind of file; the largest real ones are a few hundred KB.
-MAX_YAML = 8 * 2**20  # inventories, playbooks, recipe files
+MAX_YAML = 8 * 2**20  # playbooks, recipe files
+# An inventory of a thousand Sparks is about 100 KiB; PyYAML's pure-Python composer needs ~6 s per
+# MiB on a small machine, so the bound is what keeps a wrong file (a log, a dump) a fast refusal.
+MAX_INVENTORY = 256 * 2**10
 MAX_SECRET = 64 * 2**10  # a password file
 MAX_KNOWN_HOSTS = 16 * 2**20
 MAX_KEY = 1 * 2**20

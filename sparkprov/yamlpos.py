@@ -139,15 +139,17 @@ class _Builder:
         return self.constructor.construct_object(node, deep=True)
 
 
-def load_yaml(path: str | Path, *, text: str | None = None, what: str = "") -> tuple[Any, Positions]:
+def load_yaml(path: str | Path, *, text: str | None = None, what: str = "",
+              max_bytes: int | None = None) -> tuple[Any, Positions]:
     """Load one YAML document; raise InputError with the position on any syntax problem. The
     file is checked to be a regular file of sane size first (a FIFO would block, /dev/zero would
-    be read forever); `what` ("inventory", "playbook") names it in those messages."""
+    be read forever; max_bytes, default MAX_YAML, bounds it); `what` ("inventory", "playbook")
+    names it in those messages."""
     from sparkprov.inputfiles import MAX_YAML, read_text_checked
 
     file = str(path)
     if text is None:
-        text = read_text_checked(path, what or "YAML file", MAX_YAML)
+        text = read_text_checked(path, what or "YAML file", max_bytes or MAX_YAML)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:  # PyYAML's composer recurses once per level of nesting

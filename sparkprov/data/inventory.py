@@ -272,7 +272,9 @@ def implicit_localhost() -> Host:
 
 
 def load_inventory(path: str | Path) -> Inventory:
-    data, pos = load_yaml(path, what="inventory")
+    from sparkprov.inputfiles import MAX_INVENTORY
+
+    data, pos = load_yaml(path, what="inventory", max_bytes=MAX_INVENTORY)
     file = str(path)
     if data is None:  # an empty file (or only comments): almost always the wrong path
         raise InputError("the inventory is empty", file=file, line=1, column=1,
@@ -369,6 +371,7 @@ def check_host_files(inventory: Inventory, names: list[str]) -> None:
     seen: set[tuple[str, str]] = set()
     for name in names:
         host = inventory.hosts[name]
+        _check_password_env(inventory, host)
         for attr, limit in _HOST_FILES.items():
             value = getattr(host, attr)
             if not value or (attr, value) in seen:
@@ -385,3 +388,29 @@ def check_host_files(inventory: Inventory, names: list[str]) -> None:
                 raise InputError(f"{attr} {value!r} of host {name}: {exc.message.split(': ', 1)[-1]}",
                                  file=inventory.path, line=line, column=col, fix=exc.fix) from None
 
+
+
+def _check_password_env(inventory: Inventory, host: Host) -> None:
+    """sudo reads one line: a password from the environment with a line break or NUL would be cut
+    and the rest read as input. Said once, at the setting, before any host (the engine would say
+    it per host, inside the play). The value is never shown."""
+    import os
+
+    var = host.become_password_env
+    where = None
+    if var and os.environ.get(var):
+        at = ("hosts", host.name, "become_password_env")
+        where = at if at in inventory.pos.marks else ("defaults", "become_password_env")
+    elif not var and not host.become_password_file and os.environ.get("SPARKPROV_BECOME_PASSWORD"):
+        var = "SPARKPROV_BECOME_PASSWORD"
+    else:
+        return
+    if not any(c in os.environ[var] for c in "\n\r\0"):
+        return
+    message = f"the sudo password in ${var} holds a line break or NUL"
+    fix = f"set {var} to the password alone, on one line"
+    if where is None:
+        raise InputError(message, fix=fix)
+    line, col = inventory.pos.at(where)
+    raise InputError(f"become_password_env of host {host.name}: {message}", file=inventory.path, line=line,
+                     column=col, fix=fix)
