@@ -129,8 +129,10 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
     from sparkprov.serving.playbook import load_serve_playbook, select
 
     from sparkprov.catalog.layout import layout_of
+    from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.load import load_catalog
     from sparkprov.cli.options import OptionError
+    from sparkprov.engine.validate import check_override_flags
     from sparkprov.errors import InputError
 
     if model:
@@ -149,6 +151,7 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
             raise d.error(exc.message, fix=exc.fix) from None
         if executor:  # --executor overrides what the playbook says
             d.executor = executor
+        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
         try:
             layout_of(cat.get(d.model), cat, d.layout, hosts=len(d.hosts) if d.cluster else None,
                       known_executors_only=False)
@@ -166,7 +169,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
 
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
-    from sparkprov.data.inventory import load_inventory
+    from sparkprov.data.inventory import check_host_files, load_inventory
     from sparkprov.engine.report import Report
 
     out = sys.stderr if json else sys.stdout
@@ -192,6 +195,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         if limit:
             allowed = set(select_hosts(inv, None, limit))
             targets = [h for h in targets if h in allowed]
+        check_host_files(inv, targets)  # what select_hosts checks for the other commands
         opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
                                ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify)
         book = plays.up_book(deps, recipe_files, opts, staged=stage_books(inv, deps, check) if stage else None)
