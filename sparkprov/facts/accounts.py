@@ -45,3 +45,53 @@ class UserInfo(Fact):
             raise FactError(f"unexpected passwd line {lines[0]!r}")
         return {"name": fields[0], "uid": int(fields[2]), "gid": int(fields[3]), "home": fields[5],
                 "shell": fields[6], "groups": lines[1].split() if len(lines) > 1 else []}
+
+
+# What the docker client prints when it cannot use the daemon (docker 28.2.2, captured: the socket
+# of a running daemon without access, and no daemon at the socket). Both start on a line of their
+# own; `docker image inspect --format` prints an empty line before them, so the first line of the
+# output is not the reason.
+_DOCKER_DENIED = ("permission denied while trying to connect to the docker daemon socket",
+                  "got permission denied while trying to connect to the docker daemon socket")
+_DOCKER_DOWN = ("cannot connect to the docker daemon", "is the docker daemon running?")
+
+
+def docker_reason(output: str) -> str:
+    """docker's own reason from what its client printed: the line saying it could not reach or
+    may not use the daemon, else the first line naming an error (not a WARNING), else the first
+    line that is not blank."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    for ln in lines:
+        low = ln.lower()
+        if low.startswith(_DOCKER_DENIED) or any(p in low for p in _DOCKER_DOWN):
+            return ln
+    for ln in lines:
+        if not ln.upper().startswith("WARNING") and any(w in ln.lower() for w in ("error", "denied", "cannot")):
+            return ln
+    return lines[0] if lines else ""
+
+
+def docker_unusable(output: str) -> str:
+    """Which of docker's failures this is: "down" (no daemon answers at the socket), "denied"
+    (a daemon answers, this user may not use it: not in the docker group), or "other"."""
+    low = docker_reason(output).lower()
+    if low.startswith(_DOCKER_DENIED) or "connect: permission denied" in low:
+        return "denied"
+    if any(p in low for p in _DOCKER_DOWN):
+        return "down"
+    return "other"
+
+
+def docker_problem(output: str, host: str, user: str | None) -> str:
+    """One line (the caller puts the host before it) for a command that needs docker on `host`
+    and cannot use it, with the fix that fits: start the daemon, or let the user use it
+    (provision adds the user to the docker group)."""
+    reason = docker_reason(output) or "docker gave no reason"
+    kind = docker_unusable(output)
+    who = user or "the login user"
+    if kind == "down":
+        return f"dockerd is down: {reason} (fix: start docker on the host: sudo systemctl start docker)"
+    if kind == "denied":
+        return (f"{who} may not use docker: {reason} "
+                f"(fix: invoke provision --hosts {host} --tags docker, which adds {who} to the docker group)")
+    return f"docker cannot be used: {reason} (fix: check docker on the host: docker info)"

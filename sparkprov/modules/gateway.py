@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.serving import KeyFile, Listeners, ManagedContainers
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import gateway as gw
@@ -48,7 +49,7 @@ class Gateway(Module):
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         cont = facts.containers
         if not cont["access"]:
-            return Plan.fail(f"{host.name}: {host.user} cannot use docker: {cont['error']}")
+            return Plan.fail(f"{host.name}: {docker_problem(cont['error'], host.name, host.user)}")
         have = next((c for c in cont["containers"] if c["name"] == gw.CONTAINER), None)
         if args.state == "absent":
             if have is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ManagedContainers
 from sparkprov.transport.shell import cmd
@@ -27,7 +28,7 @@ class ServeAbsent(Module):
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         cont = facts.containers
         if not cont["access"]:
-            return Plan.fail(f"{host.name}: {host.user} cannot use docker: {cont['error']}")
+            return Plan.fail(f"{host.name}: {docker_problem(cont['error'], host.name, host.user)}")
         doomed = [c for c in cont["containers"]
                   if (args.deployments is None or c["labels"].get("sparkprov.deployment") in args.deployments)
                   and c["labels"].get("sparkprov.role") not in args.exclude_roles]

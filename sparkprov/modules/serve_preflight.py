@@ -9,6 +9,7 @@ and rail network for the plays after it.
 
 from __future__ import annotations
 
+from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import FactView, HostContext, Module, Plan
 from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
 from sparkprov.facts.serving import Listeners, ManagedContainers
@@ -61,8 +62,7 @@ class ServePreflight(Module):
         warns += lint_warnings
         cont = facts.containers
         if not cont["access"]:
-            fails.append(f"{h}: {host.user} cannot use docker: {cont['error']} "
-                         f"(fix: invoke provision --hosts {h} --tags docker)")
+            fails.append(f"{h}: {docker_problem(cont['error'], h, host.user)}")
         smi = facts.smi
         if not smi or not smi.get("present"):
             fails.append(f"{h}: nvidia-smi not found: no NVIDIA driver (fix: invoke provision --hosts {h} --tags gpu)")

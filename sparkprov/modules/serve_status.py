@@ -6,6 +6,7 @@ Exports it all as `serving_status` for the play after it (deployment_health)."""
 
 from __future__ import annotations
 
+from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.guard import GuardState, guard_summary
 from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
@@ -33,7 +34,8 @@ class ServeStatus(Module):
             "swap_total": mem.get("SwapTotal"), "swap_used": (mem.get("SwapTotal") or 0) - (mem.get("SwapFree") or 0),
             **facts.sensors, "guard": guard_summary(facts.guard)}}
         if not st["access"]:
-            return Plan.fail(f"{host.name}: docker: {st['error']}", exports={"serving_status": st})
+            return Plan.fail(f"{host.name}: {docker_problem(st['error'], host.name, host.user)}",
+                             exports={"serving_status": st})
         running = sum(1 for c in st["containers"] if c["status"] == "running")
         return Plan(msg=f"{len(st['containers'])} sparkprov containers, {running} running",
                     exports={"serving_status": st})

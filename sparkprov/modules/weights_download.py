@@ -17,6 +17,7 @@ import sys
 
 from pydantic import Field
 
+from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_store import (DELIVERED, EXPORT, SEND_ERRORS, Args as StoreArgs, items_of, routes_to,
                                              store_fact)
@@ -180,7 +181,7 @@ class WeightsDownload(Module):
                 raise ValueError("docker is not installed (fix: invoke provision first)")
             state = sf.image or ""
             if state.startswith("error") and not become:  # as root, the store is still written as the login user
-                raise ValueError(f"docker: {state[len('error: '):]} (fix: check dockerd on the host)")
+                raise ValueError(docker_problem(state[len("error: "):], host.name, host.user))
             owner = f"{sf.uid}:{sf.gid}"
             if become:
                 lines += [f'[ -d "$S" ] || {{ mkdir -p "$S" && chown {owner} "$S"; }}',

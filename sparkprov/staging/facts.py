@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkprov.facts.accounts import docker_reason
 from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.staging.plan import STAGING, VERIFIED, Entry, StoreFacts, parse_mtime, parse_verified, repo_dir
 from sparkprov.transport.shell import quote
@@ -45,7 +46,10 @@ class StoreState(Fact):
                 "if command -v docker >/dev/null 2>&1; then "
                 f"if o=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>&1); then printf 'image\\tpresent\\n'; "
                 "else case \"$o\" in *'No such'*) printf 'image\\tabsent\\n';; "
-                "*) printf 'image\\terror\\t%s\\n' \"$(printf '%s' \"$o\" | head -n 1)\";; esac; fi; "
+                # every line of docker's answer (its reason is not always the first: `--format`
+                # prints an empty line before it); the parse picks the reason
+                "*) printf 'image\\terror\\t\\n'; printf '%s\\n' \"$o\" | sed -n '/[^[:space:]]/p' | head -n 8 "
+                "| sed 's/^/imgerr\\t/';; esac; fi; "
                 f"docker ps -q --filter name={DOWNLOADER_PREFIX} 2>/dev/null | sed 's/^/dl\\t/'; "
                 "else printf 'image\\terror\\tdocker is not installed\\n'; fi")
         return "\n".join(lines)
@@ -53,6 +57,7 @@ class StoreState(Fact):
     def parse(self, out: str, err: str, rc: int) -> StoreFacts:
         facts = StoreFacts(store="")
         verified_lines: list[str] = []
+        errors: list[str] = []  # what docker answered when it could not look at the image
         for line in out.splitlines():
             tag, _, rest = line.partition("\t")
             if tag == "store":
@@ -74,8 +79,12 @@ class StoreState(Fact):
                 facts.refs[path] = value
             elif tag == "image":
                 facts.image = rest.replace("\t", ": ", 1)
+            elif tag == "imgerr":
+                errors.append(rest)
             elif tag == "dl":
                 facts.downloaders.append(rest)
+        if errors and facts.image.startswith("error"):
+            facts.image = "error: " + docker_reason("\n".join(errors))
         if not facts.store:
             raise FactError(f"store state unreadable: {err.strip() or out.strip()[:200]}")
         facts.verified = parse_verified("\n".join(verified_lines))

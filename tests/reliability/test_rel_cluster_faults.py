@@ -60,8 +60,8 @@ def test_dockerd_killed_before_cluster_up_fails_naming_the_host_and_starts_nothi
     failed = [ln for ln in res.stdout.splitlines() if "| failed" in ln]
     assert failed and all(ln.startswith(f"{victim} ") for ln in failed), out      # only the victim fails ...
     assert any(ln.startswith(f"{healthy} ") and "any_errors_fatal" in ln for ln in res.stdout.splitlines()), out
-    assert any(f"{victim}: nvidia cannot use docker: " in ln and f"(fix: invoke provision --hosts {victim} "
-               in ln for ln in failed), out                                           # ... naming host, cause, fix
+    assert any(f"{victim}: dockerd is down: " in ln and "(fix: start docker on the host" in ln
+               for ln in failed), out                                                 # ... naming host, cause, fix
     assert "PLAY RECAP" in out and "relfault: llama-3.3-70b (TP 2, ray) on spark1, spark2: failed" in out, out
     # nothing half-started: no head on the healthy host, and nothing on the victim once docker answers again
     assert left == {healthy: []}, left
