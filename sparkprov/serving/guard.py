@@ -82,9 +82,11 @@ DEFAULTS = {
     # The crash-loop breaker: restart_policy looping about 35 times leaked unified memory until
     # sshd died and a power cycle was needed (eugr/spark-vllm-docker#257). After this many
     # restarts within the window (the guard's own, or one container's under docker's policy) the
-    # guard stops restarting, stops the container, and says so.
-    "breaker_restarts": 5,
-    "breaker_window_s": 900,
+    # guard stops restarting, stops the container, and says so. 10: well before #257's 35, and
+    # above what one recovery of a multi-node group costs (a rank restarts once or twice when its
+    # peer goes and comes back, docs/real-vllm.md), so a few recoveries in a row do not trip it.
+    "breaker_restarts": 10,
+    "breaker_window_s": 1800,
     # Xid codes that mean the GPU needs a reset (NVIDIA's Xid catalog; 119/120/154 before a GB10
     # reboot, gb10-failure-outputs.md §1.3): serving stops. Other Xids are recorded only.
     "fatal_xids": [48, 79, 119, 120, 154],
@@ -311,7 +313,8 @@ def render_metrics(doc: dict, counts: dict[str, int]) -> str:
             described.add(name)
             lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}"])
         lab = "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in (labels or {}).items()) + "}" if labels else ""
-        lines.append(f"{name}{lab} {float(value):g}")
+        v = float(value)   # full precision: a timestamp or a byte count must not lose digits to %g
+        lines.append(f"{name}{lab} {int(v) if v.is_integer() else repr(v)}")
 
     gauge("sparkprov_guard_up", "1 while the guard samples", 1)
     gauge("sparkprov_guard_last_sample_timestamp_seconds", "time of the last sample", s.get("t"))
@@ -523,10 +526,11 @@ class Guard:
                 last_listen = t0
             s = self.sample()
             self.state, actions, events = decide(self.state, s, self.cfg)
+            # the journal first: if the host wedges while the containers stop, the reason is on disk
+            self.journal(events)
             errors = self.act(actions) if actions else []
             if errors:
-                events.append(_event(time.time(), "action-failed", "; ".join(errors), "-", "none"))
-            self.journal(events)
+                self.journal([_event(time.time(), "action-failed", "; ".join(errors), "-", "none")])
             self.write_state(s)
             time.sleep(max(0.2, float(self.cfg["interval_s"]) - (time.monotonic() - t0)))
 

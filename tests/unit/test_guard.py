@@ -181,27 +181,28 @@ def test_the_gateway_is_never_stopped_and_act_false_records_only():
 
 def test_crash_loop_breaker_on_dockers_restarts_and_on_its_own():
     # docker's policy restarting one container 5 times within 15 min (eugr/spark-vllm-docker#257 looped 35)
+    cfg = {**CFG, "breaker_restarts": 5, "breaker_window_s": 900}
     samples = [{"t": 60 * i, "mem": mem(50), "containers": [rank0(restarts=i)]} for i in range(6)]
-    state, out = run(samples)
+    state, out = run(samples, cfg)
     assert out[4][0] == [] and out[5][0] == [("stop", ["sparkprov-nat-rank0"])]
     assert out[5][1][0]["kind"] == "crash-loop" and "will not start it again" in out[5][1][0]["action"]
     assert state["breaker"] and "5 times" in state["breaker"]
     stopped = rank0(status="exited", health=None, live="none", restarts=5)
-    state, out = run([{"t": 400 + 5 * i, "mem": mem(50), "containers": [stopped]} for i in range(10)], state=state)
+    state, out = run([{"t": 400 + 5 * i, "mem": mem(50), "containers": [stopped]} for i in range(10)], cfg, state)
     assert all(a == [] for a, _ in out)   # held, breaker open: never started
     # the user starts it again (cluster-up): no longer held, the breaker closes
-    state, _ = run([{"t": 500, "mem": mem(50), "containers": [rank0(restarts=5)]}], state=state)
+    state, _ = run([{"t": 500, "mem": mem(50), "containers": [rank0(restarts=5)]}], cfg, state)
     assert state["held"] == {} and state["breaker"] is None
     # the guard's own restarts: an NVRM line after every restart; the sixth time it stops restarting
     nv = g.classify_kernel_line(NVRM_1358)
     state, t, starts = g.new_state(), 1000, 0
     breaker = None
     for _ in range(6):
-        state, actions, _ = g.decide(state, {"t": t, "mem": mem(50), "kernel": [nv], "containers": [rank0()]}, CFG)
+        state, actions, _ = g.decide(state, {"t": t, "mem": mem(50), "kernel": [nv], "containers": [rank0()]}, cfg)
         assert actions == [("stop", ["sparkprov-nat-rank0"])]
         for _ in range(3):
             t += 10
-            state, actions, events = g.decide(state, {"t": t, "mem": mem(50), "containers": [rank0(status="exited")]}, CFG)
+            state, actions, events = g.decide(state, {"t": t, "mem": mem(50), "containers": [rank0(status="exited")]}, cfg)
             starts += actions == [("start", ["sparkprov-nat-rank0"])]
             breaker = next((e for e in events if e["kind"] == "breaker"), breaker)
         t += 10
@@ -212,12 +213,13 @@ def test_metrics_text():
     doc = {"sample": {"t": 1700000000.0, "mem": mem(7.0), "gpu": {"temperature_c": 58.0, "power_w": None},
                       "containers": [rank0()]}, "mem_floor_bytes": int(TOTAL * 0.05), "held": {}, "breaker": None}
     text = g.render_metrics(doc, {"memory": 2, "restart": 1})
-    assert f"sparkprov_guard_mem_available_bytes {7 * GIB:g}" in text
+    assert f"sparkprov_guard_mem_available_bytes {7 * GIB}" in text
+    assert "sparkprov_guard_last_sample_timestamp_seconds 1700000000\n" in text
     assert "sparkprov_guard_gpu_temperature_celsius 58" in text and "power_watts" not in text
     assert 'sparkprov_guard_liveness_ok{container="sparkprov-nat-rank0"} 1' in text
     assert 'sparkprov_guard_events_total{kind="memory"} 2' in text
     assert text.count("# TYPE sparkprov_guard_events_total counter") == 1
-    assert "sparkprov_guard_swap_used_bytes 1.07374e+09" in text
+    assert f"sparkprov_guard_swap_used_bytes {GIB}" in text
 
 
 # -- the fact and the summary status prints -------------------------------------------------

@@ -1,0 +1,99 @@
+"""The node guard (issue 25) on the lab: one TP 2 native deployment of lab-tiny on the real vLLM
+across spark1 and spark2 (as `make demo`), shared by three faults, each as a Spark shows it
+(sparkprov/lab/faults.py): memory pressure (the host's /proc/meminfo reads 1.9% available),
+an NVRM NV_ERR_NO_MEMORY line in the host's kernel log (verbatim from a GB10), and a hung engine
+(its EngineCore SIGSTOPped: /health stays 200). For each: the guard of that host, and no other,
+journals the event and stops the host's serving container within ACT_BOUND_S; `invoke status`
+exits 2 naming it and `invoke guard --events` lists it; once the fault is cleared the deployment
+answers the smoke question again with no sparkprov command, within SERVE_BOUND_S.
+Engine: real vLLM in every test of this module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from sparkprov.serving.guard import JOURNAL_PATH
+from tests.lab import test_real_vllm as real
+from tests.lab.test_cluster import cli
+from tests.lab.test_real_vllm import INVOKE, REPO_ROOT, RECOVERY_BOUND_S, ask, key_of, smoke_within, up
+
+# the real-engine module's fixtures: its own lab inventory, provision (which starts the guard), lab-tiny
+# staged; every deployment removed after each test
+env = real.env
+nothing_left_running = real.nothing_left_running
+
+# From the fault to the guard's event: memory needs 3 samples under the floor (5 s apart), a hang
+# 2 tokens not generated in 10 s; a sample also waits for the probe and for docker stop (20 s).
+ACT_BOUND_S = 90
+SERVE_BOUND_S = RECOVERY_BOUND_S   # the group re-forms as after a rank's loss (docs/real-vllm.md)
+
+
+def journal(lab, host: str) -> list[dict]:
+    r = lab.exec(host, ["sh", "-c", f"cat {JOURNAL_PATH} 2>/dev/null || true"])
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+
+
+def event_within(lab, host: str, kind: str, seen: int, bound: float) -> tuple[float | None, dict | None]:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        new = journal(lab, host)[seen:]
+        hit = next((e for e in new if e["kind"] == kind), None)
+        if hit:
+            return time.monotonic() - t0, hit
+        time.sleep(1)
+    return None, None
+
+
+def fault(action: str, host: str) -> str:
+    r = subprocess.run([INVOKE, "lab.fault", action, host], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return r.stdout.strip()
+
+
+def test_guard_acts_on_each_fault_on_that_host_only_and_serving_resumes(env):
+    lab = env["lab"]
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
+    for h in lab.names:   # provision (env) started the guard: a process started at boot in the lab
+        gd = st["hosts"][h]["host"]["guard"]
+        assert gd["installed"] and gd["running"] and gd["started_by"] == "boot", gd
+    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "grd")
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"]["grd"]
+    key = key_of(env, d)
+    assert "204" in ask(d["endpoint"], d["model"], key)
+
+    timings = []
+    for action, host, kind, container in (("memory-pressure", "spark2", "memory", "sparkprov-grd-rank1"),
+                                          ("nvrm", "spark1", "nvrm", "sparkprov-grd-rank0"),
+                                          ("hang", "spark1", "liveness", "sparkprov-grd-rank0")):
+        other = next(h for h in lab.names if h != host)
+        before = {h: len(journal(lab, h)) for h in lab.names}
+        t0 = time.monotonic()
+        said = fault(action, host)
+        secs, ev = event_within(lab, host, kind, before[host], ACT_BOUND_S)
+        assert ev is not None, f"{action} on {host} ({said}): no {kind} event within {ACT_BOUND_S}s: {journal(lab, host)}"
+        assert ev["action"] == f"stopped {container}" and ev["reading"] and ev["threshold"], ev
+        rc, st, out = cli(env, "status")
+        assert rc == 2, out   # the guard holds the container stopped, or (restarted already) the group re-forms
+        gd = st["hosts"][host]["host"]["guard"]
+        assert any(e["epoch"] == ev["epoch"] for e in gd["events"]), gd
+        assert not gd["held"] or any(f"the guard stopped {container} ({kind})" in p for p in gd["problems"]), gd
+        rc, gdoc, out = cli(env, "guard", "--events")
+        assert rc in (0, 2), out
+        assert any(e["host"] == host and e["kind"] == kind and e["epoch"] == ev["epoch"] for e in gdoc["events"]), gdoc
+        cleared = fault(f"clear-{action}", host)
+        back = smoke_within(d["endpoint"], d["model"], key, SERVE_BOUND_S)
+        assert back is not None, f"{action}: no smoke answer within {SERVE_BOUND_S}s after the clear ({cleared})"
+        restarted = [e for e in journal(lab, host)[before[host]:] if e["kind"] == "restart"]
+        assert restarted and container in restarted[0]["action"], journal(lab, host)
+        assert journal(lab, other)[before[other]:] == [], f"the guard of {other} acted on {action} of {host}"
+        timings.append(f"{action} {host}: guard acted after {secs:.1f}s, serving again {time.monotonic() - t0:.1f}s "
+                       "after the fault")
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
+    print("\n[guard, real vLLM native tp2] " + "; ".join(timings))
+    rc, _, out = cli(env, "cluster-down", "--model", "lab-tiny", "--name", "grd")
+    assert rc == 0, out
