@@ -406,6 +406,20 @@ def _per_second(tokens: Any, ms: Any) -> float | None:
     return round(tokens * 1000.0 / ms, 2)
 
 
+def _round(v: Any) -> float | None:
+    return round(v, 2) if isinstance(v, (int, float)) else None
+
+
+def _day(stamp: str | None):
+    """The day of a run (a YAML date, as NVIDIA's measured_at is written)."""
+    import datetime
+
+    try:
+        return datetime.date.fromisoformat((stamp or "")[:10])
+    except ValueError:
+        return None
+
+
 def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
     """A stored run in the shape of the `performance.yaml` files of NVIDIA's recipe catalog
     (NVIDIA/local-ai-inference-recipes: schema 1, one profile per workload), one profile per
@@ -438,14 +452,14 @@ def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
                          "warmup_requests": 1},
             "results": {"prefill_tokens_per_second_mean": _per_second(prompt, row.get("ttft_mean_ms")),
                         "decode_tokens_per_second_mean": _per_second(1, row.get("tpot_mean_ms")),
-                        "e2e_latency_ms_mean": row.get("e2el_mean_ms")},
+                        "e2e_latency_ms_mean": _round(row.get("e2el_mean_ms"))},
         })
     return {
         "schema_version": 1,
         "status": "measured",
         "recipe_sha256": rec.get("recipe_hash"),  # sparkprov's recipe hash (sha256 of the launch, 16 hex)
         "launch_id": rec.get("recipe") or "default",
-        "measured_at": (rec.get("time") or "")[:10] or None,
+        "measured_at": _day(rec.get("time")),
         "harness": {"name": rec.get("client") or "vllm bench serve", "version": prov.get("vllm_version")},
         "system": {"label": (f"{nodes}× {name}" if nodes > 1 else name) if name else None,
                    "accelerator": prov.get("gpu"), "accelerator_count": (prov.get("gpu_count") or 1) * nodes,

@@ -104,7 +104,7 @@ def test_cli_exports_the_newest_stored_run(tmp_path, capsys):
     bench(Context(), "tiny", export=str(out), results=str(tmp_path))
     assert "(NVIDIA performance.yaml, 2 profile(s))" in capsys.readouterr().out
     doc = yaml.safe_load(out.read_text())
-    assert doc["profiles"][0]["id"] == "arena-c1" and doc["measured_at"] == newest["time"][:10]
+    assert doc["profiles"][0]["id"] == "arena-c1" and str(doc["measured_at"]) == newest["time"][:10]
 
 
 def test_a_run_stored_before_provenance_loads_compares_plots_and_exports(tmp_path):
@@ -135,3 +135,17 @@ def test_compare_names_what_changed_between_two_runs():
     changed = sb.compare(b, a)["changed"]
     assert changed == {"image_digest": ["sparkprov/lab-vllm-cpu@sha256:" + "cd" * 32, "x@sha256:" + "ee" * 32],
                        "driver_version": ["580.95.05", "580.126.09"]}
+
+
+def test_a_real_stored_run_exports_in_nvidias_shape():
+    """tests/fixtures/bench-lab/stored-run.json: a run stored by invoke bench on the lab's real vLLM."""
+    rec = json.loads((Path(__file__).parents[1] / "fixtures" / "bench-lab" / "stored-run.json").read_text())
+    theirs = yaml.safe_load(NVIDIA_PERF.read_text())
+    ours = yaml.safe_load(sb.performance_yaml(rec))
+    assert list(ours) == list(theirs) and type(ours["measured_at"]) is type(theirs["measured_at"])
+    for section in ("harness", "system", "software"):
+        assert list(ours[section]) == list(theirs[section]), section
+    assert [list(p["workload"]) for p in ours["profiles"]] == [list(theirs["profiles"][0]["workload"])] * 2
+    assert ours["software"]["runtime_revision"] == rec["provenance"]["image_digest"].split("@")[1]
+    assert ours["software"]["model_revision"] == rec["provenance"]["model_commit"]
+    assert all(p["results"]["decode_tokens_per_second_mean"] > 0 for p in ours["profiles"])

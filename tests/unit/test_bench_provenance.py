@@ -128,3 +128,19 @@ def test_bench_reads_everything_it_records_in_one_round_trip(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["hosts"]["localhost"]["remote_calls"] == 1, doc
     assert e.value.code == 2 and doc["bench"]["runs"] == [] and not (tmp_path / "r").exists()
+
+
+LAB = FIX / "bench-lab"  # real captures of a lab run on the real vLLM (see its README.md)
+
+
+def test_digest_and_revision_from_the_labs_real_docker_output():
+    args = json.loads((LAB / "container-args.json").read_text())
+    image = (LAB / "container-config-image.txt").read_text().strip()
+    digests = json.loads((LAB / "image-repo-digests.json").read_text())
+    assert sb.pick_digest(image, digests) == digests[0] and digests[0].startswith("sparkprov/lab-vllm-cpu@sha256:")
+    assert sb.revision_of(args) == "main"
+    stored = json.loads((LAB / "stored-run.json").read_text())
+    prov = stored["provenance"]
+    # what that run recorded is what these reads give
+    assert prov["image_digest"] == sb.pick_digest(image, digests) and prov["model_revision"] == sb.revision_of(args)
+    assert len(prov["model_commit"]) == 40 and prov["driver_version"] and prov["kernel"] and prov["vllm_version"]
