@@ -14,7 +14,12 @@ link, and is in no argv and in no container's configuration.
 
 Results are kept on the control machine, one JSON file per run under
 RESULTS/DEPLOYMENT/RECIPE_HASH/, named by time, host and image: two runs of the same recipe
-compare (`--compare`), and a run on another image says so.
+compare (`--compare`), and a run on another image says so. Each run carries its provenance: the
+registry digest of the running image, the model commit the container's store resolves, the vLLM
+version (the server's /version), the driver and CUDA version (the gather's nvidia-smi section),
+the kernel and OS (the host identity every gather reads), the recipe hash and the layout; all read
+in the two calls a run costs anyway (the gather, and the apply that runs the client). A stored run
+exports in the shape of NVIDIA's performance.yaml (`performance_doc`).
 """
 
 from __future__ import annotations
