@@ -2,7 +2,7 @@
 # Debian packages the lab and the tests need. Idempotent: installs only what is missing.
 set -euo pipefail
 pkgs=(openssh-server openssh-client docker.io debootstrap docker-registry rsync sudo iproute2
-      iputils-ping procps ethtool python3-venv netplan.io)
+      iputils-ping procps ethtool python3-venv netplan.io nftables)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -48,7 +48,10 @@ DOWN_HELP = {
 STATUS_HELP = {**COMMON, "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)",
                "limit": "Further limit the hosts (pattern)", "forks": "How many hosts to work on at once (default 32)",
                "watch": "Refresh every this many seconds until interrupted (Ctrl-C)",
-               "count": "With --watch: stop after this many refreshes"}
+               "count": "With --watch: stop after this many refreshes",
+               "ports": "Also every listening TCP/UDP port per host: process, deployment, and from where it can be "
+                        "reached (loopback, fabric peers, everyone); exit 2 when one open to everyone is neither an "
+                        "API port with a key nor sshd (reads as root)"}
 NCCL_HELP = {
     **COMMON,
     "check": "Check the hosts (fabric, image) and say what would run; run nothing",
@@ -312,7 +315,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
 
 
 def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, watch=None, count=None,
-           accept_new_host_keys=False):
+           accept_new_host_keys=False, ports=False):
     """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, requests, spec-decode
     acceptance, unified memory, GPU temperature and power; per deployment: expected vs joined nodes.
     Exit 2 when a deployment is degraded or a node guard acted (its action stands) or is not running,
@@ -332,7 +335,10 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
         targets = select_hosts(inv, hosts, limit)
         shown = 0
         while True:
-            st, code = plays.read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys))
+            st, code = plays.read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
+                                         ports=ports)
+            if ports and code == 0 and any(r["flag"] for h in st.values() for r in h.get("ports") or []):
+                code = 2  # a port open to everyone that nothing guards
             guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
             code = guard_facts.exit_code(guards, code)  # 2: a guard acted (and its action stands) or is down
             if json:
@@ -343,6 +349,8 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
                 print_status(st)
                 for h, g in guards.items():
                     print(guard_facts.describe(h, g))
+                if ports:
+                    print_ports(st)
                 if watch is not None:
                     print(f"refreshed {time.strftime('%H:%M:%S')}, every {watch:g}s (Ctrl-C stops)", flush=True)
             shown += 1
@@ -350,6 +358,23 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
                 break
             time.sleep(watch)
     finish(code)
+
+
+def print_ports(st) -> None:
+    """Per host, every listening port and who can reach it; the flagged ones first, marked."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="listening ports (reach: loopback, fabric peers, everyone)")
+    for col in ("host", "proto", "address:port", "process", "deployment", "reach", "why", ""):
+        t.add_column(col)
+    for h, doc in st.items():
+        for r in doc.get("ports") or []:
+            t.add_row(h, r["proto"], f"{r['address']}:{r['port']}", ",".join(r["processes"]) or "?",
+                      r["deployment"] or "-", r["reach"], r["why"], "OPEN, NO KEY" if r["flag"] else "")
+        if doc.get("ports") is None:
+            t.add_row(h, "-", "-", "-", "-", "-", doc.get("problem") or doc.get("error") or "not read", "")
+    Console().print(t)
 
 
 def _health_cell(c: dict) -> str:

@@ -22,7 +22,10 @@ What a real power cycle does, step by step, and what the lab does for each:
    b. the lab's stand-in for systemd-networkd applies what was rendered, with iproute2 inside the
       host: for each .network file whose [Match] Name= is an interface of the host, MTUBytes=,
       Address= and Gateway= (and the link up). Nothing else configures the fabric;
-   c. sshd starts, then dockerd (its daemon.json as persisted). dockerd itself restores the
+   c. an enabled sparkprov-firewall.service (its link in multi-user.target.wants) loads
+      /etc/sparkprov/nftables/*.nft, as systemd runs that oneshot before docker.service (a power
+      off lost every nftables rule);
+   d. sshd starts, then dockerd (its daemon.json as persisted). dockerd itself restores the
       containers: those with restart policy `always` or `unless-stopped` (and not stopped by
       hand) start again, others stay Exited, exactly as docker decides. Then the node guard,
       where provision installed it (a Spark's systemd starts its unit).
@@ -97,6 +100,8 @@ def power_off(name: str) -> dict:
                        capture_output=True)
         net.ip("link", "set", ifc, "down", "mtu", "1500", ns=name, check=False)
     net.ip("neigh", "flush", "all", ns=name, check=False)
+    # nftables lives in the kernel: a power cycle loses every rule
+    subprocess.run(["ip", "netns", "exec", name, "nft", "flush", "ruleset"], capture_output=True)
     return {"killed": killed}
 
 
@@ -206,6 +211,7 @@ def boot(name: str) -> dict:
         lines.append(f"netplan generate: {len(have)} file(s) in /etc/netplan: {' '.join(have) or '-'}")
     applied = apply_networkd(name) if r.returncode == 0 else []
     lines += [f"networkd: {a}" for a in applied] or ["networkd: nothing to apply"]
+    lines += _enabled_firewall(name)
     _log(name, lines)
     sshd.start_sshd(name)
     dockerd.start_dockerd(name)
@@ -224,6 +230,19 @@ def start_guard(name: str) -> bool:
         return False
     nsexec(name, ["sh", "-c", start_script()])
     return True
+
+
+FIREWALL_WANTS = "/etc/systemd/system/multi-user.target.wants/sparkprov-firewall.service"
+
+
+def _enabled_firewall(name: str) -> list[str]:
+    """systemd's part for an enabled sparkprov-firewall.service (a oneshot before docker.service):
+    load the rule files it names, before dockerd starts the containers."""
+    r = nsexec(name, ["sh", "-c", f"[ -e {FIREWALL_WANTS} ] || exit 0; for f in /etc/sparkprov/nftables/*.nft; do "
+                      '[ ! -e "$f" ] || nft -f "$f" || exit 1; echo "$f"; done'], check=False)
+    if r.returncode:
+        return [f"sparkprov-firewall.service failed: {(r.stderr or r.stdout).strip()}"]
+    return [f"sparkprov-firewall.service: loaded {f}" for f in r.stdout.split()]
 
 
 def reboot(name: str, down_seconds: float = 2.0) -> dict:

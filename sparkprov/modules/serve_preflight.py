@@ -86,7 +86,9 @@ class ServePreflight(Module):
                                              "to use the provisioned rail")
             if problem:
                 fails.append(problem)
-            exports = {"node_ip": ip, "rail_net": net}
+            # every rail's address: the members the firewall lets reach the deployment's internals
+            exports = {"node_ip": ip, "rail_net": net,
+                       "rails": [r["address"] for r in (facts.fabric or {}).get("rails") or [] if r.get("address")]}
         store = facts.store
         missing = [w for w in (node.staged_problem(store, repo, rev) for repo, rev in node.repos(dep)) if w]
         if missing and args.staged_here and host.check:

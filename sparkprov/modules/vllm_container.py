@@ -66,7 +66,7 @@ class VllmContainer(Module):
         if dep.cluster and dep.rank(h) > 0:
             rank0 = (((host.exports.get(dep.hosts[0]) or {}).get("containers") or {}).get(dep.name) or {})
             rank0_id = rank0.get("id") or "(rank 0 to be started)"
-        spec = node.container(dep, h, launch, head, rank0_id)
+        spec = node.container(dep, h, launch, head, rank0_id, host.home)
         cont = facts.containers
         mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
         have = next((c for c in mine if c["name"] == spec.name), None)

@@ -84,6 +84,8 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
                     f"{d.name}: ray image", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
                                                              "deployment": d.name}, where)], where=where),
             ]
+        if d.cluster:
+            book.plays += internals_plays(d, args, where)
         # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous
         # with), then the other ranks, which name rank 0's container (replaced with it)
         start = [d.hosts[:1], d.hosts[1:]] if d.cluster else [d.hosts]
@@ -102,20 +104,43 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
     return book
 
 
+def internals_plays(d: Deployment, args: dict[str, Any], where: tuple) -> list:
+    """Before any container of a multi-node deployment starts: its internal ports closed to all but
+    its members (firewall, every node), and for Ray the deployment's token on every member (made on
+    rank 0, copied to the others; no_log: the token never reaches a report)."""
+    plays = [play(f"{d.name}: firewall", d.hosts, [task(f"{d.name}: firewall", "firewall", args, where,
+                                                        become=True)], where=where)]
+    if d.executor == "ray":
+        for phase, group in (("make", d.hosts[:1]), ("copy", d.hosts[1:])):
+            t = task(f"{d.name}: ray token", "ray_token", {**args, "phase": phase}, where)
+            t.no_log = True
+            plays.append(play(f"{d.name}: ray token" + (" copies" if phase == "copy" else ""), group, [t], where=where))
+    return plays
+
+
 def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "") -> Playbook:
-    return Playbook("cluster-down", [play("cluster-down", hosts, [task(
-        "remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason,
-                                                        "exclude_roles": ["gateway"]},  # gateway down removes it
-        ("cluster-down", None, None))])])
+    where = ("cluster-down", None, None)
+    return Playbook("cluster-down", [play("cluster-down", hosts, [
+        task("remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason,
+                                                             "exclude_roles": ["gateway"]},  # gateway down removes it
+             where, become=False),
+        # after the containers: their ports close with them, then nothing is left to guard
+        task("remove firewall rules", "firewall", {"state": "absent", "deployments": deployments}, where,
+             become=True)], where=where)])
 
 
-def status_book(hosts: list[str]) -> Playbook:
+def status_book(hosts: list[str], ports: bool = False) -> Playbook:
+    """`ports`: also every listening port and who can reach it, read in the same gather (as root:
+    `ss` names other users' processes and nftables is root's)."""
     where = ("status", None, None)
-    return Playbook("status", [play("serving", hosts, [task("containers", "serve_status", {}, where)]),
+    serving = [task("containers", "serve_status", {}, where)]
+    if ports:
+        serving.append(task("ports", "listening_ports", {}, where, become=True))
+    return Playbook("status", [play("serving", hosts, serving),
                                play("deployments", hosts, [task("deployments", "deployment_health", {}, where)])])
 
 
-def read_status(inv, targets: list[str], options: RunOptions) -> tuple[dict[str, dict], int]:
+def read_status(inv, targets: list[str], options: RunOptions, ports: bool = False) -> tuple[dict[str, dict], int]:
     """One status play: per host what serves, its health and each deployment it leads; the exit
     code. status, monitor, gateway and bench read the fleet through this."""
     import io
@@ -123,7 +148,7 @@ def read_status(inv, targets: list[str], options: RunOptions) -> tuple[dict[str,
     from sparkprov.modules.deployment_health import deployments_led_by, health
 
     report = Report(io.StringIO(), quiet=True)
-    runner = run_book(inv, status_book(targets), targets, options, report)
+    runner = run_book(inv, status_book(targets, ports), targets, options, report)
     st = {}
     for h in targets:
         ex = runner.exports.get(h) or {}
@@ -137,6 +162,8 @@ def read_status(inv, targets: list[str], options: RunOptions) -> tuple[dict[str,
                  "deployments": {d: health(d, lead, h, runner.exports)
                                  for d, lead in deployments_led_by(h, runner.exports).items()},
                  "problem": failed, "remote_calls": tally.remote_calls}
+        if ports:
+            st[h]["ports"] = ex.get("ports")
     return st, report.exit_code()
 
 

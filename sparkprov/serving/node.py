@@ -120,7 +120,7 @@ def needs_ray_image(dep: DeploymentArgs) -> bool:
 
 
 def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None,
-              rank0_id: str = "") -> specmod.ContainerSpec:
+              rank0_id: str = "", home: str = "") -> specmod.ContainerSpec:
     """The container this node runs: a single server, or its rank of a cluster (Ray head or
     worker, or a native rank: rank 0 serves the API, the others are --headless)."""
     if not dep.cluster:
@@ -131,7 +131,8 @@ def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str 
                                    master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id,
                                    dp=dep.dp)
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
-                            ray_port=dep.ray_port, rank0_id=rank0_id)
+                            ray_port=dep.ray_port, rank0_id=rank0_id,
+                            token_file=specmod.ray_token_file(home, dep.name) if home else None)
 
 
 def lint_problems(node_launch: Launch, dep: DeploymentArgs) -> tuple[list[str], list[str]]:

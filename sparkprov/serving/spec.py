@@ -13,6 +13,10 @@ VLLM_HOST_IP and NCCL/Gloo/UCX bindings from its FabricInfo):
   progress and a timeout, and fails the bring-up naming the node that did not join.
 * `sparkprov-NAME-worker` on every other host: `ray start --address HEAD:PORT --block`.
 
+Every Ray process of both runs with Ray's token authentication (RAY_AUTH_MODE=token, the token a
+0600 file of the node mounted read-only; only its path is in the environment), and the head has
+no dashboard. Their ports bind every interface: the firewall module closes them to non-members.
+
 All have host networking, `--init` (Ray leaves daemons behind the main process), the restart
 policy of the recipe (a reboot brings the whole cluster back: workers retry until the head is up,
 the head waits for them), and the store and compile cache mounts. The wrapper texts are constants;
@@ -40,7 +44,7 @@ HEAD_SCRIPT = "; ".join([
     "set -eu",
     "@PRE_SERVE@",
     'ray start --head --node-ip-address="$VLLM_HOST_IP" --port="$SPARKPROV_RAY_PORT" --num-gpus=1 '
-    '--disable-usage-stats',
+    '--include-dashboard=false --disable-usage-stats',
     'echo "sparkprov: waiting for $SPARKPROV_RAY_GPUS GPUs in the Ray cluster" >&2',
     'while :; do g=$(ray status 2>/dev/null | awk \'$2=="GPU" {split($1,a,"/"); print int(a[2]); exit}\'); '
     '[ "${g:-0}" -ge "$SPARKPROV_RAY_GPUS" ] && break; sleep 2; done',
@@ -58,6 +62,26 @@ WORKER_SCRIPT = "; ".join([
     'exec ray start --address="$SPARKPROV_RAY_HEAD" --node-ip-address="$VLLM_HOST_IP" --num-gpus=1 '
     '--disable-usage-stats --block',
 ])
+# Ray token authentication (Ray >= 2.52: RAY_AUTH_MODE=token, the token read from the file
+# RAY_AUTH_TOKEN_PATH names). The token is a 0600 file on each member, made once per deployment
+# (modules/ray_token.py) and mounted read-only: docker inspect shows the path, never the token.
+RAY_TOKEN_PATH = "/run/sparkprov/ray_token"
+RAY_TOKEN_NAME = "ray_token"  # in the deployment's directory on the node (ray_token_file)
+
+
+def ray_token_file(home: str, deployment: str) -> str:
+    """The Ray token of a deployment on a node: under the deployment's own directory (0700)."""
+    return f"{home.rstrip('/')}/.config/sparkprov/deployments/{deployment}/{RAY_TOKEN_NAME}"
+
+
+def ray_auth(token_file: str | None) -> tuple[dict[str, str], list[str]]:
+    """(environment, extra -v words) that make every Ray process of the container use the token."""
+    if not token_file:
+        return {}, []
+    return ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": RAY_TOKEN_PATH},
+            ["-v", f"{token_file}:{RAY_TOKEN_PATH}:ro"])
+
+
 # vLLM's own multi-node: every rank runs `vllm serve` under the rank supervisor (serving/supervise.py:
 # the real engine neither exits non-zero nor dies with a lost rank); rank 0 reads the key, the others
 # serve no API.
@@ -121,7 +145,8 @@ def single(deployment: str, host: str, launch: Launch) -> ContainerSpec:
 
 
 def _rank_container(deployment: str, host: str, name: str, role: str, launch: Launch, env_extra: dict[str, str],
-                    script: str, args: list[str], extra_labels: dict[str, str]) -> ContainerSpec:
+                    script: str, args: list[str], extra_labels: dict[str, str],
+                    extra_mounts: tuple[str, ...] = ()) -> ContainerSpec:
     d = launch.recipe.docker
     opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all", f"--ipc={d.ipc}",
             "--network", "host", "--init"]
@@ -138,6 +163,7 @@ def _rank_container(deployment: str, host: str, name: str, role: str, launch: La
         if role not in SERVING_ROLES and m.container == KEY_PATH:
             continue  # the API server runs on the head only: the key stays there
         body += ["-v", m.spec()]
+    body += list(extra_mounts)
     kind = image_entrypoint(launch.recipe.image, launch.image_info)
     dollar0 = "sparkprov-" + role
     if kind == "passthrough" and launch.command == "full":
@@ -158,19 +184,23 @@ def _pre_and_key(launch: Launch, serves: bool) -> tuple[str, str]:
 
 
 def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, head_ip: str,
-             ray_port: int, rank0_id: str = "") -> ContainerSpec:
+             ray_port: int, rank0_id: str = "", token_file: str | None = None) -> ContainerSpec:
     """Rank 0: the Ray head, which waits for every node's GPU and then runs vLLM; the others:
-    Ray workers joining the head at HEAD_IP:RAY_PORT (over the fabric)."""
+    Ray workers joining the head at HEAD_IP:RAY_PORT (over the fabric). `token_file`: the node's
+    Ray token (token authentication for every Ray process of the container; the head's dashboard
+    is off)."""
     labels = {"sparkprov.executor": "ray", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
+    auth_env, auth_mount = ray_auth(token_file)
     if rank == 0:
         pre, key = _pre_and_key(launch, True)
         script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
         return _rank_container(deployment, host, f"sparkprov-{deployment}-head", ROLE_HEAD, launch,
-                               {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes)},
-                               script, ["vllm", "serve", *ray_head_argv(launch, nnodes=nnodes)], labels)
+                               {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes), **auth_env},
+                               script, ["vllm", "serve", *ray_head_argv(launch, nnodes=nnodes)], labels,
+                               tuple(auth_mount))
     return _rank_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
-                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id)}, WORKER_SCRIPT, [],
-                           labels)
+                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id), **auth_env},
+                           WORKER_SCRIPT, [], labels, tuple(auth_mount))
 
 
 def _member_of(rank0_id: str) -> dict[str, str]:

@@ -153,7 +153,8 @@ def lab_session():
     if found:
         up.down(quiet=True)
     baseline = snapshot()
-    res = up.up(2, images=False, quiet=True)
+    # SPARKPROV_LAB_HOSTS=3: a third host (a stranger on a switched fabric, test_ports_lockdown)
+    res = up.up(int(os.environ.get("SPARKPROV_LAB_HOSTS") or 2), images=False, quiet=True)
     yield LabHandle(hosts=res.hosts, key=state.key_path(), known_hosts=state.known_hosts_path(),
                     password=state.password_path().read_text().strip(),
                     password_file=state.password_path(), inventory=res.inventory,

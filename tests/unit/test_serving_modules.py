@@ -68,7 +68,8 @@ def preflight_values(host, **kw):
 def test_preflight_passes_and_exports_the_fabric_address():
     p = run(serve_preflight.ServePreflight, {"deployment": DEP}, preflight_values("spark1"), ctx())
     assert p.failed is None, p.failed
-    assert p.exports == {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}
+    assert p.exports == {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24",
+                                                    "rails": ["192.168.100.11"]}}}
 
 
 def test_preflight_names_missing_weights_a_busy_port_and_no_rail():
