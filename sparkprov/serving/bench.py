@@ -89,7 +89,7 @@ try:
 except Exception:
     out["server_version"] = None
 # the refs (branch/tag -> commit) of the served repo in the container's own store: which commit it loaded
-if REPO_RE.match(root):
+if root and REPO_RE.match(root):
     try:
         r = subprocess.run(["docker", "exec", name, "python3", "-c", REFS_PY, "models--" + root.replace("/", "--")],
                            capture_output=True, text=True, timeout=30)
