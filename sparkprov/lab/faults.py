@@ -135,8 +135,7 @@ def pressure_meminfo(real: str) -> str:
 
 
 def _meminfo_mounted(host: str) -> bool:
-    r = nsexec(host, ["sh", "-c", "grep -c ' /proc/meminfo ' /proc/self/mounts || true"], check=False)
-    return (r.stdout.strip() or "0") != "0"
+    return _mounted(host, "/proc/meminfo")
 
 
 def memory_pressure(host: str) -> str:
@@ -234,6 +233,35 @@ def clear_hang(host: str) -> str:
             f"{host}: no stopped EngineCore left (the guard's docker stop ended it)")
 
 
+# The kernel an NVIDIA system update brought, after which NCCL failed at start on two Sparks
+# (eugr/spark-vllm-docker#392; sparkprov/modules/drift.py KNOWN_BAD); the host reports it from
+# /proc/sys/kernel/osrelease (what `uname -r` says), a file bind-mounted over it in its mount namespace.
+UPDATED_KERNEL = "7.0.0-1019-nvidia"
+OSRELEASE = "/proc/sys/kernel/osrelease"
+OSRELEASE_FILE = "/var/lib/sparklab/osrelease"
+
+
+def _mounted(host: str, path: str) -> bool:
+    r = nsexec(host, ["sh", "-c", f"grep -c ' {path} ' /proc/self/mounts || true"], check=False)
+    return (r.stdout.strip() or "0") != "0"
+
+
+def kernel_update(host: str) -> str:
+    """One host reports another kernel, as after an OS update on that node alone."""
+    _record(host)
+    if not _mounted(host, OSRELEASE):
+        write_file(host, OSRELEASE_FILE, UPDATED_KERNEL + "\n")
+        nsexec(host, ["mount", "--bind", OSRELEASE_FILE, OSRELEASE])
+    return f"{host}: kernel {nsexec(host, ['cat', OSRELEASE]).stdout.strip()}"
+
+
+def clear_kernel_update(host: str) -> str:
+    _record(host)
+    while _mounted(host, OSRELEASE):
+        nsexec(host, ["umount", OSRELEASE])
+    return f"{host}: kernel {nsexec(host, ['cat', OSRELEASE]).stdout.strip()} (the machine's)"
+
+
 ACTIONS = {
     "stop-sshd": lambda h, **k: stop_sshd(h),
     "start-sshd": lambda h, **k: start_sshd(h),
@@ -251,6 +279,8 @@ ACTIONS = {
     "clear-nvrm": lambda h, **k: clear_nvrm(h),
     "hang": lambda h, **k: hang(h),
     "clear-hang": lambda h, **k: clear_hang(h),
+    "kernel-update": lambda h, **k: kernel_update(h),
+    "clear-kernel-update": lambda h, **k: clear_kernel_update(h),
 }
 
 

@@ -11,6 +11,7 @@ Engine: real vLLM in every test of this module."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -44,6 +45,21 @@ def event_within(lab, host: str, kind: str, seen: int, bound: float) -> tuple[fl
             return time.monotonic() - t0, hit
         time.sleep(1)
     return None, None
+
+
+def guard_cost(lab, host: str) -> str:
+    """The guard's own cost so far: CPU seconds (its samplers included: probe, nvidia-smi, docker) per
+    second alive, and its resident memory. Printed, not asserted (no timed assertions in tests)."""
+    from pathlib import Path
+
+    pid = lab.exec(host, ["cat", "/run/sparkprov-guard.pid"]).stdout.strip()
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = sum(int(x) for x in stat[11:15]) / tick
+    alive = float(Path("/proc/uptime").read_text().split()[0]) - int(stat[19]) / tick
+    rss = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    return f"{host} guard: {100 * cpu / alive:.1f}% of a core over {alive:.0f}s, RSS {int(rss) / 1024:.0f} MiB"
 
 
 def fault(action: str, host: str) -> str:
@@ -94,6 +110,31 @@ def test_guard_acts_on_each_fault_on_that_host_only_and_serving_resumes(env):
                        "after the fault")
     rc, st, out = cli(env, "status")
     assert rc == 0, out
-    print("\n[guard, real vLLM native tp2] " + "; ".join(timings))
+    print("\n[guard, real vLLM native tp2] " + "; ".join(timings + [guard_cost(lab, h) for h in lab.names]))
     rc, _, out = cli(env, "cluster-down", "--model", "lab-tiny", "--name", "grd")
     assert rc == 0, out
+
+
+def test_a_changed_kernel_on_one_host_is_drift_at_provision_and_refused_at_cluster_up(env):
+    """The drift gate (modules/drift.py): spark2 alone reports the kernel an NVIDIA system update
+    brought (7.0.0-1019-nvidia, eugr/spark-vllm-docker#392): provision records and reports it (the
+    drift between the nodes, and the known-bad row), cluster-up of a TP 2 deployment is refused
+    before anything is pulled or started, naming both kernels."""
+    lab = env["lab"]
+    try:
+        said = fault("kernel-update", "spark2")
+        assert said == "spark2: kernel 7.0.0-1019-nvidia", said
+        good = lab.exec("spark1", ["cat", "/proc/sys/kernel/osrelease"]).stdout.strip()
+        rc, doc, out = cli(env, "provision")
+        assert rc == 0, out
+        warnings = [w for r in doc["results"] for w in r.get("warnings") or []]
+        assert f"drift: kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in warnings, warnings
+        assert any("eugr/spark-vllm-docker#392" in w for w in warnings), warnings
+        rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "drift")
+        assert rc != 0, out
+        failed = " ".join(r["msg"] for r in doc["results"] if r["status"] == "failed")
+        assert f"kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in failed, failed
+        for h in lab.names:
+            assert lab.exec(h, ["docker", "ps", "-aq", "--filter", "label=sparkprov.deployment=drift"]).stdout == ""
+    finally:
+        fault("clear-kernel-update", "spark2")

@@ -1,0 +1,131 @@
+"""drift: the versions a node runs (kernel, driver, CUDA), recorded, checked against versions known
+to break serving, and compared across the nodes of one deployment.
+
+OS updates break clusters: after an NVIDIA system update, kernel 7.0.0-1019-nvidia made NCCL fail at
+start on two Sparks (eugr/spark-vllm-docker#392). Two phases, each its own play (plays are barriers):
+
+- `record` (provision's first play; cluster-up's versions play): reads the kernel (/proc/sys/kernel/
+  osrelease, gathered with the host's identity), the driver and CUDA version (nvidia-smi) and the
+  kernel command line; writes them to /var/lib/sparkprov/versions.json (`record: true`: a change
+  with a before/after diff when they moved since the last provision); checks KNOWN_BAD (a warning;
+  with `multinode: true` a row that breaks multi-node serving is exported as a refusal);
+  exports `versions`.
+- `compare` (the play after): the versions every host of the play exported; a difference is a
+  warning naming each host's version. `strict: true`, as cluster-up runs it for a multi-node
+  deployment: a difference or a refusal fails the task, every node's version named.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from sparkprov.facts.files import PathState
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi
+from sparkprov.modules._provision import play_exports
+from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.transport.shell import cmd, heredoc_bytes, quote
+
+VERSIONS_PATH = "/var/lib/sparkprov/versions.json"
+FIELDS = (("kernel", "kernel"), ("driver", "driver"), ("cuda", "CUDA"))
+
+# Versions known to break serving on a Spark, each with its source. `multinode`: it breaks NCCL
+# across nodes (a multi-node start is refused); `unless`: a kernel command line parameter that
+# avoids it.
+KNOWN_BAD: list[dict[str, Any]] = [
+    {"field": "kernel", "version": "7.0.0-1019-nvidia", "multinode": True, "unless": "kho=off",
+     "why": "NCCL over RoCE fails at start: `ibv_reg_mr_iova2 ... Cannot allocate memory` (ENOMEM)",
+     "fix": "boot 6.17.0-1032-nvidia (still installed after the update), or add kho=off to the kernel "
+            "command line",
+     "source": "eugr/spark-vllm-docker#392; MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#14 (6.17.0-1032 works); "
+               "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259 (kho=off)"},
+]
+
+
+class Args(ModuleArgs):
+    phase: Literal["record", "compare"] = "record"
+    record: bool = True        # record: write versions.json on the node
+    multinode: bool = False    # record: a KNOWN_BAD row that breaks multi-node serving fails the task
+    strict: bool = False       # compare: a difference fails the task
+
+
+def versions_of(info: dict[str, str], smi: dict[str, Any]) -> dict[str, str | None]:
+    return {"kernel": info.get("kernel") or None, "driver": smi.get("driver_version") if smi.get("present") else None,
+            "cuda": smi.get("cuda_version") if smi.get("present") else None}
+
+
+def known_bad(versions: dict[str, Any], params: dict[str, Any], *, multinode: bool) -> tuple[list[str], list[str]]:
+    """(failures, warnings) for the node's versions against KNOWN_BAD. Pure."""
+    fails, warns = [], []
+    for row in KNOWN_BAD:
+        if versions.get(row["field"]) != row["version"]:
+            continue
+        key, _, val = (row.get("unless") or "").partition("=")
+        if key and key in params and (params[key] or "") == val:
+            continue
+        line = (f"{dict(FIELDS)[row['field']]} {row['version']} is known to break serving: {row['why']} "
+                f"(fix: {row['fix']}; source: {row['source']})")
+        (fails if multinode and row["multinode"] else warns).append(line)
+    return fails, warns
+
+
+def differences(seen: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per version that differs between hosts, naming every host's version. Pure."""
+    out = []
+    for key, label in FIELDS:
+        values = {h: (v or {}).get(key) for h, v in sorted(seen.items())}
+        if len(set(values.values())) > 1:
+            out.append(f"{label} differs: " + ", ".join(f"{h} {v or 'unknown'}" for h, v in values.items()))
+    return out
+
+
+class DriftModule(Module):
+    name = "drift"
+    Args = Args
+    doc = "Record kernel, driver and CUDA; refuse known-bad versions and nodes of one deployment that differ."
+
+    def needs(self, args: Args, host: HostContext):
+        if args.phase == "compare":
+            return {}
+        named = {"smi": NvidiaSmi(), "cmdline": KernelCmdline()}
+        if args.record:   # the record is root's: only provision (become) reads and writes it
+            named["file"] = PathState(VERSIONS_PATH, with_content=True)
+        return named
+
+    def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        if args.phase == "compare":
+            seen = play_exports(host, "versions")
+            if host.name not in seen:
+                return Plan.skip("no versions recorded for this host (the record phase did not run)")
+            diffs = differences(seen)
+            refused = [r for rs in play_exports(host, "versions_refused").values() for r in rs]
+            if (diffs or refused) and args.strict:
+                return Plan.fail("; ".join(([f"the nodes run different versions: {'; '.join(diffs)} (fix: update every "
+                                             "node to one kernel, driver and CUDA, then invoke provision)"] if diffs else [])
+                                           + refused))
+            return Plan(msg=f"{len(seen)} host(s) run the same kernel, driver and CUDA" if not diffs else "",
+                        warnings=[f"drift: {d}" for d in diffs])
+        versions = versions_of(host.info, facts.smi)
+        fails, warns = known_bad(versions, facts.cmdline.get("params") or {}, multinode=args.multinode)
+        # the refusal waits for the compare play, which names every node's versions with it
+        exports = {"versions": versions, "versions_refused": [f"{host.name}: {f}" for f in fails]}
+        if not args.record:
+            return Plan(msg=", ".join(f"{label} {versions[k]}" for k, label in FIELDS), warnings=warns, exports=exports)
+        text = json.dumps(versions, indent=2, sort_keys=True) + "\n"
+        have = facts.file
+        before = (have.get("content") or b"").decode("utf-8", "replace") if have.get("exists") else ""
+        changes = []
+        if before != text:
+            tmp = VERSIONS_PATH + ".sparkprov-tmp"
+            script = "\n".join([cmd("mkdir", "-p", "--", VERSIONS_PATH.rsplit("/", 1)[0]), "umask 022",
+                                heredoc_bytes(text.encode(), "cat > " + quote(tmp)).rstrip("\n"),
+                                cmd("mv", "-f", "--", tmp, VERSIONS_PATH)])
+            moved = [f"{label} {json.loads(before).get(k)} -> {versions[k]}" for k, label in FIELDS
+                     if before and json.loads(before).get(k) != versions[k]] if before.strip().startswith("{") else []
+            summary = (f"record versions: {', '.join(moved)} (changed since the last provision)" if moved
+                       else f"record versions in {VERSIONS_PATH}")
+            changes.append(Change(summary, script, Diff(VERSIONS_PATH, before, text), [facts.fact("file")]))
+            if moved:
+                warns.append(f"{host.name}: " + ", ".join(moved) + " since the last provision")
+        return Plan(changes, msg=", ".join(f"{label} {versions[k]}" for k, label in FIELDS), warnings=warns,
+                    exports=exports)

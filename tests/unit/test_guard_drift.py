@@ -1,0 +1,78 @@
+"""The drift gate (sparkprov/modules/drift.py), planned from literal facts: versions recorded with a
+before/after diff, the known-bad kernel of eugr/spark-vllm-docker#392 warned at provision and refused
+for a multi-node start (unless kho=off), nodes of one deployment that differ refused with both named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from sparkprov.facts.files import PathState
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, parse_cmdline
+from sparkprov.modules import drift
+from sparkprov.modules.base import FactView, HostContext
+
+# kernel and driver of the Sparks in MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#14 (the working boot)
+GOOD = "6.17.0-1032-nvidia"
+BAD = "7.0.0-1019-nvidia"
+SMI = {"present": True, "driver_version": "580.173.02", "cuda_version": "13.0", "gpus": []}
+
+
+def ctx(name="spark1", kernel=GOOD, exports=None, play_hosts=("spark1", "spark2")):
+    return HostContext(name, {}, {"user": "nvidia", "home": "/home/nvidia", "kernel": kernel}, check=False,
+                       exports=exports or {h: {} for h in play_hosts}, play_hosts=list(play_hosts), become=True)
+
+
+def plan(args, host, *, cmdline="ro quiet splash", recorded=None):
+    m = drift.DriftModule()
+    a = m.Args.model_validate(args)
+    values = {NvidiaSmi().key: SMI, KernelCmdline().key: parse_cmdline(cmdline)}
+    if recorded is None:
+        values[PathState(drift.VERSIONS_PATH, with_content=True).key] = {"exists": False}
+    else:
+        data = recorded.encode()
+        values[PathState(drift.VERSIONS_PATH, with_content=True).key] = {
+            "exists": True, "type": "file", "mode": 0o644, "owner": "root", "group": "root", "size": len(data),
+            "content": data, "sha256": hashlib.sha256(data).hexdigest()}
+    return m.plan(a, m.view(a, FactView(values, {}), host), host)
+
+
+def test_provision_records_versions_and_reports_a_kernel_that_moved():
+    p = plan({}, ctx())
+    (c,) = p.changes
+    assert json.loads(c.diff.after) == {"kernel": GOOD, "driver": "580.173.02", "cuda": "13.0"}
+    assert p.exports["versions"]["kernel"] == GOOD and not p.warnings
+    assert plan({}, ctx(), recorded=c.diff.after).changes == []
+    # the update: the record moves, a warning says from what to what, and the known-bad row warns
+    moved = plan({}, ctx(kernel=BAD), recorded=c.diff.after)
+    assert moved.changes[0].summary.startswith(f"record versions: kernel {GOOD} -> {BAD}")
+    assert any("eugr/spark-vllm-docker#392" in w and "ibv_reg_mr_iova2" in w for w in moved.warnings)
+    assert any(f"kernel {GOOD} -> {BAD} since the last provision" in w for w in moved.warnings)
+
+
+def test_known_bad_kernel_refuses_a_multinode_start_unless_kho_off():
+    p = plan({"record": False, "multinode": True}, ctx(kernel=BAD))
+    (refusal,) = p.exports["versions_refused"]
+    assert p.failed is None and p.changes == []
+    assert refusal.startswith(f"spark1: kernel {BAD} is known to break serving") and "kho=off" in refusal
+    ok = plan({"record": False, "multinode": True}, ctx(kernel=BAD), cmdline="ro quiet kho=off")
+    assert ok.exports["versions_refused"] == []
+    # the compare play refuses it, with every node's versions
+    v = p.exports["versions"]
+    exports = {"spark1": {"versions": v, "versions_refused": [refusal]},
+               "spark2": {"versions": {**v, "kernel": GOOD}, "versions_refused": []}}
+    failed = plan({"phase": "compare", "strict": True}, ctx(exports=exports)).failed
+    assert failed.startswith(f"the nodes run different versions: kernel differs: spark1 {BAD}, spark2 {GOOD}")
+    assert failed.endswith(refusal)
+
+
+def test_nodes_that_differ_are_named_with_both_versions():
+    exports = {"spark1": {"versions": {"kernel": GOOD, "driver": "580.173.02", "cuda": "13.0"}},
+               "spark2": {"versions": {"kernel": BAD, "driver": "580.173.02", "cuda": "13.0"}}}
+    strict = plan({"phase": "compare", "strict": True}, ctx(exports=exports))
+    assert strict.failed == (f"the nodes run different versions: kernel differs: spark1 {GOOD}, spark2 {BAD} "
+                             "(fix: update every node to one kernel, driver and CUDA, then invoke provision)")
+    warned = plan({"phase": "compare"}, ctx(exports=exports))
+    assert warned.failed is None and warned.warnings == [f"drift: kernel differs: spark1 {GOOD}, spark2 {BAD}"]
+    same = {h: {"versions": exports["spark1"]["versions"]} for h in exports}
+    assert plan({"phase": "compare", "strict": True}, ctx(exports=same)).failed is None
