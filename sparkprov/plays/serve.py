@@ -67,6 +67,7 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight",
                                                         {**pre, "staged_here": bool(staged)}, where, become=False)],
                  become=o.drop_caches, where=where),
+            *drift_plays(d, where),
             play(f"{d.name}: image", d.hosts,
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
                                                              "peers": d.hosts, "deployment": d.name}, where)], where=where),
@@ -116,6 +117,17 @@ def internals_plays(d: Deployment, args: dict[str, Any], where: tuple) -> list:
             t.no_log = True
             plays.append(play(f"{d.name}: ray token" + (" copies" if phase == "copy" else ""), group, [t], where=where))
     return plays
+
+
+def drift_plays(d: Deployment, where: tuple) -> list:
+    """The nodes of a multi-node deployment run one kernel, driver and CUDA, none known to break NCCL
+    across nodes (modules/drift.py): refused before anything is pulled or started, both versions named."""
+    if not d.cluster:
+        return []
+    return [play(f"{d.name}: versions", d.hosts, [task(f"{d.name}: versions", "drift",
+                                                       {"record": False, "multinode": True}, where)], where=where),
+            play(f"{d.name}: same versions", d.hosts, [task(f"{d.name}: same versions", "drift",
+                                                            {"phase": "compare", "strict": True}, where)], where=where)]
 
 
 def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "") -> Playbook:
