@@ -316,3 +316,34 @@ def test_module_absent(systemd):
     (c,) = p.changes
     assert g.PROGRAM_PATH in c.script and ("systemctl disable" in c.script) == systemd
     assert plan({"state": "absent"}, {}, systemd=systemd, pid=None).changes == []
+
+
+# -- the kernel log reader and the lab's memory-pressure view ---------------------------------
+
+def test_kernel_log_reads_only_what_was_appended_after_it_opened(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text("[81033.194223] " + NVRM_1358 + "\n")     # before the guard started: not its business
+    reader = g.KernelLog(str(log))
+    assert reader.read() == []
+    with log.open("a") as fh:
+        fh.write("3,1764000000,81033194223,-;" + NVRM_1358 + "\n3,2,3,-;NVRM: Xid (PCI:000f:01:00): 1")
+    lines = reader.read()
+    assert [g.classify_kernel_line(x)["kind"] for x in lines] == ["nvrm-memory"]   # the half line waits
+    with log.open("a") as fh:
+        fh.write("19, pid=1, name=x\n")
+    assert g.classify_kernel_line(reader.read()[0])["xid"] == 119
+    log.write_text("")                                          # rotated: read from the start again
+    log.write_text(OOM_4759 + "\n")
+    assert [g.classify_kernel_line(x)["kind"] for x in reader.read()] == ["oom-kill"]
+    assert g.KernelLog(str(tmp_path / "absent")).read() == []
+
+
+def test_lab_memory_pressure_meminfo_is_a_spark_near_exhaustion():
+    from sparkprov.lab.faults import pressure_meminfo
+
+    real = "MemTotal:       24683308 kB\nMemFree:        22000000 kB\nMemAvailable:   23000000 kB\nCached:  1 kB\n"
+    fake = g.parse_meminfo(pressure_meminfo(real))
+    assert fake["MemTotal"] == 24683308 * 1024 and fake["Cached"] == 1024
+    # 2.3 of 119 GiB available (Surfer11May's Spark, gb10-failure-outputs.md §3.3): under the 5% floor
+    assert round(fake["MemAvailable"] / fake["MemTotal"], 3) == round(2.3 / 119, 3)
+    assert fake["MemAvailable"] < g.mem_floor_bytes(CFG, fake)
