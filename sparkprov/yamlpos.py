@@ -276,11 +276,14 @@ def _step(t: Any, part: Any) -> Any:
 
 
 def validation_error(exc: ValidationError, pos: Positions, *, model: type[BaseModel] | None = None,
-                     prefix: tuple = ()) -> InputError:
-    """The first error of a ValidationError as one positioned InputError."""
+                     prefix: tuple = (), fixes: dict[str, str] | None = None) -> InputError:
+    """The first error of a ValidationError as one positioned InputError. `fixes`: the fix for a
+    value refused by a field's own validator, by the field's name (pydantic's message has none)."""
     err = exc.errors()[0]
     loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
     message, fix = _describe(err, model)
+    if fix is None and fixes:
+        fix = fixes.get(next((p for p in reversed(loc) if isinstance(p, str)), ""))
     return pos.error(_data_path(pos, prefix, loc), message, fix=fix, key=err.get("type") == "extra_forbidden")
 
 
@@ -298,9 +301,9 @@ def _data_path(pos: Positions, prefix: tuple, loc: tuple) -> tuple:
 
 
 def parse_model(model: type[BaseModel], data: Any, pos: Positions, *, prefix: tuple = (),
-                context: dict | None = None):
+                context: dict | None = None, fixes: dict[str, str] | None = None):
     """Validate `data` (at `prefix` in the document) into `model`, errors pointing at the file."""
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
-        raise validation_error(exc, pos, model=model, prefix=prefix) from None
+        raise validation_error(exc, pos, model=model, prefix=prefix, fixes=fixes) from None

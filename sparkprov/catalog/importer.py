@@ -148,7 +148,21 @@ class Imported:
         # and control character escaped), so no foreign value can end a comment and start YAML.
         head = (one_line(f"# Imported by `invoke recipe import` from {origin} ({self.fmt} format).") + "\n"
                 + "".join(one_line(f"# NOT IMPORTED: {p}") + "\n" for p in self.problems))
-        return head + yaml.safe_dump(self.document(), sort_keys=False, allow_unicode=True, width=120)
+        return head + yaml.dump(self.document(), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+
+
+class _Dumper(yaml.SafeDumper):
+    r"""safe_dump, with every string holding a line break other than \n, or a control character,
+    written double-quoted (escaped). PyYAML writes such a string single-quoted and reads it back
+    changed: a lone NEL (\x85) comes back as a space."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    plain_breaks_only = all(c.isprintable() or c == "\n" for c in value)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=None if plain_breaks_only else '"')
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def detect_format(data: Any, pos: Positions | None = None) -> str:

@@ -112,6 +112,21 @@ class Catalog:
                 for e in sorted(found.values(), key=lambda e: (e["repo"], e["revision"]))]
 
 
+# The fix for a value a recipe field's own rule refused (catalog/models.py says why), by field.
+FIELD_FIXES = {
+    "host": "give an absolute path, or one under the store ({model_store}/NAME or NAME), without '..', ':' or ','",
+    "container": "give an absolute path in the container, without '..', ':' or ','",
+    "repo": "give the repo id as the hub shows it: ORG/NAME",
+    "revision": "give a branch, tag or commit of the repo, e.g. main",
+    "path": "give an absolute path in the container, e.g. /models/NAME",
+    "shm_size": "give a size such as 16gb or 64g",
+    "ulimits": "write each as NAME=SOFT[:HARD], e.g. memlock=-1:-1",
+    "image": "give registry/repo[:tag][@sha256:DIGEST], e.g. vllm/vllm-openai:v0.19.0",
+    "alias": "use lowercase letters, digits, '.', '_' and '-'",
+    "extends": "name a recipe of the catalog (invoke models) or of this file",
+}
+
+
 def package_files() -> list[Path]:
     return sorted(RECIPES_DIR.glob("*.yaml"))
 
@@ -123,7 +138,7 @@ def _read(path: Path | str, text: str | None = None) -> tuple[CatalogFile, Posit
     if not isinstance(data, dict):
         raise pos.error((), "a recipe file is a mapping with `images:` and/or `recipes:`",
                         fix="start the file with `recipes:` and a list of recipes")
-    return parse_model(CatalogFile, data, pos), pos
+    return parse_model(CatalogFile, data, pos, fixes=FIELD_FIXES), pos
 
 
 def _fill_sources(recipe: Recipe, default: Source) -> Recipe:
@@ -253,7 +268,7 @@ def _resolve(alias: str, entries: dict[str, _Entry], stack: tuple[str, ...] = ()
 def _finish(data: dict[str, Any], entry: _Entry) -> ResolvedRecipe:
     for name, model in NESTED.items():  # validated now that `extends` has filled them in
         if data.get(name) is not None:
-            data[name] = parse_model(model, data[name], entry.pos, prefix=entry.path + (name,))
+            data[name] = parse_model(model, data[name], entry.pos, prefix=entry.path + (name,), fixes=FIELD_FIXES)
     missing = [k for k in REQUIRED if data.get(k) is None]
     if missing:
         raise entry.error(f"has no {', '.join(missing)}",

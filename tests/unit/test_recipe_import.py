@@ -173,6 +173,20 @@ def test_line_breaks_in_every_string_field_import_to_what_was_read(tmp_path):
     assert out.read_text().count("\n#") == 2  # no comment line beyond those
 
 
+def test_a_lone_next_line_or_separator_survives_the_import(tmp_path):
+    """PyYAML writes a string holding only a NEL (\\x85) single-quoted, and reads it back as a
+    space; the importer writes such strings double-quoted (escaped). Found by the property test."""
+    src = tmp_path / "in.yaml"
+    src.write_text('recipe_version: "1"\nmodel: org/model-7b\ncontainer: vllm/vllm-openai:cu130-nightly\n'
+                   'command: vllm serve org/model-7b\nenv: {A: "\\N", B: "x\\Ly", C: " \\P", D: "\\x1c"}\n')
+    read = yaml.safe_load(src.read_text())["env"]
+    assert read == {"A": "\x85", "B": "x\u2028y", "C": " \u2029", "D": "\x1c"}
+    out = tmp_path / "out.yaml"
+    recipe_import(Context(), str(src), out=str(out))
+    written, _ = load_yaml(out)
+    assert written["recipes"][0]["env"] == read
+
+
 # -- bad input: one line, exit 1, nothing written ---------------------------------------------------
 
 GOOD = yaml.safe_load((FIX / "eugr-qwen36-27b.yaml").read_text())
@@ -365,4 +379,6 @@ def test_generated_foreign_recipes_import_or_are_one_line(tmp_path_factory, doc,
     assert written == import_file(src, variant=variant).document()
     assert sorted(p.name for p in d.iterdir()) == ["foreign.yaml", "out.yaml"]
     env = written["recipes"][0].get("env", {})
-    assert env == {k: v for k, v in (doc.get("env") or {}).items() if k != "HF_TOKEN"}
+    # the values as read from the foreign file (PyYAML's own dump of `doc` reads a lone NEL back as a space)
+    read_env = yaml.safe_load(src.read_text(encoding="utf-8")).get("env") or {}
+    assert env == {k: v for k, v in read_env.items() if k != "HF_TOKEN"}
