@@ -36,3 +36,23 @@ def local_stage_inventory(d, server, monkeypatch, **vars):
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN_PATH", str(d / "no-token"))
     return inv
+
+
+def refused(call) -> str:
+    """Run a task that must refuse its input: exit 1, one printable line with the fix, nothing
+    printed on stdout before it (no table, no PLAY). The line, without "sparkprov: "."""
+    import contextlib
+    import io
+
+    import pytest
+    from invoke import Exit
+
+    out = io.StringIO()
+    with pytest.raises(Exit) as err, contextlib.redirect_stdout(out):
+        call()
+    msg = err.value.message
+    assert err.value.code == 1, msg
+    assert msg.startswith("sparkprov: ") and msg.isprintable() and len(msg.splitlines()) == 1, msg
+    assert "(fix: " in msg
+    assert out.getvalue() == ""
+    return msg.removeprefix("sparkprov: ")

@@ -9,27 +9,17 @@ import contextlib
 import io
 
 import pytest
-from invoke import Context, Exit
+from invoke import Context
 
 from sparkprov.cli.cluster import cluster_up
 from sparkprov.cli.common import run_playbook
 from sparkprov.cli.store import store
 from sparkprov.inputfiles import MAX_INVENTORY
+from helpers import refused
 
 PLAYBOOK = "- hosts: all\n  tasks:\n    - name: t\n      command: {argv: [\"true\"]}\n"
 INV_PW = ("defaults: {port: 9, connect_timeout: 1, become_password_env: SPARK_SUDO_PASSWORD}\n"
           "hosts:\n  s1: {address: 127.0.0.1}\n  s2: {address: 127.0.0.1, become_password_env: OTHER_PW}\n")
-
-
-def refused(call) -> str:
-    out = io.StringIO()
-    with pytest.raises(Exit) as err, contextlib.redirect_stdout(out):
-        call()
-    msg = err.value.message
-    assert err.value.code == 1, msg
-    assert msg.isprintable() and len(msg.splitlines()) == 1 and "(fix: " in msg, msg
-    assert out.getvalue() == ""  # nothing before it: no PLAY, no host line
-    return msg.removeprefix("sparkprov: ")
 
 
 @pytest.fixture

@@ -3,14 +3,14 @@
 "cannot be reached"; ORG/NAME@REV gets the revision check --revision gets. Through the real task,
 the hub and the hosts at addresses nothing listens on (port 9)."""
 
-import contextlib
-import io
 
 import pytest
-from invoke import Context, Exit
+from invoke import Context
 
 from sparkprov.cli.cluster import cluster_up
 from sparkprov.cli.stage import stage_weights
+
+from helpers import refused
 
 DOWN = "http://127.0.0.1:9"  # a hub that is down: nothing listens there
 
@@ -24,17 +24,6 @@ def inv(tmp_path, monkeypatch):
     path.write_text(f"defaults: {{port: 9, connect_timeout: 1}}\nhosts:\n  s1: {{address: 127.0.0.1}}\n"
                     f"  s2: {{address: 127.0.0.1}}\nvars:\n  hf_endpoint: {DOWN}\n")
     return str(path)
-
-
-def refused(call) -> str:
-    out = io.StringIO()
-    with pytest.raises(Exit) as err, contextlib.redirect_stdout(out):
-        call()
-    msg = err.value.message
-    assert err.value.code == 1, msg
-    assert msg.isprintable() and len(msg.splitlines()) == 1 and "(fix: " in msg, msg
-    assert out.getvalue() == ""
-    return msg.removeprefix("sparkprov: ")
 
 
 def test_gated_catalog_model_without_a_token_says_gated_not_unreachable(inv):

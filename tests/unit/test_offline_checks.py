@@ -3,13 +3,11 @@ reference, option combination or revision is one line naming the option and the 
 nothing written. The inventory's hosts listen on nothing (port 9): a check made after connecting
 would end in "unreachable" (exit 4) instead of this one line."""
 
-import contextlib
-import io
 import os
 from pathlib import Path
 
 import pytest
-from invoke import Context, Exit
+from invoke import Context
 
 from sparkprov.cli.bench import bench
 from sparkprov.cli.catalog import images
@@ -17,7 +15,7 @@ from sparkprov.cli.cluster import cluster_up
 from sparkprov.cli.gateway import gateway
 from sparkprov.cli.monitor import monitor
 from sparkprov.cli.store import store
-from helpers import SAFE_INVENTORY
+from helpers import SAFE_INVENTORY, refused
 
 
 @pytest.fixture
@@ -25,18 +23,6 @@ def inv(tmp_path):
     path = tmp_path / "inventory.yaml"
     path.write_text(SAFE_INVENTORY)
     return str(path)
-
-
-def refused(call) -> str:
-    out = io.StringIO()
-    with pytest.raises(Exit) as err, contextlib.redirect_stdout(out):
-        call()
-    msg = err.value.message
-    assert err.value.code == 1, msg
-    assert msg.startswith("sparkprov: --") and msg.isprintable() and len(msg.splitlines()) == 1, msg
-    assert "(fix: " in msg
-    assert out.getvalue() == ""  # nothing printed before the error (no table, no PLAY)
-    return msg.removeprefix("sparkprov: ")
 
 
 def _kinds(tmp_path: Path) -> dict[str, str]:
