@@ -177,4 +177,4 @@ def check_override_flags(dep: Any, recipe: Any, catalog: Any, cache_dir: str | N
         if not flags.knows(flag):
             raise dep.error(f"override {flag} is not an option of the vLLM in {recipe.image} ({flags.describe()})",
                             fix=REPLACED.get(flag, "check the spelling (invoke images --host H --flags lists the "
-                                                   "image's own), or remove it"))
+                                                   "image's own), or remove it"), override=flag)

@@ -136,6 +136,7 @@ class Deployment:
     master_port: int = MASTER_PORT
     dp: int = 1               # data-parallel replicas behind rank 0's API (native, one Spark each)
     ep: bool = False          # --enable-expert-parallel
+    override_where: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # flag -> line, column
 
     @property
     def nodes(self) -> int:
@@ -160,8 +161,11 @@ class Deployment:
     def head(self) -> str:
         return self.hosts[0]
 
-    def error(self, message: str, fix: str | None = None) -> InputError:
+    def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
+        """An error at the deployment's place in its playbook (or at one of its overrides)."""
         file, line, col = self.where
+        if override in self.override_where:
+            line, col = self.override_where[override]
         return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
 
 
@@ -254,7 +258,9 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
         wl, wc = pos.at(where)
         out.deployments.append(Deployment(d.name, d.model, hosts, d.tp, dict(d.overrides), d.port, d.ray_port,
                                           (file, wl, wc), pp=d.pp, executor=executor, master_port=d.master_port,
-                                          dp=d.dp, ep=d.ep))
+                                          dp=d.dp, ep=d.ep,
+                                          override_where={f: pos.at(where + ("overrides", f), key=True)
+                                                          for f in d.overrides}))
     # one host, one port: two deployments on a host must not share a port
     by_host: dict[tuple[str, int | None], str] = {}
     for d in out.deployments:
