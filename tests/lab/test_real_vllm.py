@@ -149,6 +149,9 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
     for r in run["rows"]:
         assert r["completed"] == r["num_prompts"] and r["failed"] == 0 and r["total_output_tokens"] == 8 * r["num_prompts"], r
     assert Path(run["path"]).is_file() and Path(run["plot"]).read_bytes()[:4] == b"\x89PNG"
+    prov = run["provenance"]  # what was measured (issue 26): the registry digest, the commit, driver, kernel
+    assert prov["image_digest"].startswith("sparkprov/lab-vllm-cpu@sha256:") and len(prov["model_commit"]) == 40, prov
+    assert prov["driver_version"] and prov["kernel"] and prov["vllm_version"] == "0.32.0", prov
 
     # the flag check ran against the real image's own `vllm serve --help=all` (cached per digest by
     # cluster-up's image-options play), which lists exactly the recorded set of vLLM 0.32
