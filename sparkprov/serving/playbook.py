@@ -47,7 +47,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DeploymentEntry(_Strict):
+class _SizesFromTheLayout(BaseModel):
+    """tp, pp, dp and ep are the deployment's: an override may not set them against it."""
+
+    @model_validator(mode="after")
+    def _sizes_from_the_layout(self):
+        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
+        if conflict:
+            raise ValueError(f"override {conflict}")
+        return self
+
+
+class DeploymentEntry(_Strict, _SizesFromTheLayout):
     name: str
     model: str
     hosts: str | list[str]
@@ -60,13 +71,6 @@ class DeploymentEntry(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
-
-    @model_validator(mode="after")
-    def _sizes_from_the_layout(self) -> "DeploymentEntry":
-        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
-        if conflict:
-            raise ValueError(f"override {conflict}")
-        return self
 
     @field_validator("name")
     @classmethod
@@ -169,7 +173,7 @@ class Deployment:
         return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
 
 
-class DeploymentArgs(BaseModel):
+class DeploymentArgs(_SizesFromTheLayout):
     """A deployment as the serving modules receive it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -187,13 +191,6 @@ class DeploymentArgs(BaseModel):
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     recipe_files: list[str] = Field(default_factory=list)
     image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
-
-    @model_validator(mode="after")
-    def _sizes_from_the_layout(self) -> "DeploymentArgs":
-        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
-        if conflict:
-            raise ValueError(f"override {conflict}")
-        return self
 
     @property
     def nodes(self) -> int:
