@@ -47,12 +47,17 @@ def require(missing: list[str]) -> None:
     pytest.skip(f"lab prerequisite missing: {what}")
 
 
+# the modules that use test_real_vllm's session-wide `env`, in the order they run
+REAL_ENGINE_MODULES = ("test_guard.py", "test_real_layouts.py", "test_real_vllm.py")
+
+
 def pytest_collection_modifyitems(config, items):
     # Unit tests first: `make test` builds the lab's caches in the background meanwhile
     # (sparkprov.lab.prebuild), so on a cold machine the builds cost one core, not minutes of the
     # run. Then the lab's own tests, which check a *fresh* Spark (nvidia not in docker, MTU 1500,
-    # no addresses), before any test that provisions the shared lab. Tests that tear the lab down
-    # run after every other test of the session.
+    # no addresses), before any test that provisions the shared lab. The modules on the real vLLM
+    # share one provisioned lab with lab-tiny staged (test_real_vllm's env), so they run one after
+    # another, after the other lab tests. Tests that tear the lab down run after every other test.
     unit_dir = Path(__file__).resolve().parents[1] / "unit"
     unit = [i for i in items if unit_dir in Path(str(i.fspath)).parents]
     placed = set(map(id, unit))
@@ -60,7 +65,12 @@ def pytest_collection_modifyitems(config, items):
     placed |= set(map(id, last))
     rest = [i for i in items if id(i) not in placed]
     fresh = [i for i in rest if i.fspath.basename == "test_lab_hosts.py"]
-    items[:] = unit + fresh + [i for i in rest if i.fspath.basename != "test_lab_hosts.py"] + last
+    lab_dir = Path(__file__).resolve().parent
+    real = [i for i in rest if i.fspath.basename in REAL_ENGINE_MODULES and Path(str(i.fspath)).parent == lab_dir]
+    placed = set(map(id, fresh + real))
+    others = [i for i in rest if id(i) not in placed]
+    in_lab = [i for i in others if Path(str(i.fspath)).parent == lab_dir]
+    items[:] = unit + fresh + in_lab + real + [i for i in others if Path(str(i.fspath)).parent != lab_dir] + last
 
 
 def pytest_configure(config):

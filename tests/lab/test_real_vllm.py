@@ -37,8 +37,11 @@ STATUS_BOUND_S = 30
 RECOVERY_BOUND_S = 300
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def env(lab, tmp_path_factory):
+    """The lab provisioned (which starts the guard) with lab-tiny staged in STORE: made once for every
+    module on the real engine (test_guard, test_real_layouts, this one; tests/lab/conftest.py runs
+    them one after another), a minute each saved; each test removes its own deployments."""
     from sparkprov.cli.common import run_playbook
     from sparkprov.lab.hub import ensure_lab_hub
     from sparkprov.lab.image import VLLM_CPU_IMAGE, ensure_images
@@ -56,6 +59,8 @@ def env(lab, tmp_path_factory):
     run_stage(loaded, list(loaded.hosts), MODEL, StageOptions(), rep)
     assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
     yield {"inv": inv, "dir": d, "lab": lab}
+    if not lab.state_dir.exists():
+        return  # the session's last test took the lab down, and everything in it
     subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=300)
     for n in lab.names:
         lab.ssh(n, f"rm -rf {STORE}")
