@@ -52,9 +52,9 @@ REAL_ENGINE_MODULES = ("test_guard.py", "test_real_layouts.py", "test_real_vllm.
 
 
 def pytest_collection_modifyitems(config, items):
-    # Unit tests first: `make test` builds the lab's caches in the background meanwhile
-    # (sparkprov.lab.prebuild), so on a cold machine the builds cost one core, not minutes of the
-    # run. Then the lab's own tests, which check a *fresh* Spark (nvidia not in docker, MTU 1500,
+    # Unit tests first (`make test` runs them in a pytest of their own beside the lab's; in one run
+    # of `pytest tests` they come first, while a prebuild of the lab's caches may still be going).
+    # Then the lab's own tests, which check a *fresh* Spark (nvidia not in docker, MTU 1500,
     # no addresses), before any test that provisions the shared lab. The modules on the real vLLM
     # share one provisioned lab with lab-tiny staged (test_real_vllm's env), so they run one after
     # another, after the other lab tests. Tests that tear the lab down run after every other test.
