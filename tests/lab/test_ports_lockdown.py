@@ -13,7 +13,7 @@ without the token, or with a wrong one, is refused even from a member's fabric a
 right one (inside the worker's container) it joins; the token is in no argv, `docker inspect` output or container log.
 
 Run time on the 2-core CI machine: about 5 minutes (the passing run: 291 s, provision and staging of both
-models included: two bring-ups of 60-95 s each; the connection checks run in parallel, 0.7 s
+models included: bring-ups of 69 s (native) and 132 s (Ray, with its checks); the connection checks run in parallel, 0.7 s
 timeouts).
 """
 # Engine: both: the stand-in for Ray (the CPU build refuses Ray), the real vLLM for native.
