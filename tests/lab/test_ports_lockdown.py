@@ -157,11 +157,17 @@ def assert_locked(env, deployment, api_port):
 
 def assert_ports_report(env, api_port):
     rc, doc, out = cli(env, "status", "--ports")
-    assert rc == 0, out
+    # In the two-host lab the stranger's address is an extra address of spark2's rail, and spark2's
+    # guard serves /metrics on every address of its fabric interfaces, that one included: flagged,
+    # rightly, since it is not the host's fabric address. A real stranger is another machine.
+    stray = env["stranger"][1]
+    flagged = {h: [r for r in d.get("ports") or [] if r["flag"] and r["address"] != stray]
+               for h, d in (doc.get("hosts") or {}).items()}
+    assert rc == 0 or (stray and not any(flagged.values())), json.dumps(flagged, default=str)[:6000]
     for host in MEMBERS:
-        everyone = [r for r in doc["hosts"][host]["ports"] if r["reach"] == "everyone"]
+        everyone = [r for r in doc["hosts"][host]["ports"] if r["reach"] == "everyone" and r["address"] != stray]
         assert {(r["port"], bool(r["flag"])) for r in everyone} <= {(22, False), (api_port, False)}, everyone
-        assert not any(r["flag"] for r in doc["hosts"][host]["ports"])
+        assert not flagged[host]
     api = [r for r in doc["hosts"]["spark1"]["ports"] if r["port"] == api_port]
     assert api and "keyed" in api[0]["why"] and api[0]["deployment"], api
 
