@@ -33,9 +33,8 @@ def gateway(c, action, host=None, port=None, image=None, bind=None, timeout=None
             hosts=None, inventory=None, limit=None, forks=None, accept_new_host_keys=False):
     """Start, update (up) or remove (down) LiteLLM's proxy in front of every deployment, routing by model name."""
     from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import (OptionError, choice_option, float_option, int_option, parse_forks, positional,
-                                       text_option)
-    from sparkprov.catalog.load import IMAGE_RE
+    from sparkprov.cli.options import (address_option, choice_option, float_option, image_option, int_option,
+                                       inventory_host_option, parse_forks, positional)
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.run import DEFAULT_FORKS
 
@@ -43,25 +42,13 @@ def gateway(c, action, host=None, port=None, image=None, bind=None, timeout=None
     with user_errors():
         action = choice_option("action", positional("gateway", "action", action), ("up", "down"))
         port = int_option("port", port, 1, 65535)
-        image = text_option("image", image, max_len=512)
-        if image is not None and not IMAGE_RE.match(image):  # registry/repo[:tag][@sha256:...], as recipes write it
-            raise OptionError(f"--image {image!r} is not an image reference", fix="e.g. --image ghcr.io/berriai/litellm:main-stable")
-        bind = text_option("bind", bind, max_len=64)
-        if bind is not None:
-            import ipaddress
-            try:
-                ipaddress.ip_address(bind)
-            except ValueError:
-                raise OptionError(f"--bind {bind!r} is not an IP address", fix="e.g. --bind 0.0.0.0") from None
+        image = image_option("image", image, example="ghcr.io/berriai/litellm:main-stable")
+        bind = address_option("bind", bind, example="0.0.0.0")
         timeout = float_option("timeout", timeout, 0, 3600, default=180.0, unit="seconds")
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        if host is not None:
-            host = text_option("host", host, max_len=256)
-            if host not in inv.hosts:
-                raise OptionError(f"--host {host!r} is not a host of {inv.path}",
-                                  fix=f"one of {', '.join(list(inv.hosts)[:8])}")
+        host = inventory_host_option("host", host, inv)
         report, doc = converge(inv, targets, action, host=host, port=port, image=image, bind=bind, timeout=timeout,
                                check=check, forks=forks, accept_new_host_keys=accept_new_host_keys, out=out,
                                quiet=json)

@@ -19,7 +19,8 @@ from typing import Iterable, Sequence
 from sparkprov.errors import InputError
 
 __all__ = ["OptionError", "int_option", "float_option", "choice_option", "csv_option", "size_option",
-           "hosts_option", "text_option", "positional", "FORKS", "parse_forks"]
+           "hosts_option", "text_option", "image_option", "address_option", "inventory_host_option", "positional",
+           "FORKS", "parse_forks"]
 
 
 class OptionError(InputError):
@@ -172,6 +173,39 @@ def revision_option(name: str, value) -> str | None:
         raise OptionError(f"{_flag(name)} {_show(value)} is not a branch, tag or commit",
                           fix=f"e.g. {_flag(name)} main, {_flag(name)} refs/pr/1 or a 40-character commit id")
     return value
+
+
+def image_option(name: str, value, *, example: str) -> str | None:
+    """An image reference: registry/repo[:tag][@sha256:...], as recipes write it."""
+    from sparkprov.catalog.load import IMAGE_RE
+
+    image = text_option(name, value, max_len=512)
+    if image is not None and not IMAGE_RE.match(image):
+        raise OptionError(f"{_flag(name)} {image!r} is not an image reference", fix=f"e.g. {_flag(name)} {example}")
+    return image
+
+
+def address_option(name: str, value, *, example: str) -> str | None:
+    """An IP address (v4 or v6), as a listener binds it."""
+    import ipaddress
+
+    address = text_option(name, value, max_len=64)
+    if address is not None:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise OptionError(f"{_flag(name)} {address!r} is not an IP address",
+                              fix=f"e.g. {_flag(name)} {example}") from None
+    return address
+
+
+def inventory_host_option(name: str, value, inventory) -> str | None:
+    """One host of the inventory, by its name."""
+    host = text_option(name, value, max_len=256)
+    if host is not None and host not in inventory.hosts:
+        raise OptionError(f"{_flag(name)} {host!r} is not a host of {inventory.path}",
+                          fix=f"one of {', '.join(list(inventory.hosts)[:8])}")
+    return host
 
 
 def positional(task: str, name: str, value) -> str:

@@ -81,7 +81,7 @@ class Gateway(Module):
                         Diff(f"{host.name}: gateway routes", _table(have), _routes_text(args.routes)),
                         touches=[ManagedContainers(), KeyFile(f"{gw.DIR}/{gw.MASTER_KEY}")],
                         timeout=args.timeout + 120)
-        change.outcome = lambda out: _ready(out, host.name)
+        change.outcome = lambda out: ready_outcome(out, f"{host.name}: the gateway")
         return Plan([change], exports={"gateway": endpoint})
 
 
@@ -100,10 +100,11 @@ def _table(have: dict | None) -> str:
     return f"{have['name']} ({have['status']}, {have['image']}, hash {have['labels'].get('sparkprov.gateway_hash')})\n"
 
 
-def _ready(out: str, host: str) -> str | None:
+def ready_outcome(out: str, what: str) -> str | None:
+    """Reads what gw.wait_ready_script printed: None once it answered, else why not."""
     lines = out.strip().splitlines()
     if any(line.startswith("@ready") for line in lines):
         return None
     why = next((line[len("@failed "):] for line in lines if line.startswith("@failed")), "no answer")
     tail = [ln for ln in lines if ln.strip() and not ln.startswith("@")][-3:]
-    return f"{host}: the gateway did not come up: {why}" + (f": {' / '.join(tail)}" if tail else "")
+    return f"{what} did not come up: {why}" + (f": {' / '.join(tail)}" if tail else "")

@@ -134,7 +134,7 @@ def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "")
     where = ("cluster-down", None, None)
     return Playbook("cluster-down", [play("cluster-down", hosts, [
         task("remove sparkprov containers", "serve_absent", {"deployments": deployments, "reason": reason,
-                                                             "exclude_roles": ["gateway"]},  # gateway down removes it
+                                                             "exclude_roles": ["gateway", "monitor"]},  # gateway|monitor down remove them
              where, become=False),
         # after the containers: their ports close with them, then nothing is left to guard
         task("remove firewall rules", "firewall", {"state": "absent", "deployments": deployments}, where,

@@ -119,19 +119,24 @@ def up_script(*, image: str, port: int, bind: str, config: dict[str, Any], diges
               # the model price list ships with LiteLLM: no fetch from the internet at start
               "-e", "LITELLM_LOCAL_MODEL_COST_MAP=True") + f' -v "{HOST_DIR}/{CONFIG}:/app/config.yaml:ro" ' \
         + cmd(image, "--config", "/app/config.yaml", "--host", bind, "--port", str(port))
+    return (f"python3 - {cmd(DIR)} <<'SPARKPROV_GATEWAY'\n{program}\nSPARKPROV_GATEWAY\n"
+            + cmd("docker", "rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true\n"
+            + run + " >/dev/null\n" + wait_ready_script(CONTAINER, bind, port, READY_PATH, timeout))
+
+
+def wait_ready_script(container: str, bind: str, port: int, path: str, timeout: float) -> str:
+    """POSIX sh: wait (bounded) until http://BIND:PORT/PATH answers (loopback for a wildcard bind);
+    prints `@ready SECONDS`, or `@failed WHY` and the container's last log lines."""
     at = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
     probe = (f"import urllib.request as u; u.build_opener(u.ProxyHandler({{}})).open("
-             f"'http://{at}:{port}{READY_PATH}', timeout=3)")
-    logs = cmd("docker", "logs", "--tail", "8", CONTAINER) + " 2>&1 | tail -n 8"
-    wait = (f"i=0\nwhile [ $i -lt {int(timeout)} ]; do\n"
-            f"  st=$(docker inspect --format '{{{{.State.Status}}}}' {CONTAINER} 2>/dev/null)\n"
+             f"'http://{at}:{port}{path}', timeout=3)")
+    logs = cmd("docker", "logs", "--tail", "8", container) + " 2>&1 | tail -n 8"
+    return (f"i=0\nwhile [ $i -lt {int(timeout)} ]; do\n"
+            f"  st=$(docker inspect --format '{{{{.State.Status}}}}' {container} 2>/dev/null)\n"
             f'  [ "$st" = running ] || {{ echo "@failed the container is $st"; {logs}; exit 0; }}\n'
             f"  if python3 -c {cmd(probe)} 2>/dev/null; then echo \"@ready $i\"; exit 0; fi\n"
             "  sleep 1; i=$((i+1))\ndone\n"
             f'echo "@failed not answering after {int(timeout)}s"; {logs}\n')
-    return (f"python3 - {cmd(DIR)} <<'SPARKPROV_GATEWAY'\n{program}\nSPARKPROV_GATEWAY\n"
-            + cmd("docker", "rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true\n"
-            + run + " >/dev/null\n" + wait)
 
 
 def down_script() -> str:

@@ -169,8 +169,8 @@ def mem_floor_bytes(cfg: dict, mem: dict[str, int]) -> int:
 
 
 def serving_containers(containers: list[dict]) -> list[dict]:
-    """The node's serving containers (the gateway routes, it does not hold a model)."""
-    return [c for c in containers if (c.get("labels") or {}).get("sparkprov.role") != "gateway"]
+    """The node's serving containers (the gateway routes and Prometheus watches: neither holds a model)."""
+    return [c for c in containers if (c.get("labels") or {}).get("sparkprov.role") not in ("gateway", "monitor")]
 
 
 def _event(now: float, kind: str, reading, threshold, action: str, **extra) -> dict:

@@ -1,7 +1,9 @@
 """Monitoring what sparkprov serves: a Prometheus scrape configuration (file_sd targets for every
-deployment's /metrics, the hosts' node exporters and dcgm-exporters) and a Grafana dashboard of
-the figures `invoke status` shows. Pure: `invoke monitor` (sparkprov/cli/monitor.py) learns the
-deployments from the status play and writes what `render` returns.
+deployment's /metrics, every node guard's /metrics, the hosts' node exporters and dcgm-exporters)
+and a Grafana dashboard of the figures `invoke status` shows. Pure: `invoke monitor write`
+(sparkprov/cli/monitor.py) learns the deployments from the status play and writes what `render`
+returns; `invoke monitor up` puts the same files on a host and runs Prometheus there
+(modules/prometheus.py).
 
 The metric names the dashboard queries, and where each comes from (tests/unit/test_monitor.py
 checks every query against the lab engine's /metrics and the exporter names listed here):
@@ -14,12 +16,20 @@ checks every query against the lab engine's /metrics and the exporter names list
     acceptance length = 1 + accepted / drafts, as vLLM's own SpecDecodingProm documents); the
     histogram vllm:time_to_first_token_seconds. Only the API server (rank 0) serves HTTP: the
     other ranks of a cluster have no /metrics to scrape.
+  the node guard (serving/guard.py render_metrics, on every node provision made, port 9410 on
+    loopback and the fabric addresses): sparkprov_guard_mem_available_bytes, _mem_total_bytes,
+    _mem_floor_bytes, _swap_used_bytes, _gpu_temperature_celsius, _gpu_power_watts,
+    _gpu_clock_sm_mhz, _gpu_clock_max_sm_mhz, _liveness_seconds{container}, _held_containers,
+    _breaker_open, _events_total{kind} (only once an event is journaled), _last_sample_timestamp_seconds,
+    _up. The host panels query the guard first and fall back to the exporters below (`or`, per
+    host), so they show data on a fleet that runs only what sparkprov installs.
   node_exporter (collector/meminfo.go: every /proc/meminfo field as node_memory_<field>_bytes):
     node_memory_MemTotal_bytes, node_memory_MemAvailable_bytes, node_memory_SwapTotal_bytes,
     node_memory_SwapFree_bytes. On GB10 CPU and GPU share 128 GB and MemAvailable is the only
     place free memory can be read (G16).
   NVIDIA dcgm-exporter (etc/default-counters.csv): DCGM_FI_DEV_GPU_TEMP (C) and
-    DCGM_FI_DEV_POWER_USAGE (W), on port 9400, its default. sparkprov installs neither exporter.
+    DCGM_FI_DEV_POWER_USAGE (W), DCGM_FI_DEV_SM_CLOCK (MHz), on port 9400, its default. sparkprov
+    installs neither exporter.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ PROMETHEUS_YML = "prometheus.yml"
 VLLM_TARGETS = "targets/vllm.json"
 NODE_TARGETS = "targets/node.json"
 DCGM_TARGETS = "targets/dcgm.json"
+GUARD_TARGETS = "targets/guard.json"
 DASHBOARD = "grafana-dashboard.json"
 KEY_DIR = "keys"  # beside prometheus.yml: where the operator puts each rank 0's API key (0600)
 
@@ -55,17 +66,19 @@ DASHBOARD_UID = "sparkprov-serving"
 
 NODE_METRICS = ("node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes", "node_memory_SwapTotal_bytes",
                 "node_memory_SwapFree_bytes")
-DCGM_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE")
+DCGM_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK")
 
 
 @dataclass(frozen=True)
 class MonitoredHost:
-    """An inventory host as Prometheus reaches it: its address, and the address vLLM binds
-    there (the inventory's serve_bind; 0.0.0.0 or :: means every address)."""
+    """An inventory host as Prometheus reaches it: its address, the address vLLM binds there (the
+    inventory's serve_bind; 0.0.0.0 or :: means every address), and where its guard's /metrics
+    answers (host:port; None: not known, no target)."""
 
     name: str
     address: str
     bind: str = "0.0.0.0"
+    guard: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,38 @@ def loopback(address: str) -> bool:
 
 def server_address(host: MonitoredHost) -> str:
     return host.address if host.bind in ("", "0.0.0.0", "::") else host.bind
+
+
+def _rail_networks(rails: list[dict[str, Any]]) -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    out = []
+    for r in rails:
+        try:
+            out.append((r["address"], ipaddress.ip_interface(f"{r['address']}/{r['prefix']}").network))
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+def guard_address(host: str, rails: dict[str, list[dict[str, Any]]], prometheus_host: str | None) -> tuple[str | None, str]:
+    """Where a Prometheus reaches HOST's guard, which answers on loopback and on its fabric
+    addresses only (serving/guard.py): (address, note). `rails`: per host its fabric rails
+    ({address, prefix}, FabricInfo's). On the Prometheus host itself, loopback; elsewhere the
+    host's rail address on a subnet one of the Prometheus host's rails is on (a fabric peer);
+    without a Prometheus host (files for a Prometheus run elsewhere), its first rail address.
+    None when no rail of HOST is reachable that way."""
+    if host == prometheus_host:
+        return "127.0.0.1", ""
+    mine = _rail_networks(rails.get(host) or [])
+    if not mine:
+        return None, f"{host} has no fabric address (its guard answers on loopback and the fabric only)"
+    if prometheus_host is None:
+        return mine[0][0], ""
+    theirs = {net for _, net in _rail_networks(rails.get(prometheus_host) or [])}
+    shared = next((addr for addr, net in mine if net in theirs), None)
+    if shared is None:
+        return None, (f"{host}'s guard is not reachable from {prometheus_host}: no fabric subnet in common "
+                      f"(run Prometheus on a fabric peer of {host})")
+    return shared, ""
 
 
 def deployments_from_status(status: dict[str, dict], hosts: dict[str, MonitoredHost]) -> list[RunningDeployment]:
@@ -151,6 +196,11 @@ def exporter_targets(hosts: list[MonitoredHost], port: int) -> list[dict[str, An
     return [{"targets": [host_port(h.address, port)], "labels": {"host": h.name}} for h in hosts]
 
 
+def guard_targets(hosts: list[MonitoredHost]) -> list[dict[str, Any]]:
+    """file_sd groups: one a host whose guard is reachable, its /metrics."""
+    return [{"targets": [h.guard], "labels": {"host": h.name}} for h in hosts if h.guard]
+
+
 def key_file(host: str) -> str:
     """Where prometheus.yml expects the API key of deployments led from `host` (relative to it)."""
     return f"{KEY_DIR}/{host}.api_key"
@@ -175,9 +225,11 @@ _HEADER = """\
 #   the scrape keeps working where that port sits behind something that checks the key, and the
 #   key goes only to the server it belongs to. Each rank-0 host has its own key, so each has its
 #   own job; a job keeps its own targets from targets/vllm.json by a hidden label.
-# node: node_exporter on every host (MemAvailable and swap: CPU and GPU share the 128 GB).
-# dcgm: NVIDIA dcgm-exporter on every host (GPU temperature and power), port 9400.
-# sparkprov installs neither exporter: run them on each Spark (or leave their targets down).
+# guard: the node guard on every host (provision installs it): MemAvailable and swap (CPU and GPU
+#   share the 128 GB), GPU temperature, power and clocks, liveness, its events. It answers on
+#   loopback and the fabric addresses only: each target is an address this Prometheus reaches.
+# node: node_exporter on every host; dcgm: NVIDIA dcgm-exporter on every host, port 9400. sparkprov
+#   installs neither: the dashboard reads the guard and falls back to them (leave their targets down).
 """
 
 
@@ -195,7 +247,8 @@ def prometheus_config(deployments: list[RunningDeployment], *, scrape_interval: 
         jobs.append({"job_name": f"vllm-{host}", "metrics_path": "/metrics", "file_sd_configs": vllm_sd(),
                      "authorization": {"type": "Bearer", "credentials_file": key_file(host)},
                      "relabel_configs": _keep(host)})
-    jobs += [{"job_name": "node", "file_sd_configs": [{"files": [NODE_TARGETS]}]},
+    jobs += [{"job_name": "guard", "file_sd_configs": [{"files": [GUARD_TARGETS]}]},
+             {"job_name": "node", "file_sd_configs": [{"files": [NODE_TARGETS]}]},
              {"job_name": "dcgm", "file_sd_configs": [{"files": [DCGM_TARGETS]}]}]
     keys = "".join(f"#   {key_file(h)}: copy it from {one_line(h)}:{one_line(p)} (mode 0600, readable by Prometheus)\n"
                    for h, paths in sorted(keyed.items()) for p in sorted(paths))
@@ -233,25 +286,64 @@ def _variable(name: str, label: str, metric: str) -> dict[str, Any]:
             "current": {"text": "All", "value": "$__all"}, "options": [], "hide": 0}
 
 
+def _per_host(guard: str, exporter: str | None = None) -> str:
+    """One series a host: the guard's reading, else (a host without the guard) the exporter's.
+    `or` matches on the host label alone: the two come from different jobs and instances."""
+    first = f"max by (host) ({guard}{{{_HOST}}})"
+    return first if exporter is None else f"{first} or max by (host) ({exporter})"
+
+
 def dashboard() -> dict[str, Any]:
-    """Grafana dashboard JSON (classic model): hosts (unified memory, swap, GPU temperature and
-    power) and deployments (KV cache, running and waiting requests, tokens/s, spec-decode
-    acceptance, time to first token). Import it and pick the Prometheus data source."""
+    """Grafana dashboard JSON (classic model): hosts (unified memory, swap, GPU temperature, power
+    and clock, from the node guard or else the exporters), the guard (events, containers it holds
+    stopped, the breaker, liveness, its last sample) and deployments (KV cache, running and waiting
+    requests, tokens/s, spec-decode acceptance, time to first token). Import it and pick the
+    Prometheus data source."""
     spec = ("sum by (deployment) (rate(vllm:spec_decode_num_accepted_tokens_total{%s}%s))" % (_DEP, _RATE))
+    swap = f"node_memory_SwapTotal_bytes{{{_HOST}}} - node_memory_SwapFree_bytes{{{_HOST}}}"
+    events = f"sum by (host, kind) (increase(sparkprov_guard_events_total{{{_HOST}}}{_RATE}))"
     rows: list[tuple[str, list[dict[str, Any]]]] = [
         ("Hosts: unified memory (CPU and GPU share 128 GB), GPU", [
-            _panel("Unified memory: MemAvailable", "MemAvailable of MemTotal (node_exporter). On GB10 the GPU "
-                   "allocates from the same memory: this is what is left for a model, the KV cache and the OS (G16).",
-                   "bytes", [(f"node_memory_MemAvailable_bytes{{{_HOST}}}", "{{host}} available"),
-                             (f"node_memory_MemTotal_bytes{{{_HOST}}}", "{{host}} total")], min=0),
-            _panel("Swap used", "SwapTotal - SwapFree (node_exporter): a Spark that swaps under a model is "
-                   "over-committed.", "bytes",
-                   [(f"node_memory_SwapTotal_bytes{{{_HOST}}} - node_memory_SwapFree_bytes{{{_HOST}}}",
+            _panel("Unified memory: MemAvailable", "MemAvailable of MemTotal, and the guard's floor (the node guard, "
+                   "else node_exporter). On GB10 the GPU allocates from the same memory: this is what is left for "
+                   "a model, the KV cache and the OS (G16).", "bytes",
+                   [(_per_host("sparkprov_guard_mem_available_bytes", f"node_memory_MemAvailable_bytes{{{_HOST}}}"),
+                     "{{host}} available"),
+                    (_per_host("sparkprov_guard_mem_total_bytes", f"node_memory_MemTotal_bytes{{{_HOST}}}"),
+                     "{{host}} total"),
+                    (_per_host("sparkprov_guard_mem_floor_bytes"), "{{host}} guard floor")], min=0),
+            _panel("Swap used", "SwapTotal - SwapFree (the node guard, else node_exporter): a Spark that swaps "
+                   "under a model is over-committed.", "bytes",
+                   [(_per_host("sparkprov_guard_swap_used_bytes", swap), "{{host}}")], min=0),
+            _panel("GPU temperature", "nvidia-smi's temperature.gpu as the node guard samples it, else "
+                   "DCGM_FI_DEV_GPU_TEMP (dcgm-exporter).", "celsius",
+                   [(_per_host("sparkprov_guard_gpu_temperature_celsius", f"DCGM_FI_DEV_GPU_TEMP{{{_HOST}}}"),
+                     "{{host}}")]),
+            _panel("GPU power", "nvidia-smi's power.draw (the node guard), else DCGM_FI_DEV_POWER_USAGE.", "watt",
+                   [(_per_host("sparkprov_guard_gpu_power_watts", f"DCGM_FI_DEV_POWER_USAGE{{{_HOST}}}"),
                      "{{host}}")], min=0),
-            _panel("GPU temperature", "DCGM_FI_DEV_GPU_TEMP (NVIDIA dcgm-exporter, port 9400).", "celsius",
-                   [(f"DCGM_FI_DEV_GPU_TEMP{{{_HOST}}}", "{{host}} GPU {{gpu}}")]),
-            _panel("GPU power", "DCGM_FI_DEV_POWER_USAGE (NVIDIA dcgm-exporter, port 9400).", "watt",
-                   [(f"DCGM_FI_DEV_POWER_USAGE{{{_HOST}}}", "{{host}} GPU {{gpu}}")], min=0),
+            _panel("GPU SM clock", "The SM clock and its maximum (the node guard; else DCGM_FI_DEV_SM_CLOCK): a "
+                   "clock far under its maximum while serving is a thermal or power slow state, or a lost "
+                   "clock cap after a reboot.", "suffix: MHz",
+                   [(_per_host("sparkprov_guard_gpu_clock_sm_mhz", f"DCGM_FI_DEV_SM_CLOCK{{{_HOST}}}"), "{{host}} SM"),
+                    (_per_host("sparkprov_guard_gpu_clock_max_sm_mhz"), "{{host}} max")], min=0),
+        ]),
+        ("Node guard (docs/guard.md)", [
+            _panel("Guard events", "Events the guard journaled (memory, nvrm, liveness, breaker, restart...), by "
+                   "kind; 0 on a host whose journal is empty. `invoke guard --events` lists them.", "short",
+                   [(f"{events} or on (host) (0 * max by (host) (sparkprov_guard_up{{{_HOST}}}))",
+                     "{{host}} {{kind}}")], min=0),
+            _panel("Guard: containers held stopped, breaker", "Serving containers the guard stopped and holds "
+                   "(until the cause is gone), and its crash-loop breaker (1: restarts stopped until cluster-up).",
+                   "short", [(_per_host("sparkprov_guard_held_containers"), "{{host}} held"),
+                             (_per_host("sparkprov_guard_breaker_open"), "{{host}} breaker")], min=0),
+            _panel("Liveness: seconds to one generated token", "The guard's probe of each serving container "
+                   "(a hung engine answers /health and generates nothing).", "s",
+                   [(f"max by (host, container) (sparkprov_guard_liveness_seconds{{{_HOST}}})",
+                     "{{host}} {{container}}")], min=0),
+            _panel("Guard: seconds since its last sample", "Over 120 s: the guard is not sampling (`invoke status` "
+                   "exits 2).", "s",
+                   [(f"time() - {_per_host('sparkprov_guard_last_sample_timestamp_seconds')}", "{{host}}")], min=0),
         ]),
         ("Deployments (vLLM /metrics of each rank 0)", [
             _panel("KV-cache use", "vllm:kv_cache_usage_perc: the fraction of KV-cache blocks in use.",
@@ -297,7 +389,7 @@ def dashboard() -> dict[str, Any]:
         "templating": {"list": [
             {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
              "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0},
-            _variable("host", "Host", "node_memory_MemTotal_bytes"),
+            _variable("host", "Host", "sparkprov_guard_up"),
             _variable("deployment", "Deployment", "vllm:num_requests_running"),
         ]},
         "panels": panels,
@@ -305,14 +397,16 @@ def dashboard() -> dict[str, Any]:
 
 
 def render(deployments: list[RunningDeployment], hosts: list[MonitoredHost], *,
-           node_exporter_port: int = NODE_EXPORTER_PORT) -> dict[str, str]:
-    """Every file `invoke monitor` writes: path relative to --out -> content."""
+           node_exporter_port: int = NODE_EXPORTER_PORT, scrape_interval: str = "15s") -> dict[str, str]:
+    """Every file `invoke monitor write` writes (and `monitor up` puts beside Prometheus): path
+    relative to prometheus.yml -> content."""
     def js(doc: Any) -> str:
         return json.dumps(doc, indent=2) + "\n"
 
     return {
-        PROMETHEUS_YML: prometheus_config(deployments),
+        PROMETHEUS_YML: prometheus_config(deployments, scrape_interval=scrape_interval),
         VLLM_TARGETS: js(vllm_targets(deployments)),
+        GUARD_TARGETS: js(guard_targets(hosts)),
         NODE_TARGETS: js(exporter_targets(hosts, node_exporter_port)),
         DCGM_TARGETS: js(exporter_targets(hosts, DCGM_EXPORTER_PORT)),
         DASHBOARD: js(dashboard()),

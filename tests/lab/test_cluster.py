@@ -294,7 +294,7 @@ def test_bench_watch_and_monitor_a_tp2_deployment(env, tmp_path):
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.count("refreshed ") == 2 and p.stdout.count("tp (rank 0 on spark1): 2/2 nodes") == 2, p.stdout
     mon = tmp_path / "monitoring"
-    p = subprocess.run([INVOKE, "monitor", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
+    p = subprocess.run([INVOKE, "monitor", "write", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     targets = json.loads((mon / "targets" / "vllm.json").read_text())

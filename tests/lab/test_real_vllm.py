@@ -172,7 +172,7 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
 
     # monitor: every vLLM metric the dashboard queries is one the real engine exposes
     mon = tmp_path / "monitoring"
-    p = subprocess.run([INVOKE, "monitor", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
+    p = subprocess.run([INVOKE, "monitor", "write", "--inventory", str(env["inv"]), "--out", str(mon)], cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     req = urllib.request.Request(d["endpoint"].rsplit("/v1", 1)[0] + "/metrics", headers={"Authorization": f"Bearer {key}"})

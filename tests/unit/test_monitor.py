@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODE_EXPORTER = {"node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes", "node_memory_SwapTotal_bytes",
                  "node_memory_SwapFree_bytes"}
 # NVIDIA dcgm-exporter's default counters (etc/default-counters.csv): DCGM field names as metric names.
-DCGM_EXPORTER = {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"}
+DCGM_EXPORTER = {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"}
 
 SECRET = "sk-sparkprov-test-0123456789abcdef-must-never-leak"
 
@@ -60,6 +60,24 @@ def lab_metric_names() -> set[str]:
              for line in text.splitlines() if line.strip() and not line.startswith("#")}
     assert "vllm:spec_decode_num_draft_tokens_total" in names  # spec decoding really on
     return names
+
+
+@pytest.fixture(scope="module")
+def guard_metric_names() -> set[str]:
+    """The sample names the node guard's /metrics prints (serving/guard.py render_metrics, the code
+    the guard serves), from a state document as the guard writes it: a sample with memory, swap,
+    the GPU query and one container's liveness, and one journaled event."""
+    from sparkprov.serving.guard import render_metrics
+
+    doc = {"sample": {"t": 1764158400.5, "mem": {"MemTotal": 128_000_000_000, "MemAvailable": 60_000_000_000,
+                                                 "SwapTotal": 16_000_000_000, "SwapFree": 15_000_000_000},
+                      "gpu": {"temperature_c": 50.0, "power_w": 15.57, "clock_sm_mhz": 2522.0,
+                              "clock_max_sm_mhz": 3003.0},
+                      "containers": [{"name": "sparkprov-one", "liveness": {"status": 200, "seconds": 0.4}}]},
+           "mem_floor_bytes": 6_400_000_000, "held": {}, "breaker": None}
+    text = render_metrics(doc, {"memory": 1})
+    return {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
+            for line in text.splitlines() if line.strip() and not line.startswith("#")}
 
 
 # -- PromQL: the metric names an expression selects -----------------------------------------------
@@ -96,9 +114,9 @@ def test_the_promql_parser_finds_metric_names_and_nothing_else():
 # -- literal inputs -------------------------------------------------------------------------------
 
 HOSTS = {
-    "spark1": mon.MonitoredHost("spark1", "192.168.1.163"),
-    "spark2": mon.MonitoredHost("spark2", "192.168.1.164"),
-    "spark3": mon.MonitoredHost("spark3", "spark3.lan", bind="127.0.0.1"),
+    "spark1": mon.MonitoredHost("spark1", "192.168.1.163", guard="192.168.100.10:9410"),
+    "spark2": mon.MonitoredHost("spark2", "192.168.1.164", guard="192.168.100.11:9410"),
+    "spark3": mon.MonitoredHost("spark3", "spark3.lan", bind="127.0.0.1"),  # its guard: no fabric address
 }
 
 
@@ -161,9 +179,10 @@ def _queries(dash: dict) -> list[tuple[str, str]]:
     return out
 
 
-def test_every_dashboard_query_names_a_metric_vllm_or_an_exporter_exposes(status, lab_metric_names):
+def test_every_dashboard_query_names_a_metric_vllm_the_guard_or_an_exporter_exposes(status, lab_metric_names,
+                                                                                   guard_metric_names):
     dash = json.loads(_render(status)[mon.DASHBOARD])
-    exposed = lab_metric_names | NODE_EXPORTER | DCGM_EXPORTER
+    exposed = lab_metric_names | guard_metric_names | NODE_EXPORTER | DCGM_EXPORTER
     queries = _queries(dash)
     assert len(queries) >= 14
     used = set()
@@ -177,6 +196,30 @@ def test_every_dashboard_query_names_a_metric_vllm_or_an_exporter_exposes(status
             "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "vllm:kv_cache_usage_perc",
             "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:spec_decode_num_accepted_tokens_total",
             "vllm:spec_decode_num_draft_tokens_total", "vllm:generation_tokens_total"} <= used
+    assert {"sparkprov_guard_mem_available_bytes", "sparkprov_guard_swap_used_bytes", "sparkprov_guard_gpu_temperature_celsius",
+            "sparkprov_guard_gpu_power_watts", "sparkprov_guard_gpu_clock_sm_mhz", "sparkprov_guard_events_total",
+            "sparkprov_guard_held_containers", "sparkprov_guard_breaker_open"} <= used
+
+
+def test_on_a_fleet_running_only_what_sparkprov_installs_every_host_query_reads_the_guard(status, guard_metric_names):
+    """No node_exporter, no dcgm-exporter: every query outside the deployments row selects a guard
+    metric, and each one that names an exporter metric has the guard's reading before an `or`, one
+    series a host on either side (matched on `host` alone: the two come from different jobs)."""
+    dash = json.loads(_render(status)[mon.DASHBOARD])
+    for where, expr in _queries(dash):
+        names = promql_metric_names(expr)
+        if any(n.startswith("vllm:") for n in names):
+            continue
+        assert names & guard_metric_names, (where, expr)
+        exporters = names & (NODE_EXPORTER | DCGM_EXPORTER)
+        if exporters:
+            first, _, fallback = expr.partition(" or ")
+            assert promql_metric_names(first) <= guard_metric_names, (where, expr)
+            assert promql_metric_names(fallback) <= exporters and first.startswith("max by (host) ("), (where, expr)
+            assert fallback.startswith("max by (host) ("), (where, expr)
+    # the events counter exists only once the guard journaled one: a clean host reads 0, not nothing
+    (events,) = [e for w, e in _queries(dash) if w == "Guard events"]
+    assert " or on (host) (0 * max by (host) (sparkprov_guard_up" in events
 
 
 def test_the_dashboard_is_grafana_json_with_a_prometheus_datasource_variable(status):
@@ -206,7 +249,7 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 def test_file_sd_targets_have_prometheus_shape_and_only_rank_0_serves_metrics(status):
     files = _render(status, node_port=9200)
-    for rel in (mon.VLLM_TARGETS, mon.NODE_TARGETS, mon.DCGM_TARGETS):
+    for rel in (mon.VLLM_TARGETS, mon.GUARD_TARGETS, mon.NODE_TARGETS, mon.DCGM_TARGETS):
         groups = json.loads(files[rel])
         assert isinstance(groups, list) and groups, rel
         for g in groups:
@@ -220,6 +263,8 @@ def test_file_sd_targets_have_prometheus_shape_and_only_rank_0_serves_metrics(st
     assert not any("192.168.1.164" in t for g in vllm for t in g["targets"])  # the Ray worker: no HTTP
     assert [g["targets"] for g in json.loads(files[mon.NODE_TARGETS])] == [
         ["192.168.1.163:9200"], ["192.168.1.164:9200"], ["spark3.lan:9200"]]
+    assert [(g["targets"], g["labels"]) for g in json.loads(files[mon.GUARD_TARGETS])] == [
+        (["192.168.100.10:9410"], {"host": "spark1"}), (["192.168.100.11:9410"], {"host": "spark2"})]
     assert [g["targets"] for g in json.loads(files[mon.DCGM_TARGETS])] == [
         ["192.168.1.163:9400"], ["192.168.1.164:9400"], ["spark3.lan:9400"]]
     assert mon.host_port("fe80::1", 8000) == "[fe80::1]:8000"
@@ -230,13 +275,13 @@ def test_prometheus_yml_parses_and_references_the_file_sd_files(status):
     files = _render(status)
     doc = yaml.safe_load(files[mon.PROMETHEUS_YML])
     jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
-    assert set(jobs) == {"vllm", "vllm-spark1", "node", "dcgm"}
+    assert set(jobs) == {"vllm", "vllm-spark1", "guard", "node", "dcgm"}
     for j in jobs.values():
         for sd in j["file_sd_configs"]:
             for f in sd["files"]:
                 assert not os.path.isabs(f) and f in files, f  # relative to prometheus.yml, and written
     assert {f for j in jobs.values() for sd in j["file_sd_configs"] for f in sd["files"]} == {
-        mon.VLLM_TARGETS, mon.NODE_TARGETS, mon.DCGM_TARGETS}
+        mon.VLLM_TARGETS, mon.GUARD_TARGETS, mon.NODE_TARGETS, mon.DCGM_TARGETS}
     # the keyed deployment's job reads its key from a file beside the configuration
     assert jobs["vllm-spark1"]["authorization"] == {"type": "Bearer", "credentials_file": "keys/spark1.api_key"}
     assert "authorization" not in jobs["vllm"] and "authorization" not in jobs["node"]
@@ -252,7 +297,7 @@ def test_prometheus_yml_parses_and_references_the_file_sd_files(status):
 def test_without_keys_there_is_one_vllm_job_and_no_authorization():
     deps = [mon.RunningDeployment("a", "m", "s.1", "10.0.0.1", 8000)]
     doc = yaml.safe_load(mon.prometheus_config(deps))
-    assert [j["job_name"] for j in doc["scrape_configs"]] == ["vllm", "node", "dcgm"]
+    assert [j["job_name"] for j in doc["scrape_configs"]] == ["vllm", "guard", "node", "dcgm"]
     assert "authorization" not in doc["scrape_configs"][0]
     assert "API keys this configuration reads" not in mon.prometheus_config(deps)
 
@@ -291,7 +336,7 @@ def test_files_are_written_atomically_once_and_check_writes_nothing(status, tmp_
 
 def _invoke(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKPROV_")}
-    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "monitor", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "monitor", "write", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120, env=env)
 
 

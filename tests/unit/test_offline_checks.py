@@ -40,7 +40,7 @@ def test_bench_results_and_monitor_out_that_are_no_folder(tmp_path, inv, kind, w
     path = _kinds(tmp_path)[kind]
     msg = refused(lambda: bench(Context(), "dep", results=path, inventory=inv))
     assert msg.startswith(f"--results {path!r}: ") and words in msg
-    msg = refused(lambda: monitor(Context(), out=path, inventory=inv))
+    msg = refused(lambda: monitor(Context(), "write", out=path, inventory=inv))
     assert msg.startswith(f"--out {path!r}: ") and words in msg
 
 
