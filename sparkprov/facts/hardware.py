@@ -210,6 +210,39 @@ class KernelCmdline(Fact):
         return parse_cmdline(out)
 
 
+
+def parse_rdma_firmware(text: str) -> dict[str, str]:
+    """`DEVICE FW_VER` lines (RdmaFirmware's script) -> {device: firmware version}."""
+    out = {}
+    for line in text.splitlines():
+        dev, _, ver = line.strip().partition(" ")
+        if dev and ver.strip():
+            out[dev] = ver.strip()
+    return out
+
+
+def firmware_summary(devices: dict[str, str]) -> str | None:
+    """One version when every ConnectX-7 function runs the same (a Spark's four do), else each
+    device's; None where the host has no RDMA device (the lab, a host without a ConnectX-7)."""
+    if not devices:
+        return None
+    versions = set(devices.values())
+    if len(versions) == 1:
+        return versions.pop()
+    return ", ".join(f"{d} {v}" for d, v in sorted(devices.items()))
+
+
+class RdmaFirmware(Fact):
+    """The ConnectX-7 firmware of each RDMA device (/sys/class/infiniband/DEV/fw_ver: what `ibstat`
+    prints as "Firmware version", without infiniband-diags installed). No device: {}."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return ('for d in /sys/class/infiniband/*; do [ -r "$d/fw_ver" ] || continue; '
+                'printf \'%s %s\\n\' "${d##*/}" "$(cat "$d/fw_ver")"; done; true')
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, str]:
+        return parse_rdma_firmware(out)
+
 # ---------------------------------------------------------------------------------------------
 # Fabric: ibdev2netdev, ip -j
 # ---------------------------------------------------------------------------------------------

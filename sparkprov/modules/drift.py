@@ -1,12 +1,12 @@
-"""drift: the versions a node runs (kernel, driver, CUDA), recorded, checked against versions known
+"""drift: the versions a node runs (kernel, driver, CUDA, ConnectX-7 firmware), recorded, checked against versions known
 to break serving, and compared across the nodes of one deployment.
 
 OS updates break clusters: after an NVIDIA system update, kernel 7.0.0-1019-nvidia made NCCL fail at
 start on two Sparks (eugr/spark-vllm-docker#392). Two phases, each its own play (plays are barriers):
 
 - `record` (provision's first play; cluster-up's versions play): reads the kernel (/proc/sys/kernel/
-  osrelease, gathered with the host's identity), the driver and CUDA version (nvidia-smi) and the
-  kernel command line; writes them to /var/lib/sparkprov/versions.json (`record: true`: a change
+  osrelease, gathered with the host's identity), the driver and CUDA version (nvidia-smi), the
+  ConnectX-7 firmware (/sys/class/infiniband/*/fw_ver) and the kernel command line; writes them to /var/lib/sparkprov/versions.json (`record: true`: a change
   with a before/after diff when they moved since the last provision); checks KNOWN_BAD (a warning;
   with `multinode: true` a row that breaks multi-node serving is exported as a refusal);
   exports `versions`.
@@ -21,13 +21,15 @@ import json
 from typing import Any, Literal
 
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, RdmaFirmware, firmware_summary
 from sparkprov.modules._provision import play_exports
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 VERSIONS_PATH = "/var/lib/sparkprov/versions.json"
-FIELDS = (("kernel", "kernel"), ("driver", "driver"), ("cuda", "CUDA"))
+# ConnectX-7 firmware: NCCL over RoCE runs on it, and an NVIDIA system update can move it with the
+# kernel (28.45.4028 on the Sparks of geerlingguy/sbc-reviews#92 and dgx-spark-playbooks PR#108)
+FIELDS = (("kernel", "kernel"), ("driver", "driver"), ("cuda", "CUDA"), ("firmware", "ConnectX-7 firmware"))
 
 # Versions known to break serving on a Spark, each with its source. `multinode`: it breaks NCCL
 # across nodes (a multi-node start is refused); `unless`: a kernel command line parameter that
@@ -49,9 +51,14 @@ class Args(ModuleArgs):
     strict: bool = False       # compare: a difference fails the task
 
 
-def versions_of(info: dict[str, str], smi: dict[str, Any]) -> dict[str, str | None]:
-    return {"kernel": info.get("kernel") or None, "driver": smi.get("driver_version") if smi.get("present") else None,
+def versions_of(info: dict[str, str], smi: dict[str, Any], rdma: dict[str, str] | None = None) -> dict[str, str | None]:
+    return {"firmware": firmware_summary(rdma or {}), "kernel": info.get("kernel") or None, "driver": smi.get("driver_version") if smi.get("present") else None,
             "cuda": smi.get("cuda_version") if smi.get("present") else None}
+
+
+def versions_line(versions: dict[str, Any]) -> str:
+    """`kernel X, driver Y, CUDA Z, ConnectX-7 firmware W`; a version the host lacks is left out."""
+    return ", ".join(f"{label} {versions[k]}" for k, label in FIELDS if versions.get(k) is not None)
 
 
 def known_bad(versions: dict[str, Any], params: dict[str, Any], *, multinode: bool) -> tuple[list[str], list[str]]:
@@ -82,12 +89,12 @@ def differences(seen: dict[str, dict[str, Any]]) -> list[str]:
 class DriftModule(Module):
     name = "drift"
     Args = Args
-    doc = "Record kernel, driver and CUDA; refuse known-bad versions and nodes of one deployment that differ."
+    doc = "Record kernel, driver, CUDA and ConnectX-7 firmware; refuse known-bad versions and nodes of one deployment that differ."
 
     def needs(self, args: Args, host: HostContext):
         if args.phase == "compare":
             return {}
-        named = {"smi": NvidiaSmi(), "cmdline": KernelCmdline()}
+        named = {"smi": NvidiaSmi(), "cmdline": KernelCmdline(), "rdma": RdmaFirmware()}
         if args.record:   # the record is root's: only provision (become) reads and writes it
             named["file"] = PathState(VERSIONS_PATH, with_content=True)
         return named
@@ -101,16 +108,17 @@ class DriftModule(Module):
             refused = [r for rs in play_exports(host, "versions_refused").values() for r in rs]
             if (diffs or refused) and args.strict:
                 return Plan.fail("; ".join(([f"the nodes run different versions: {'; '.join(diffs)} (fix: update every "
-                                             "node to one kernel, driver and CUDA, then invoke provision)"] if diffs else [])
+                                             "node to one kernel, driver, CUDA and ConnectX-7 firmware, then invoke "
+                                             "provision)"] if diffs else [])
                                            + refused))
             return Plan(msg=f"{len(seen)} host(s) run the same kernel, driver and CUDA" if not diffs else "",
                         warnings=[f"drift: {d}" for d in diffs])
-        versions = versions_of(host.info, facts.smi)
+        versions = versions_of(host.info, facts.smi, facts.rdma)
         fails, warns = known_bad(versions, facts.cmdline.get("params") or {}, multinode=args.multinode)
         # the refusal waits for the compare play, which names every node's versions with it
         exports = {"versions": versions, "versions_refused": [f"{host.name}: {f}" for f in fails]}
         if not args.record:
-            return Plan(msg=", ".join(f"{label} {versions[k]}" for k, label in FIELDS), warnings=warns, exports=exports)
+            return Plan(msg=versions_line(versions), warnings=warns, exports=exports)
         text = json.dumps(versions, indent=2, sort_keys=True) + "\n"
         have = facts.file
         before = (have.get("content") or b"").decode("utf-8", "replace") if have.get("exists") else ""
@@ -120,12 +128,13 @@ class DriftModule(Module):
             script = "\n".join([cmd("mkdir", "-p", "--", VERSIONS_PATH.rsplit("/", 1)[0]), "umask 022",
                                 heredoc_bytes(text.encode(), "cat > " + quote(tmp)).rstrip("\n"),
                                 cmd("mv", "-f", "--", tmp, VERSIONS_PATH)])
-            moved = [f"{label} {json.loads(before).get(k)} -> {versions[k]}" for k, label in FIELDS
-                     if before and json.loads(before).get(k) != versions[k]] if before.strip().startswith("{") else []
+            old = json.loads(before) if before.strip().startswith("{") else {}
+            # a field an older record lacks (the firmware, recorded since) is new, not moved
+            moved = [f"{label} {old[k]} -> {versions[k]}" for k, label in FIELDS if k in old and old[k] != versions[k]]
             summary = (f"record versions: {', '.join(moved)} (changed since the last provision)" if moved
                        else f"record versions in {VERSIONS_PATH}")
             changes.append(Change(summary, script, Diff(VERSIONS_PATH, before, text), [facts.fact("file")]))
             if moved:
                 warns.append(f"{host.name}: " + ", ".join(moved) + " since the last provision")
-        return Plan(changes, msg=", ".join(f"{label} {versions[k]}" for k, label in FIELDS), warnings=warns,
+        return Plan(changes, msg=versions_line(versions), warnings=warns,
                     exports=exports)
