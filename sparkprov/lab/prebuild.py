@@ -60,8 +60,13 @@ def _tiny_model() -> None:
     ensure_tiny_model()
 
 
+def _prometheus_image() -> None:
+    image.build_images([image.PROMETHEUS_IMAGE])
+
+
 STEPS = (("images", image.build_images), ("lab-tiny", _tiny_model), ("hub repos", _hub_repos),
-         ("ray venv", ensure_ray_venv), ("real vLLM rootfs", image.ensure_vllm_rootfs))
+         ("ray venv", ensure_ray_venv), ("real vLLM rootfs", image.ensure_vllm_rootfs),
+         ("prometheus image", _prometheus_image))
 
 
 def main() -> int:

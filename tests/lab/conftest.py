@@ -48,7 +48,7 @@ def require(missing: list[str]) -> None:
 
 
 # the modules that use test_real_vllm's session-wide `env`, in the order they run
-REAL_ENGINE_MODULES = ("test_guard.py", "test_real_layouts.py", "test_real_vllm.py")
+REAL_ENGINE_MODULES = ("test_guard.py", "test_monitoring.py", "test_real_layouts.py", "test_real_vllm.py")
 
 
 def pytest_collection_modifyitems(config, items):

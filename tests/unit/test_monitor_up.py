@@ -196,3 +196,19 @@ def test_the_up_book_reads_rails_everywhere_and_keys_with_no_log_before_promethe
     assert book.plays[1].tasks[0].no_log and book.plays[1].tasks[0].args == {"key_files": [KEY_FILE]}
     Args.model_validate(book.plays[2].tasks[0].args)  # what the CLI hands over is what the module takes
     assert [t.args for p in plays.down_book(["spark1", "spark2"]).plays for t in p.tasks] == [{"state": "absent"}]
+
+
+def test_the_lab_runs_debians_prometheus_under_the_name_its_inventory_gives():
+    """The lab image (sparkprov/lab/image.py): Debian's package, the binary as the entrypoint as in
+    upstream's image (so monitor up's arguments run both); the lab's generated inventory names it."""
+    from sparkprov.lab import image
+    from sparkprov.lab.state import HostRecord, LabRecord
+    from sparkprov.lab.up import inventory_text
+
+    assert image.image_kind(image.parse_ref(image.PROMETHEUS_IMAGE)) == "prometheus"
+    assert image.PROMETHEUS_PACKAGES == ("prometheus",)
+    cfg = json.loads(image._config_blob("prometheus", [], "2026-11-26T00:00:00Z", {}))
+    assert cfg["config"]["Entrypoint"] == ["/usr/bin/prometheus"]
+    rec = LabRecord()
+    rec.hosts = {"spark1": HostRecord(name="spark1", index=1, address="10.77.0.11")}
+    assert yaml.safe_load(inventory_text(rec, "http://10.77.0.1:5001"))["vars"]["prometheus_image"] == image.PROMETHEUS_IMAGE

@@ -1,0 +1,141 @@
+"""`invoke monitor up|down` on the lab (issue 25): Prometheus built from Debian's package (the lab's
+sparkprov/lab-prometheus image, the lab inventory's prometheus_image) runs on spark1 as a
+sparkprov container, scrapes a deployment of lab-tiny on the real vLLM and both node guards (spark1's
+on loopback, spark2's over the fabric), and every query of the dashboard `invoke monitor` renders is
+run through Prometheus's HTTP API: each returns data, except the two speculative-decoding ones,
+which return nothing exactly because the deployment has no speculative decoding (vLLM exports no
+spec_decode counters then; the unit suite checks those names against a /metrics with it on). A second
+`monitor up` changes nothing; `monitor down` leaves no container and no file.
+Engine: real vLLM in every test of this module (the shared provisioned lab of test_real_vllm.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sparkprov.data.inventory import load_inventory
+from sparkprov.serving import monitor as mon
+from sparkprov.serving import prometheus as prom
+from tests.lab import test_real_vllm as real
+from tests.lab.test_cluster import cli
+from tests.lab.test_real_vllm import ask, key_of, up
+
+env = real.env
+nothing_left_running = real.nothing_left_running
+
+SCRAPE_S = 5
+RATE_WINDOW = f"{4 * SCRAPE_S}s"  # Grafana's $__rate_interval for this scrape interval: 4 x the interval
+SCRAPES = 4                       # samples of every target before the queries: two rate windows' worth
+SCRAPE_BOUND_S = 120
+
+# Runs inside a lab host (its python3): each query of stdin's JSON through /api/v1/query.
+QUERY = r'''
+import json, sys, urllib.parse, urllib.request
+base, queries = json.load(sys.stdin)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+out = []
+for q in queries:
+    with opener.open(base + "/api/v1/query?" + urllib.parse.urlencode({"query": q}), timeout=30) as r:
+        out.append(json.loads(r.read()))
+print(json.dumps(out))
+'''
+
+
+def promql(lab, host: str, base: str, queries: list[str]) -> list[dict]:
+    r = lab.exec(host, ["python3", "-c", QUERY], input=json.dumps([base, queries]), timeout=120)
+    return json.loads(r.stdout)
+
+
+def as_run(expr: str) -> str:
+    """A dashboard expression as Grafana sends it with every host and deployment picked."""
+    return expr.replace("$__rate_interval", RATE_WINDOW).replace("$host", ".*").replace("$deployment", ".*")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    dash = mon.dashboard()
+    out = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+    out += [(f"variable {v['name']}", v["query"].removeprefix("label_values(").rsplit(",", 1)[0])
+            for v in dash["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+def changed(doc: dict) -> list[dict]:
+    return [r for r in doc.get("results", []) if r["status"] == "changed"]
+
+
+def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_returns_data(env):
+    from sparkprov.lab.image import PROMETHEUS_IMAGE, ensure_images
+    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+
+    lab = env["lab"]
+    t_start = time.monotonic()
+    image = load_inventory(lab.inventory).hosts["spark1"].vars["prometheus_image"]
+    assert image == PROMETHEUS_IMAGE, image  # the lab's generated inventory names the lab's image
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [image])
+    try:
+        rc, doc, out = up(env, "--tp", "1", "--hosts", "spark1", "--name", "mon")
+        assert rc == 0, out
+        d = doc["cluster"]["deployments"]["mon"]
+        key = key_of(env, d)
+        rc, check, out = cli(env, "monitor", "up", "--host", "spark1", "--image", image,
+                             "--scrape-interval", f"{SCRAPE_S}s", "--check")
+        assert rc == 0 and changed(check) and check["monitor"]["check"], out
+        assert lab.exec("spark1", ["docker", "ps", "-aq", "--filter", f"name={prom.CONTAINER}"]).stdout == ""
+        rc, doc, out = cli(env, "monitor", "up", "--host", "spark1", "--image", image, "--scrape-interval", f"{SCRAPE_S}s")
+        assert rc == 0 and len(changed(doc)) == 1, out
+        m = doc["monitor"]
+        assert m["guards"]["spark1"] == "127.0.0.1:9410" and m["guards"]["spark2"].endswith(":9410"), m
+        assert m["deployments"] == ["mon"] and m["bind"] != "0.0.0.0", m
+        rc, again, out = cli(env, "monitor", "up", "--host", "spark1", "--image", image, "--scrape-interval", f"{SCRAPE_S}s")
+        assert rc == 0 and changed(again) == [], out  # a second run changes nothing
+        labels = json.loads(lab.exec("spark1", ["docker", "inspect", "--format", "{{json .Config.Labels}}",
+                                                prom.CONTAINER]).stdout)
+        assert labels["sparkprov.managed"] == "1" and labels["sparkprov.role"] == prom.ROLE, labels
+        rc, st, out = cli(env, "status")
+        assert rc == 0 and prom.running_monitor(st["hosts"])["host"] == "spark1", out
+
+        # tokens to count, then every target scraped SCRAPES times
+        for _ in range(3):
+            assert "204" in ask(d["endpoint"], d["model"], key)
+        t0 = time.monotonic()
+        while True:
+            (res,) = promql(lab, "spark1", m["url"], [f"count_over_time(up[{SCRAPES * SCRAPE_S + 2}s])"])
+            per_job = {}
+            for s in res["data"]["result"]:
+                per_job.setdefault(s["metric"]["job"], []).append(int(s["value"][1]))
+            if {"vllm-spark1", "guard"} <= set(per_job) and len(per_job["guard"]) == 2 and \
+                    min(per_job["guard"] + per_job["vllm-spark1"]) >= SCRAPES:
+                break
+            assert time.monotonic() - t0 < SCRAPE_BOUND_S, f"not scraped {SCRAPES} times within {SCRAPE_BOUND_S}s: {res}"
+            time.sleep(SCRAPE_S)
+        scraped_after = time.monotonic() - t0
+        (ups,) = promql(lab, "spark1", m["url"], ['up{job=~"guard|vllm.*"}'])
+        assert {(s["metric"]["job"], s["metric"]["host"], s["value"][1]) for s in ups["data"]["result"]} == {
+            ("guard", "spark1", "1"), ("guard", "spark2", "1"), ("vllm-spark1", "spark1", "1")}, ups
+
+        queries = dashboard_queries()
+        results = promql(lab, "spark1", m["url"], [as_run(e) for _, e in queries])
+        empty, finite = [], 0
+        for (where, expr), res in zip(queries, results):
+            assert res["status"] == "success", (where, expr, res)
+            series = res["data"]["result"]
+            if not series:
+                empty.append((where, expr))
+            finite += any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in series)
+        spec = [(w, e) for w, e in queries if "spec_decode" in e]
+        assert len(spec) == 2 and empty == spec, f"queries without data: {empty}"
+        hosts = {s["metric"]["host"] for s in results[[w for w, _ in queries].index("variable host")]["data"]["result"]}
+        assert hosts == {"spark1", "spark2"}, hosts
+
+        rc, doc, out = cli(env, "monitor", "down")
+        assert rc == 0 and [r["host"] for r in changed(doc)] == ["spark1"], out
+        assert lab.exec("spark1", ["docker", "ps", "-aq", "--filter", f"name={prom.CONTAINER}"]).stdout == ""
+        assert lab.ssh("spark1", f"test -e {prom.DIR} && echo left").stdout == ""
+        rc, doc, out = cli(env, "monitor", "down")
+        assert rc == 0 and changed(doc) == [], out
+        print(f"\n[monitor, real vLLM tp1 + 2 guards] {len(queries) - len(empty)} of {len(queries)} dashboard queries "
+              f"returned data ({finite} with a finite value; without data: the {len(empty)} spec-decode ones, no "
+              f"speculative decoding); every target scraped {SCRAPES} times {scraped_after:.0f}s after the first "
+              f"requests; test {time.monotonic() - t_start:.0f}s")
+    finally:
+        cli(env, "monitor", "down")
