@@ -14,6 +14,7 @@ from sparkprov.cli import guard as guard_cli
 from sparkprov.cli import lab as lab_tasks
 from sparkprov.cli import monitor as monitor_cli
 from sparkprov.cli import plan as plan_cli
+from sparkprov.cli import upgrade as upgrade_cli
 
 COMMON_HELP = {
     "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
@@ -144,5 +145,7 @@ ns.add_task(task(bench_cli.bench, help=bench_cli.HELP))
 ns.add_task(task(plan_cli.plan, help=plan_cli.HELP, iterable=["recipes"]))
 ns.add_task(task(gateway_cli.gateway, help=gateway_cli.HELP))
 ns.add_task(task(guard_cli.guard, help=guard_cli.HELP))
+ns.add_task(task(upgrade_cli.history, help=upgrade_cli.HISTORY_HELP))
+ns.add_task(task(upgrade_cli.rollback, help=upgrade_cli.ROLLBACK_HELP))
 ns.add_task(store)
 ns.add_collection(lab_tasks.ns, "lab")

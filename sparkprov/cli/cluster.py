@@ -36,6 +36,8 @@ UP_HELP = {
     "ray_timeout": "Seconds to wait for every Ray node and GPU to join (default 300)",
     "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)",
     "verify": "Also warm up and smoke-test deployments that are already up and unchanged",
+    "image": "Run this image instead of the recipe's (one deployment: how a new build is tried); if its start fails "
+             "its smoke test, every node goes back to the deployment's last good start (invoke history)",
 }
 DOWN_HELP = {
     **COMMON,
@@ -166,7 +168,7 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
 def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
-               limit=None, forks=None, accept_new_host_keys=False):
+               limit=None, forks=None, accept_new_host_keys=False, image=None):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     import time
 
@@ -194,6 +196,9 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
                                              executor=executor, deployments=deployments,
                                              recipes=list(recipes or []), dp=dp, ep=bool(ep))
+        if image is not None:
+            from sparkprov.cli.upgrade import apply_image_option
+            apply_image_option(image, deps)
         targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
         if limit:
             allowed = set(select_hosts(inv, None, limit))
@@ -206,17 +211,17 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         t0 = time.monotonic()
         runner = plays.run_book(inv, book, targets, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
                                                                     forks=forks), report)
-        cleaned = []
-        if not check:
-            for d in plays.failed_deployments(report, deps):
-                if plays.started_anything(report, d):
-                    live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
-                    # remove what this run started, so that nothing half-up holds the GPUs
-                    plays.run_book(inv, plays.down_book(live, [d.name], reason="bring-up failed"), live,
-                                   engine_options(accept_new_host_keys=accept_new_host_keys), report)
-                    cleaned.append(d.name)
+        settled = None
+        if not check:  # each start recorded on its rank 0; a failed one rolled back to last good (or removed)
+            from sparkprov.plays.upgrade import settle
+            settled = settle(inv, deps, recipe_files, opts, targets,
+                             lambda: engine_options(accept_new_host_keys=accept_new_host_keys), report)
+        cleaned = settled.cleaned if settled else []
         summary = up_summary(inv, deps, runner, report, check=check, cleaned=cleaned,
                              seconds=time.monotonic() - t0)
+        if settled:
+            from sparkprov.cli.upgrade import add_to_summary
+            add_to_summary(summary, settled)
         if not check and (cleaned or any(r.module == "vllm_container" and r.status == "changed"
                                          for r in report.results)):
             # a running gateway routes to what serves now (a run that changed nothing leaves it be)
@@ -274,6 +279,8 @@ def print_summary(summary) -> None:
             for h, c in (d.get("containers") or {}).items():
                 if c:
                     print(f"  {h}: {c['name']} ({c['role']}, recipe {c['hash']})")
+    for line in summary.get("upgrade") or []:  # a failed upgrade: what failed, and what serves again
+        print(f"\n{line}")
     if summary.get("gateway"):
         print(f"\n{summary['gateway']}")
     calls = ", ".join(f"{h}={n}" for h, n in summary.get("remote_calls", {}).items())

@@ -29,7 +29,9 @@ def catalog_for(dep: DeploymentArgs) -> Catalog:
 
 
 def image_ref(dep: DeploymentArgs) -> str:
-    """The image reference the deployment runs (the catalog's pinned form when it has one)."""
+    """The image reference the deployment runs (the catalog's pinned form when it has one; --image's)."""
+    if dep.image_override:
+        return dep.image_override
     cat = catalog_for(dep)
     r = cat.get(dep.model)
     img = cat.image(r.image)
@@ -89,7 +91,8 @@ def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str,
             extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
     out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
-    return out.model_copy(update={"image": dep.image}) if dep.image else out
+    image = dep.image or dep.image_override
+    return out.model_copy(update={"image": image}) if image else out
 
 
 def image_info(dep: DeploymentArgs):

@@ -141,6 +141,7 @@ class Deployment:
     dp: int = 1               # data-parallel replicas behind rank 0's API (native, one Spark each)
     ep: bool = False          # --enable-expert-parallel
     override_where: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # flag -> line, column
+    image: str | None = None  # cluster-up --image: this image instead of the recipe's (a new build tried)
 
     @property
     def nodes(self) -> int:
@@ -159,7 +160,8 @@ class Deployment:
         """What the serving modules take as arguments (plain data, validated by DeploymentArgs)."""
         return {"name": self.name, "model": self.model, "hosts": list(self.hosts), "tp": self.tp, "pp": self.pp,
                 "dp": self.dp, "ep": self.ep, "executor": self.executor, "overrides": dict(self.overrides), "port": self.port,
-                "ray_port": self.ray_port, "master_port": self.master_port, "recipe_files": list(recipe_files)}
+                "ray_port": self.ray_port, "master_port": self.master_port, "recipe_files": list(recipe_files),
+                **({"image_override": self.image} if self.image else {})}
 
     @property
     def head(self) -> str:
@@ -191,6 +193,7 @@ class DeploymentArgs(_SizesFromTheLayout):
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     recipe_files: list[str] = Field(default_factory=list)
     image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
+    image_override: str | None = None  # cluster-up --image: the deployment's image instead of the recipe's
 
     @property
     def nodes(self) -> int:

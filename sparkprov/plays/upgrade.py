@@ -1,0 +1,134 @@
+"""Upgrades that cannot break a working deployment (issue 26): after cluster-up's plays, each
+deployment this run started is recorded in its history on rank 0 (modules/deployment_history.py);
+one whose start failed is rolled back to its last good start, on every node, and proven to serve
+again (its smoke test), else removed as before.
+
+    NAME: history nodes   every node  what it runs: container, recipe hash, image ID and digest
+    NAME: history         rank 0      the start appended to the history, with its smoke result
+
+A deployment that started nothing in this run (already up and unchanged, or refused before any
+container) is not recorded: a run that changes nothing stays one round trip per host.
+"""
+
+from __future__ import annotations
+
+import os
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkprov.data.playbook import Playbook
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import RunOptions
+from sparkprov.modules.deployment_history import EXPORT
+from sparkprov.plays.book import play, run_book, task
+from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
+from sparkprov.serving import history
+from sparkprov.serving.playbook import Deployment
+
+
+def history_book(d: Deployment, recipe_files: list[str], *, kind: str = history.START, rollback_of: int | None = None,
+                 failure: str | None = None, when: str | None = None) -> Playbook:
+    where = ("history", None, None)
+    # the recipe files as absolute paths: a rollback may run from another directory
+    files = [os.path.abspath(f) for f in recipe_files]
+    args: dict[str, Any] = {"deployment": d.as_args(files), "kind": kind, "rollback_of": rollback_of,
+                            "failure": failure[:4000] if failure else None,
+                            "time": when or _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
+    return Playbook("history", [
+        play(f"{d.name}: history nodes", d.hosts, [task(f"{d.name}: history node", "deployment_history",
+                                                        {**args, "phase": "node"}, where)], where=where),
+        play(f"{d.name}: history", d.hosts[:1], [task(f"{d.name}: history", "deployment_history",
+                                                      {**args, "phase": "record"}, where)], where=where)])
+
+
+def read_history(runner, d: Deployment) -> dict[str, Any]:
+    """What the history play exported on rank 0: {"records": [...], "record": this start's}."""
+    return ((runner.exports.get(d.hosts[0]) or {}).get(EXPORT) or {}).get(d.name) or {}
+
+
+def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:
+    """The first failure of a deployment's plays (from result `since` on), as the run reported it."""
+    for r in report.results[since:]:
+        if r.play.startswith(f"{d.name}: ") and r.status in ("failed", "unreachable"):
+            return f"{r.host}: {r.msg}" if not r.msg.startswith(r.host) else r.msg
+    return None
+
+
+def deployment_from(spec: dict[str, Any]) -> tuple[Deployment, list[str]]:
+    """A recorded spec as a deployment cluster-up starts again (and its recipe files)."""
+    d = Deployment(spec["name"], spec["model"], list(spec["hosts"]), spec["tp"], dict(spec.get("overrides") or {}),
+                   spec.get("port"), spec.get("ray_port") or 6379, ("history", None, None), pp=spec.get("pp", 1),
+                   executor=spec.get("executor") or "ray", master_port=spec.get("master_port") or 29501,
+                   dp=spec.get("dp", 1), ep=bool(spec.get("ep")), image=spec.get("image_override"))
+    return d, list(spec.get("recipe_files") or [])
+
+
+@dataclass
+class Settled:
+    cleaned: list[str] = field(default_factory=list)             # removed again, as before (no last good)
+    rolled_back: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> what failed, what serves now
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)     # name -> the record of its start
+
+
+def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions, targets: list[str],
+           options: Callable[[], RunOptions], report: Report) -> Settled:
+    """After cluster-up's plays (not in check mode): record each start; roll a failed one back."""
+    out = Settled()
+    failed = {d.name for d in failed_deployments(report, deps)}
+    for d in deps:
+        if not started_anything(report, d):
+            continue
+        live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
+        failure = failure_of(report, d) if d.name in failed else None
+        if d.hosts[0] in live:
+            hist = read_history(run_book(inv, history_book(d, recipe_files, failure=failure), live, options(), report), d)
+            if hist.get("record"):
+                out.recorded[d.name] = hist["record"]
+        else:
+            hist = {}
+        if failure is None:
+            continue
+        good = history.last_good(hist.get("records") or [], unlike=(hist.get("record") or {}).get("spec"))
+        if good is not None and set(good["spec"]["hosts"]) <= set(live):
+            result = rollback(inv, d, good, opts, live, options, report, failure=failure)
+            out.rolled_back[d.name] = result
+            if result["serving"]:
+                continue
+        # nothing to go back to (or going back failed): remove what this run started, so that
+        # nothing half-up holds the GPUs
+        run_book(inv, down_book(live, [d.name], reason="bring-up failed"), live, options(), report)
+        out.cleaned.append(d.name)
+    return out
+
+
+def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, live: list[str],
+             options: Callable[[], RunOptions], report: Report, *, failure: str | None = None) -> dict[str, Any]:
+    """Start a recorded good start again on every node, wait for its smoke test, record it."""
+    back, files = deployment_from(good["spec"])
+    t0 = _time.monotonic()
+    gone = [h for h in failed.hosts if h not in back.hosts and h in live]
+    if gone:  # the failed start ran on nodes the good one did not use
+        run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
+    since = len(report.results)
+    run_book(inv, up_book([back], files, opts), back.hosts, options(), report)
+    again = failure_of(report, back, since)
+    hist = read_history(run_book(inv, history_book(back, files, kind=history.ROLLBACK, rollback_of=good["n"],
+                                                   failure=again), back.hosts, options(), report), back)
+    rec = hist.get("record") or {}
+    return {"to": good["n"], "failure": failure, "serving": again is None and rec.get("result") == history.PASSED,
+            "rollback_failure": again, "record": rec.get("n"), "seconds": round(_time.monotonic() - t0, 1),
+            "notes": history.digest_changes(good, rec.get("nodes") or {}),
+            "digests": {h: n.get("digest") or n.get("image_id") for h, n in (rec.get("nodes") or {}).items()}}
+
+
+def describe(name: str, r: dict[str, Any]) -> str:
+    """One line: what failed and what serves now."""
+    if r["serving"]:
+        line = (f"{name}: the new start failed ({r['failure']}); rolled back to start #{r['to']} on every node in "
+                f"{r['seconds']:.0f}s, which passed its smoke test again (recorded as #{r['record']})")
+    else:
+        line = (f"{name}: the new start failed ({r['failure']}); rolling back to start #{r['to']} failed too "
+                f"({r['rollback_failure'] or 'its smoke test'}): removed")
+    return line + "".join(f"; {n}" for n in r.get("notes") or [])
+

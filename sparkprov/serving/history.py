@@ -1,0 +1,149 @@
+"""A deployment's history: one JSON line per start, kept on its rank 0 node (issue 26).
+
+Each start records what ran, per node (the image reference, its ID and registry digest as that
+node's docker reports them, the container and its recipe hash), the model repo and the commit
+rank 0's store resolves, the spec cluster-up started it from (model, hosts, layout, executor,
+overrides, image override, recipe files: enough to start it again), and the smoke test's result.
+The last start whose smoke test passed is "last good": what a failed upgrade rolls back to.
+
+Pure functions: the deployment_history module builds and appends records, the commands read them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+HISTORY_DIR = "~/.local/state/sparkprov/deployments"  # on rank 0, the login user's: DIR/NAME/history.jsonl
+PASSED, FAILED = "passed", "failed"
+START, ROLLBACK = "start", "rollback"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def history_file(deployment: str) -> str:
+    return f"{HISTORY_DIR}/{deployment}/history.jsonl"
+
+
+def parse(text: str) -> list[dict[str, Any]]:
+    """The records of a history file, oldest first; a line that is not a record (a write cut
+    short) is skipped, the ones after it still count."""
+    out = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("n"), int):
+            out.append(doc)
+    return out
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """A record as one line of the history file."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def node_entry(host: str, containers: list[dict[str, Any]], digests: dict[str, list[str]]) -> dict[str, Any]:
+    """What one node runs for the deployment: its container (ID, image, recipe hash) and the image's
+    registry digest (from `containers`: the deployment's containers as DeploymentImages read them)."""
+    from sparkprov.serving.bench import pick_digest
+
+    c = containers[0] if containers else None
+    if c is None:
+        return {"host": host, "container": None, "container_id": None, "image": None, "image_id": None,
+                "digest": None, "recipe_hash": None, "status": "absent"}
+    return {"host": host, "container": c["name"], "container_id": c["id"], "image": c["image"],
+            "image_id": c["image_id"], "digest": pick_digest(c["image"], digests.get(c["image_id"]) or []),
+            "recipe_hash": c["recipe_hash"], "status": c["status"]}
+
+
+def model_commit(revision: str, refs: dict[str, str], repo_dir: str) -> str | None:
+    """The commit a revision names in the store: the revision itself when it is one, else its ref."""
+    if _COMMIT.fullmatch(revision):
+        return revision
+    commit = (refs.get(f"{repo_dir}/refs/{revision}") or "").strip()
+    return commit if _COMMIT.fullmatch(commit) else None
+
+
+def same_start(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> bool:
+    """Whether a record is of the start these nodes run now (the same container on every node)."""
+    ids = {h: n.get("container_id") for h, n in nodes.items()}
+    return any(ids.values()) and {h: n.get("container_id") for h, n in (record.get("nodes") or {}).items()} == ids
+
+
+def new_record(records: list[dict[str, Any]], *, time: str, kind: str, rollback_of: int | None, spec: dict[str, Any],
+               nodes: dict[str, dict[str, Any]], model: dict[str, Any], smoke: dict[str, Any] | None,
+               failure: str | None, smoke_check) -> dict[str, Any]:
+    """The record of a start. It passed when the start reported no failure and its smoke answer,
+    recorded on rank 0 for the container running now, passes the recipe's check (`smoke_check`:
+    the answer's problems, as cluster-up's ready step judges them)."""
+    problems = [failure] if failure else []
+    if smoke is None and not problems:
+        problems.append("no smoke test answer recorded for rank 0's container")
+    elif smoke is not None and not failure:
+        problems += smoke_check(smoke)
+    return {"n": (records[-1]["n"] + 1) if records else 1, "time": time, "kind": kind,
+            **({"rollback_of": rollback_of} if rollback_of is not None else {}),
+            "result": FAILED if problems else PASSED, "problem": "; ".join(problems) or None,
+            "spec": spec, "model": model, "nodes": nodes,
+            "smoke": None if smoke is None else {k: smoke.get(k) for k in ("prompt", "content", "status", "error")
+                                                 if k in smoke}}
+
+
+def comparable_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """What makes two specs the same start (the order of recipe files aside)."""
+    return {k: v for k, v in spec.items() if v not in (None, [], {})}
+
+
+def last_good(records: list[dict[str, Any]], *, unlike: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The newest start that passed; with `unlike`, the newest that passed with another spec (a
+    rollback to the spec that just failed would fail again)."""
+    for r in reversed(records):
+        if r.get("result") != PASSED:
+            continue
+        if unlike is not None and comparable_spec(r.get("spec") or {}) == comparable_spec(unlike):
+            continue
+        return r
+    return None
+
+
+def find(records: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
+    return next((r for r in records if r.get("n") == n), None)
+
+
+def digest_changes(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """Nodes whose image is not the build a record ran (its ID), each named with both: a rollback by
+    tag to a tag that has moved since runs another build."""
+    out = []
+    for h, was in (record.get("nodes") or {}).items():
+        now = nodes.get(h) or {}
+        if was.get("image_id") and now.get("image_id") and was["image_id"] != now["image_id"]:
+            out.append(f"{h} runs {now.get('image')} {now['image_id'][7:19]}, start #{record['n']} ran "
+                       f"{was['image_id'][7:19]}")
+    return out
+
+
+def rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One row per start and node, for `invoke history` (newest last; "last good" marked)."""
+    good = last_good(records)
+    out = []
+    for r in records:
+        spec = r.get("spec") or {}
+        layout = f"tp{spec.get('tp', 1)}" + (f" pp{spec['pp']}" if spec.get("pp", 1) > 1 else "") + \
+            (f" dp{spec['dp']}" if spec.get("dp", 1) > 1 else "") + (f" {spec['executor']}" if len(spec.get("hosts") or []) > 1
+                                                                      else "")
+        what = r.get("kind", START) + (f" of #{r['rollback_of']}" if r.get("rollback_of") else "")
+        result = r.get("result", "?") + (" (last good)" if good is not None and r is good else "")
+        model = r.get("model") or {}
+        for i, (h, n) in enumerate((r.get("nodes") or {}).items()):
+            out.append({"n": str(r["n"]) if i == 0 else "", "time": r.get("time", "") if i == 0 else "",
+                        "start": what if i == 0 else "", "result": result if i == 0 else "", "host": h,
+                        "image": n.get("image") or "-",
+                        "digest": (n.get("digest") or "").split("@", 1)[-1][:19] or (n.get("image_id") or "-")[:19],
+                        "recipe": n.get("recipe_hash") or "-",
+                        "model": f"{model.get('repo')}@{(model.get('commit') or model.get('revision') or '?')[:12]}"
+                        if i == 0 else "", "layout": layout if i == 0 else "",
+                        "overrides": json.dumps(spec.get("overrides") or {}) if i == 0 and spec.get("overrides") else "",
+                        "problem": (r.get("problem") or "") if i == 0 else ""})
+    return out
