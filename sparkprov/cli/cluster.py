@@ -36,6 +36,8 @@ UP_HELP = {
     "ray_timeout": "Seconds to wait for every Ray node and GPU to join (default 300)",
     "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)",
     "verify": "Also warm up and smoke-test deployments that are already up and unchanged",
+    "force_degraded_fabric": "Start a multi-node deployment even over a node whose last fabric qualification "
+                             "(invoke provision) recorded a degraded rail (refused without it, naming the rail)",
     "image": "Run this image instead of the recipe's (one deployment: how a new build is tried); if its start fails "
              "its smoke test, every node goes back to the deployment's last good start (invoke history)",
 }
@@ -168,7 +170,8 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
 def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
-               limit=None, forks=None, accept_new_host_keys=False, image=None):
+               limit=None, forks=None, accept_new_host_keys=False, image=None,
+               force_degraded_fabric=False):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     import time
 
@@ -205,7 +208,8 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
             targets = [h for h in targets if h in allowed]
         check_host_files(inv, targets)  # what select_hosts checks for the other commands
         opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
-                               ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify)
+                               ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
+                               force_degraded_fabric=bool(force_degraded_fabric))
         book = plays.up_book(deps, recipe_files, opts, staged=stage_books(inv, deps, check) if stage else None)
         report = Report(out, quiet=json)
         t0 = time.monotonic()

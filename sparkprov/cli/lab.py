@@ -63,7 +63,7 @@ def status(c, json_=False):
                       "from what is persisted: netplan, sshd, dockerd, restart policies)",
             "host": "lab host (spark1, ...)",
             "iface": "fabric interface (cut-link, restore-link, slow-link, unslow-link, "
-                     "reset-mtu); default enp1s0f1np1",
+                     "reset-mtu, rail-slow, clear-rail-slow: one of the cabled rails); default enp1s0f1np1",
             "rate": "slow-link: rate limit, tc syntax (default 100mbit)",
             "delay": "slow-link: added delay, e.g. 20ms (needs the netem qdisc)",
             "mtu": "reset-mtu: the MTU to set (default 1500)"})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import dockerd, net, sshd
 from .hosts import LabError, _record, nsexec, write_file
-from .state import FABRIC_IFACES, STATE_DIR
+from .state import FABRIC_IFACES, RAIL_IFACES, STATE_DIR
 
 
 def _check_iface(iface: str) -> None:
@@ -81,6 +81,24 @@ def unslow_link(host: str, iface: str = "enp1s0f1np1") -> str:
     subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "del", "dev", iface, "root"],
                    capture_output=True)
     return f"{host}: {iface} shaping removed"
+
+
+# One rail throttled, as a degraded ConnectX-7 link looks to a measurement: the link up, its MTU and
+# addresses as provisioned, far less carried than a healthy rail (13.23 Gb/s on a 200G link whose
+# healthy twins carry 92-97: NVIDIA/dgx-spark-playbooks PR#108, gb10-failure-outputs.md §4.5, §4.8):
+# tbf on the host's egress of that rail, at 200 Mbit/s, under the lab's floor (LAB_RAIL_VARS) as
+# PR#108's figure is under a Spark's. The peer's direction of the rail stays as it was.
+RAIL_SLOW_RATE = "200mbit"
+
+
+def rail_slow(host: str, iface: str = RAIL_IFACES[1]) -> str:
+    if iface not in RAIL_IFACES.values():
+        raise LabError(f"{iface!r} is not a cabled rail ({', '.join(RAIL_IFACES.values())})")
+    return slow_link(host, iface, RAIL_SLOW_RATE)
+
+
+def clear_rail_slow(host: str, iface: str = RAIL_IFACES[1]) -> str:
+    return unslow_link(host, iface)
 
 
 def kill_dockerd(host: str) -> str:
@@ -279,6 +297,8 @@ ACTIONS = {
     "clear-nvrm": lambda h, **k: clear_nvrm(h),
     "hang": lambda h, **k: hang(h),
     "clear-hang": lambda h, **k: clear_hang(h),
+    "rail-slow": lambda h, iface, **k: rail_slow(h, iface),
+    "clear-rail-slow": lambda h, iface, **k: clear_rail_slow(h, iface),
     "kernel-update": lambda h, **k: kernel_update(h),
     "clear-kernel-update": lambda h, **k: clear_kernel_update(h),
 }

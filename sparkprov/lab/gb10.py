@@ -12,7 +12,7 @@ from .hosts import nsexec, write_file
 from .state import host_dir
 
 STANDINS = Path(__file__).resolve().parent / "standins"
-BIN_STANDINS = ("nvidia-smi", "ibdev2netdev", "nvidia-container-runtime-hook", "nvidia-ctk")
+BIN_STANDINS = ("nvidia-smi", "ibdev2netdev", "nvidia-container-runtime-hook", "nvidia-ctk", "ib_write_bw")
 GPU_CONF = "/etc/sparkprov-lab/gpu.conf"
 DEFAULT_DRIVER = "580.95.05"
 TOOLKIT_VERSION = "1.19.0-1"

@@ -39,6 +39,15 @@ FABRIC_IFACES = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 RAIL_IFACES = {1: "enp1s0f1np1", 2: "enP2p1s0f1np1"}  # the cabled twins
 DARK_IFACES = ("enp1s0f0np0", "enP2p1s0f0np0")        # present, no carrier
 MGMT_IFACE = "enP7s7"                                  # the Spark's onboard 10 GbE
+# The lab's rails are veth pairs, not 200G ConnectX-7 links: fabric qualification's floor and expected
+# figure (inventory vars of modules/fabric_qualify.py) for what they carry, written into every lab
+# inventory. Measured with the ib_write_bw stand-in (docs/fabric.md).
+LAB_RAIL_VARS = {"rail_min_gbps": 1.0, "rail_expected_gbps": 2.0}
+
+
+def lab_vars_yaml() -> str:
+    """LAB_RAIL_VARS as lines under an inventory's `vars:` (two spaces in)."""
+    return "".join(f"  {k}: {v}\n" for k, v in LAB_RAIL_VARS.items())
 LOGIN_USER = "nvidia"
 REGISTRY_PORT = 5000
 HUB_PORT = 8080

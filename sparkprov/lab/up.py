@@ -67,7 +67,7 @@ def inventory_text(rec: LabRecord, hf_endpoint: str) -> str:
               f"  hf_endpoint: {hf_endpoint}",
               # `invoke monitor up`: Prometheus from Debian's package, pushed to the lab registry
               f"  prometheus_image: {PROMETHEUS_IMAGE}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + state.lab_vars_yaml()
 
 
 def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:

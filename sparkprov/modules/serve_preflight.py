@@ -3,7 +3,9 @@
 Lint of the rendered launch (the G-rules), the driver answering, docker usable by the login
 user, the fabric rail carrying VLLM_HOST_IP (clusters, G32), the weights staged and verified in
 the store, memory for the load (G13-G15), the serving port free of processes sparkprov did not
-start, sudo for the page-cache drop (G15). Changes nothing; exports this node's fabric address
+start, sudo for the page-cache drop (G15), and for a multi-node deployment the node's last fabric
+qualification (facts/rail.py: a rail recorded degraded refuses the start, naming host, rail, figure
+and floor, unless `force_degraded_fabric`). Changes nothing; exports this node's fabric address
 and rail network for the plays after it.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import FactView, HostContext, Module, Plan
 from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
+from sparkprov.facts.rail import QualificationRecord, degraded
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules._serving import PREFLIGHT, ServeArgs
 from sparkprov.serving import node
@@ -23,6 +26,7 @@ class Args(ServeArgs):
     drop_caches: bool = True
     unload_ollama: bool = False
     staged_here: bool = False  # the stage plays of this run put the weights in place (--stage)
+    force_degraded_fabric: bool = False  # start a multi-node deployment over a rail qualified degraded
 
 
 def _with_stages(dep):
@@ -45,10 +49,13 @@ class ServePreflight(Module):
 
     def needs(self, args: Args, host: HostContext):
         dep = args.deployment
-        return {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
-                "containers": ManagedContainers(), "listening": Listeners((node.port(dep, host.vars),)),
-                "store": StoreState(str(host_setting(host.vars, "model_store")),
-                                    tuple(sorted({repo for repo, _ in node.repos(dep)})))}
+        named = {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
+                 "containers": ManagedContainers(), "listening": Listeners((node.port(dep, host.vars),)),
+                 "store": StoreState(str(host_setting(host.vars, "model_store")),
+                                     tuple(sorted({repo for repo, _ in node.repos(dep)})))}
+        if dep.cluster:
+            named["qualification"] = QualificationRecord()
+        return named
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
@@ -86,6 +93,12 @@ class ServePreflight(Module):
                                              "to use the provisioned rail")
             if problem:
                 fails.append(problem)
+            bad = degraded(h, facts.qualification)
+            if bad and args.force_degraded_fabric:
+                warns += [f"{b} (started anyway: --force-degraded-fabric)" for b in bad]
+            elif bad:
+                fails += [f"{b}; a multi-node start over it is refused (--force-degraded-fabric starts it anyway)"
+                          for b in bad]
             # every rail's address: the members the firewall lets reach the deployment's internals
             exports = {"node_ip": ip, "rail_net": net,
                        "rails": [r["address"] for r in (facts.fabric or {}).get("rails") or [] if r.get("address")]}

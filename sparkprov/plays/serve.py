@@ -7,7 +7,8 @@ apply, re-read and verify, check mode, diff, recap, JSON, exit codes, forks and 
 
 cluster-up, per deployment, plays in this order (plays are barriers):
 
-    NAME: preflight     every node     lint, driver, docker, fabric rail, weights, memory, port
+    NAME: preflight     every node     lint, driver, docker, fabric rail and its qualification, weights,
+                                       memory, port
     NAME: image         every node     the image present (pull, or copy from a peer), same build
     NAME: rank 0        rank 0         its container (Ray head: before the workers join it)
     NAME: ranks         the others     their containers (Ray workers, or native --headless ranks)
@@ -38,6 +39,7 @@ class UpOptions:
     ray_timeout: float = 300.0
     health_timeout: float | None = None
     verify: bool = False
+    force_degraded_fabric: bool = False  # the preflight's refusal of a rail qualified degraded, overridden
 
 
 def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions,
@@ -65,7 +67,9 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
             # the tasks themselves run as the login user
             play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight",
-                                                        {**pre, "staged_here": bool(staged)}, where, become=False)],
+                                                        {**pre, "staged_here": bool(staged),
+                                                         "force_degraded_fabric": o.force_degraded_fabric},
+                                                        where, become=False)],
                  become=o.drop_caches, where=where),
             *drift_plays(d, where),
             play(f"{d.name}: image", d.hosts,

@@ -45,6 +45,8 @@ STATE_PATH = "/var/lib/sparkprov/guard/state.json"
 PIDFILE = "/run/sparkprov-guard.pid"
 LOG_PATH = "/var/log/sparkprov-guard.log"
 UNIT_NAME = "sparkprov-guard.service"
+# The fabric qualification provision records (sparkprov/facts/rail.py QUAL_PATH): served at /metrics.
+QUALIFICATION_PATH = "/var/lib/sparkprov/fabric/qualification.json"
 
 
 
@@ -98,6 +100,7 @@ DEFAULTS = {
     "kernel_log": "/dev/kmsg",
     "nvidia_smi": "nvidia-smi",
     "probe_program": PROBE_PATH,
+    "qualification": QUALIFICATION_PATH,
     "journal": JOURNAL_PATH,
     "state": STATE_PATH,
 }
@@ -295,6 +298,17 @@ def decide(state: dict, sample: dict, cfg: dict) -> tuple[dict, list[tuple[str, 
 
 # -- pure: what /metrics serves ----------------------------------------------------------------
 
+def parse_qualification(text: str) -> list[dict]:
+    """The rails of the fabric qualification record (written by provision): iface, peer, the figure
+    measured, the floor and its status ("degraded": under the floor or a wrong MTU). [] unreadable."""
+    try:
+        rails = json.loads(text).get("rails") or []
+    except (ValueError, AttributeError):
+        return []
+    return [{k: r.get(k) for k in ("iface", "peer", "gbps", "floor_gbps", "status")} for r in rails
+            if isinstance(r, dict) and r.get("iface")]
+
+
 def _esc(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -334,6 +348,13 @@ def render_metrics(doc: dict, counts: dict[str, int]) -> str:
             gauge("sparkprov_guard_liveness_ok", "1 when the container generated its token", 1 if live.get("status") == 200
                   else 0, {"container": c["name"]})
             gauge("sparkprov_guard_liveness_seconds", "seconds to the token", live.get("seconds"), {"container": c["name"]})
+    for r in s.get("rails") or []:
+        gauge("sparkprov_rail_gbps", "the rail's throughput at its last qualification (ib_write_bw, Gb/s)", r.get("gbps"),
+              {"iface": r["iface"], "peer": r.get("peer") or ""})
+        gauge("sparkprov_rail_floor_gbps", "the floor the rail was qualified against (Gb/s)", r.get("floor_gbps"),
+              {"iface": r["iface"]})
+        gauge("sparkprov_rail_ok", "0 when the rail's last qualification found it degraded", 0 if r.get("status") ==
+              "degraded" else 1, {"iface": r["iface"]})
     gauge("sparkprov_guard_held_containers", "containers the guard holds stopped", len(doc.get("held") or {}))
     gauge("sparkprov_guard_breaker_open", "1 when the crash-loop breaker stopped restarts", 1 if doc.get("breaker") else 0)
     for kind, n in sorted(counts.items()):
@@ -442,6 +463,11 @@ class Guard:
         s["kernel"] = [k for k in map(classify_kernel_line, self.kernel.read()) if k]
         rc, out = _run([self.cfg["nvidia_smi"], "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"], 10)
         s["gpu"] = parse_gpu_query(out) if rc == 0 else {}
+        try:
+            with open(self.cfg["qualification"]) as fh:
+                s["rails"] = parse_qualification(fh.read())
+        except OSError:
+            s["rails"] = []
         rc, out = _run(["python3", self.cfg["probe_program"], "status", "-", "-"],
                        30 + 2 * float(self.cfg["liveness_timeout_s"]))
         s["containers"], s["docker"] = [], False

@@ -109,14 +109,17 @@ class LabHandle:
     def write_inventory(self, path: Path, *, known_hosts: Path | None = None, password_file: Path | None = None,
                         store: str = "~/vllm", extra_vars: str = "") -> Path:
         """An inventory of every lab host (the lab's key, known_hosts, sudo password file) with
-        the model store and compile cache as provision uses them; `extra_vars` lines go under vars:."""
+        the model store and compile cache as provision uses them, and the lab's rail floor
+        (state.LAB_RAIL_VARS: veths, not 200G links); `extra_vars` lines go under vars:."""
+        from sparkprov.lab.state import lab_vars_yaml
+
         path.write_text(
             "defaults:\n  user: nvidia\n"
             f"  ssh_key: {self.key}\n  known_hosts: {known_hosts or self.known_hosts}\n"
             f"  become_password_file: {password_file or self.password_file}\n  connect_timeout: 10\n"
             "hosts:\n" + "".join(f"  {n}: {{address: {a}}}\n" for n, a in self.hosts.items())
             + f"groups:\n  sparks: [{', '.join(self.hosts)}]\n"
-            + f"vars:\n  model_store: {store}\n  compile_cache: ~/vllm-compile-cache\n{extra_vars}")
+            + f"vars:\n  model_store: {store}\n  compile_cache: ~/vllm-compile-cache\n{lab_vars_yaml()}{extra_vars}")
         return path
 
     def ssh(self, host: str, cmd: str, *, input: str | None = None,

@@ -50,6 +50,8 @@ def hub(lab):
 
 @pytest.fixture(scope="module")
 def env(lab, hub, tmp_path_factory):
+    from sparkprov.lab.state import lab_vars_yaml
+
     d = tmp_path_factory.mktemp("cluster")
     inv = d / "inventory.yaml"
     inv.write_text(
@@ -57,7 +59,7 @@ def env(lab, hub, tmp_path_factory):
         f"  ssh_key: {lab.key}\n  known_hosts: {lab.known_hosts}\n  become_password_file: {lab.password_file}\n"
         "hosts:\n" + "".join(f"  {n}: {{address: {a}}}\n" for n, a in lab.hosts.items())
         + f"groups:\n  sparks: [{', '.join(lab.names)}]\n"
-        f"vars:\n  model_store: {STORE}\n  hf_endpoint: {hub.url}\n")
+        f"vars:\n  model_store: {STORE}\n  hf_endpoint: {hub.url}\n" + lab_vars_yaml())
     (d / "cluster.yaml").write_text(f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2}}\n")
     (d / "serve.yaml").write_text("deployments:\n"
                                   f"  - {{name: one, model: {SINGLE[0]}, hosts: spark1}}\n"

@@ -62,7 +62,7 @@ def containers(*items):
 
 def preflight_values(host, **kw):
     return {"smi": SMI, "fabric": fabric(host), "mem": MEM, "ollama": {"models": []}, "containers": containers(),
-            "listening": [], "store": staged_store(), **kw}
+            "listening": [], "store": staged_store(), "qualification": {"present": False}, **kw}
 
 
 def test_preflight_passes_and_exports_the_fabric_address():

@@ -1,0 +1,111 @@
+"""Fabric qualification on the 2-host lab (issue 25): provision measures every rail with ib_write_bw (the
+lab's stand-in moves real bytes over the rail's veth, so a throttled rail measures throttled), records
+it on the node, and a throttled rail (`lab.fault rail-slow`) fails qualification for exactly that
+rail on exactly that host, with the figure and the floor named; `cluster-up` of a TP 2 deployment
+over it is refused before anything starts (naming host, rail, figure and floor) unless
+--force-degraded-fabric; cleared, the rail qualifies again. The record is read back with plain
+commands inside the hosts."""
+# Engine: none: no model is served in this module (cluster-up is refused at its preflight).
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkprov.data.inventory import load_inventory
+from sparkprov.data.playbook import load_playbook
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import Runner, RunOptions
+from sparkprov.facts.rail import QUAL_PATH
+from sparkprov.lab import faults
+from sparkprov.lab.state import LAB_RAIL_VARS, RAIL_IFACES
+
+pytestmark = pytest.mark.lab
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOK = REPO_ROOT / "playbooks" / "provision.yaml"
+INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
+TASK = "rail throughput, MTU and NCCL_IB_HCA (fabric qualification, recorded on the node)"
+SLOW_HOST, SLOW_RAIL = "spark2", RAIL_IFACES[2]
+FLOOR = LAB_RAIL_VARS["rail_min_gbps"]
+
+
+def provision(inv: Path) -> Report:
+    """The rails and the SSH mesh they are measured over (tags fabric, ssh), then the qualification."""
+    report = Report(open(os.devnull, "w"))
+    inventory = load_inventory(inv)
+    Runner(inventory, load_playbook(PLAYBOOK), list(inventory.hosts), RunOptions(tags={"fabric", "ssh"}), report).run()
+    return report
+
+
+def qual(report: Report, host: str):
+    return next(r for r in report.results if r.host == host and r.task == TASK)
+
+
+def record(lab, host: str) -> dict:
+    return json.loads(lab.sh(host, f"cat {QUAL_PATH}").stdout)
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory):
+    path = lab.write_inventory(tmp_path_factory.mktemp("qualify") / "inventory.yaml")
+    yield path
+    for h in lab.names:
+        for iface in RAIL_IFACES.values():
+            faults.clear_rail_slow(h, iface)
+        # no record left behind: a later module's cluster-up must not read this module's verdicts
+        lab.sh(h, f"rm -f {QUAL_PATH}")
+
+
+def test_rails_qualify_then_a_throttled_rail_fails_and_a_multinode_start_is_refused(lab, inv):
+    healthy = provision(inv)
+    for h in lab.names:
+        r = qual(healthy, h)
+        assert r.status in ("ok", "changed") and not r.warnings, (h, r.status, r.msg, r.warnings)
+        doc = record(lab, h)
+        assert doc["ok"] and [x["iface"] for x in doc["rails"]] == list(RAIL_IFACES.values())
+        for x in doc["rails"]:
+            assert x["status"] == "ok" and x["gbps"] >= LAB_RAIL_VARS["rail_expected_gbps"], x
+            assert x["mtu"] == x["peer_mtu"] == 9000 and x["peer"] != h
+        print(f"{h}: " + ", ".join(f"{x['iface']} {x['gbps']} Gb/s" for x in doc["rails"]))
+
+    print(faults.rail_slow(SLOW_HOST, SLOW_RAIL))
+    slow = provision(inv)
+    r = qual(slow, SLOW_HOST)
+    assert r.status == "failed", (r.status, r.msg)
+    other = [i for i in RAIL_IFACES.values() if i != SLOW_RAIL]
+    assert f"{SLOW_RAIL} (" in r.msg and f"floor {FLOOR:g} Gb/s" in r.msg and all(f"{i} (" not in r.msg for i in other)
+    doc = record(lab, SLOW_HOST)
+    (bad,) = [x for x in doc["rails"] if x["status"] != "ok"]
+    assert bad["iface"] == SLOW_RAIL and bad["status"] == "degraded" and bad["gbps"] < FLOOR
+    assert f"{bad['gbps']:g} Gb/s measured" in r.msg
+    print(f"{SLOW_HOST} {SLOW_RAIL} throttled: {bad['gbps']} Gb/s; {r.msg[:300]}")
+    # the peer sends over the same rail unthrottled (tbf shapes the slow host's egress only)
+    assert qual(slow, "spark1").status in ("ok", "changed") and record(lab, "spark1")["ok"]
+
+    # a TP 2 start over it: refused at the preflight, host, rail, figure and floor named; nothing starts
+    base = [INVOKE, "cluster-up", "--inventory", str(inv), "--model", "lab-tiny", "--tp", "2", "--executor", "native",
+            "--hosts", ",".join(lab.names), "--check", "--json"]
+    for force in (False, True):
+        p = subprocess.run(base + (["--force-degraded-fabric"] if force else []), cwd=REPO_ROOT, capture_output=True,
+                           text=True, timeout=300)
+        results = json.loads(p.stdout)["results"]
+        pre = {x["host"]: x for x in results if x["module"] == "serve_preflight"}
+        line = f"{SLOW_HOST}: rail {SLOW_RAIL} to spark1 was degraded at its last qualification"
+        if force:
+            assert line not in pre[SLOW_HOST]["msg"] and any(line in w for w in pre[SLOW_HOST].get("warnings", []))
+        else:
+            assert p.returncode != 0 and pre[SLOW_HOST]["status"] == "failed"
+            assert line in pre[SLOW_HOST]["msg"] and f"{bad['gbps']:g} Gb/s measured, floor {FLOOR:g} Gb/s" in pre[SLOW_HOST]["msg"]
+            assert "degraded" not in pre["spark1"]["msg"]
+            assert not [x for x in results if x["module"] == "vllm_container" and x["status"] == "changed"]
+            print(f"cluster-up refused: {pre[SLOW_HOST]['msg'][:400]}")
+
+    print(faults.clear_rail_slow(SLOW_HOST, SLOW_RAIL))
+    cleared = provision(inv)
+    assert qual(cleared, SLOW_HOST).status in ("ok", "changed"), qual(cleared, SLOW_HOST).msg
+    assert record(lab, SLOW_HOST)["ok"]
