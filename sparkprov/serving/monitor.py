@@ -21,7 +21,8 @@ checks every query against the lab engine's /metrics and the exporter names list
     _mem_floor_bytes, _swap_used_bytes, _gpu_temperature_celsius, _gpu_power_watts,
     _gpu_clock_sm_mhz, _gpu_clock_max_sm_mhz, _liveness_seconds{container}, _held_containers,
     _breaker_open, _events_total{kind} (only once an event is journaled), _last_sample_timestamp_seconds,
-    _up. The host panels query the guard first and fall back to the exporters below (`or`, per
+    _up; and the fabric qualification provision recorded: sparkprov_rail_gbps{iface,peer},
+    sparkprov_rail_floor_gbps{iface}. The host panels query the guard first and fall back to the exporters below (`or`, per
     host), so they show data on a fleet that runs only what sparkprov installs.
   node_exporter (collector/meminfo.go: every /proc/meminfo field as node_memory_<field>_bytes):
     node_memory_MemTotal_bytes, node_memory_MemAvailable_bytes, node_memory_SwapTotal_bytes,
@@ -296,7 +297,7 @@ def _per_host(guard: str, exporter: str | None = None) -> str:
 def dashboard() -> dict[str, Any]:
     """Grafana dashboard JSON (classic model): hosts (unified memory, swap, GPU temperature, power
     and clock, from the node guard or else the exporters), the guard (events, containers it holds
-    stopped, the breaker, liveness, its last sample) and deployments (KV cache, running and waiting
+    stopped, the breaker, liveness, each rail's qualified throughput, its last sample) and deployments (KV cache, running and waiting
     requests, tokens/s, spec-decode acceptance, time to first token). Import it and pick the
     Prometheus data source."""
     spec = ("sum by (deployment) (rate(vllm:spec_decode_num_accepted_tokens_total{%s}%s))" % (_DEP, _RATE))
@@ -341,6 +342,11 @@ def dashboard() -> dict[str, Any]:
                    "(a hung engine answers /health and generates nothing).", "s",
                    [(f"max by (host, container) (sparkprov_guard_liveness_seconds{{{_HOST}}})",
                      "{{host}} {{container}}")], min=0),
+            _panel("Fabric rails: throughput at qualification", "What each rail carried at its last qualification "
+                   "(ib_write_bw, at provision; docs/fabric.md) against the floor it was judged by: a rail under its "
+                   "floor is degraded, and cluster-up refuses a multi-node start over it.", "suffix: Gb/s",
+                   [(f"max by (host, iface) (sparkprov_rail_gbps{{{_HOST}}})", "{{host}} {{iface}}"),
+                    (f"max by (host, iface) (sparkprov_rail_floor_gbps{{{_HOST}}})", "{{host}} {{iface}} floor")], min=0),
             _panel("Guard: seconds since its last sample", "Over 120 s: the guard is not sampling (`invoke status` "
                    "exits 2).", "s",
                    [(f"time() - {_per_host('sparkprov_guard_last_sample_timestamp_seconds')}", "{{host}}")], min=0),
