@@ -14,6 +14,13 @@ from typing import Any, ClassVar
 from sparkprov.transport.shell import quote
 
 
+# systemd is the init: its runtime directory *and* its private socket (what systemctl talks to as
+# root). The directory alone is not proof: `netplan generate` creates /run/systemd/system
+# (netplan-ovs-cleanup.service) on any host it runs on, systemd or not; found in the lab, whose
+# hosts boot their fabric through netplan and then looked like systemd hosts to the guard.
+SYSTEMD_IS_INIT = "[ -d /run/systemd/system ] && [ -S /run/systemd/private ]"
+
+
 def home_of(var: str, user: str) -> str:
     """Shell that sets $var to USER's home (a shell word: "$u", a quoted name) from the passwd
     entry: its sixth field, cut by parameter expansions (no process beyond getent); empty when

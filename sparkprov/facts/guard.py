@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.facts.base import SYSTEMD_IS_INIT, Fact, FactError, ShellCtx
 from sparkprov.transport.shell import quote
 
 EVENTS_READ = 50   # the journal's last lines a gather brings back
@@ -32,7 +32,7 @@ class GuardState(Fact):
         return "\n".join([
             "printf 'now=%s\\n' \"$(date +%s)\"",
             f"[ -f {quote(self.program)} ] && echo installed=1 || echo installed=0",
-            "[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0",
+            f"if {SYSTEMD_IS_INIT}; then echo systemd=1; else echo systemd=0; fi",
             f"pid=$(cat {quote(self.pidfile)} 2>/dev/null || true)",
             'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q guard.py; '
             'then echo "running=$pid"; else echo running=; fi',

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from sparkprov.facts.base import SYSTEMD_IS_INIT
 from sparkprov.facts.files import PathState
 from sparkprov.facts.ports import TABLE_PREFIX, EphemeralPorts, FirewallTables, RuleFiles
 from sparkprov.modules._serving import preflight_export
@@ -46,7 +47,7 @@ ExecStart=/bin/sh -c 'for f in {RULES_DIR}/*.nft; do [ ! -e "$f" ] || /usr/sbin/
 WantedBy=multi-user.target
 """
 # systemctl where systemd runs; elsewhere (a container, the lab) the link `systemctl enable` makes
-ENABLE = (f"if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload "
+ENABLE = (f"if {SYSTEMD_IS_INIT} && command -v systemctl >/dev/null 2>&1; then systemctl daemon-reload "
           f"&& systemctl enable --quiet {UNIT}; else mkdir -p {posixpath.dirname(WANTS)} && "
           f"ln -sfn ../{UNIT} {WANTS}; fi")
 

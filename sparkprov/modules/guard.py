@@ -2,7 +2,7 @@
 
 Writes the guard program, the status probe it runs for liveness (facts/probe.py, with the guard's
 token timeout) and its configuration (/etc/sparkprov/guard.json), then runs it as root:
-- where systemd is the init (/run/systemd/system exists: a Spark), the unit sparkprov-guard.service,
+- where systemd is the init (facts.base.SYSTEMD_IS_INIT: a Spark), the unit sparkprov-guard.service,
   enabled and (re)started when a file changed;
 - elsewhere (the lab's simulated Sparks, which start it at boot as they start sshd), a detached
   process with a pid file, (re)started when a file changed or it is not running.
