@@ -54,6 +54,10 @@ class UserInfo(Fact):
 _DOCKER_DENIED = ("permission denied while trying to connect to the docker daemon socket",
                   "got permission denied while trying to connect to the docker daemon socket")
 _DOCKER_DOWN = ("cannot connect to the docker daemon", "is the docker daemon running?")
+# `docker info --format '{{.ServerVersion}}'` when no daemon answered it (a lab host whose dockerd
+# was just killed, docker 28.2.2): the client renders its template over no Info at all and prints
+# only the template's failure.
+_DOCKER_NO_INFO = "indirection through nil pointer to embedded struct field info"
 
 
 def docker_reason(output: str) -> str:
@@ -63,7 +67,7 @@ def docker_reason(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     for ln in lines:
         low = ln.lower()
-        if low.startswith(_DOCKER_DENIED) or any(p in low for p in _DOCKER_DOWN):
+        if low.startswith(_DOCKER_DENIED) or any(p in low for p in _DOCKER_DOWN) or _DOCKER_NO_INFO in low:
             return ln
     for ln in lines:
         if not ln.upper().startswith("WARNING") and any(w in ln.lower() for w in ("error", "denied", "cannot")):
@@ -77,7 +81,7 @@ def docker_unusable(output: str) -> str:
     low = docker_reason(output).lower()
     if low.startswith(_DOCKER_DENIED) or "connect: permission denied" in low:
         return "denied"
-    if any(p in low for p in _DOCKER_DOWN):
+    if any(p in low for p in _DOCKER_DOWN) or _DOCKER_NO_INFO in low:
         return "down"
     return "other"
 
@@ -90,6 +94,8 @@ def docker_problem(output: str, host: str, user: str | None) -> str:
     kind = docker_unusable(output)
     who = user or "the login user"
     if kind == "down":
+        if _DOCKER_NO_INFO in reason.lower():
+            reason = f"no daemon answered docker info ({reason})"
         return f"dockerd is down: {reason} (fix: start docker on the host: sudo systemctl start docker)"
     if kind == "denied":
         return (f"{who} may not use docker: {reason} "

@@ -12,6 +12,9 @@ The docker outputs below are literal, captured on the development machine with t
 - DOWN: no daemon at the socket: `DOCKER_HOST=unix:///tmp/h24/none.sock docker image inspect ...`;
 - REFUSED: the socket file left by a killed daemon (bound, never listened):
   `docker -H unix:///tmp/h24/dead.sock info --format '{{.ServerVersion}}'`;
+- NO_INFO: `docker info --format '{{.ServerVersion}}'` on a lab host whose dockerd had just been
+  killed (`lab.fault` kill-dockerd; the whole output, docker 28.2.2), as the fresh-clone run of
+  2026-11-26 saw it in tests/reliability/test_rel_cluster_faults.py: no "Cannot connect" line at all;
 - the STORE_* texts are the whole answer of the stage gather's script (staging/facts.StoreState)
   run by /bin/sh in those two conditions;
 - WARNING_THEN_DENIED: the same as nobody with HOME=/root (the client warns about its config file
@@ -31,6 +34,8 @@ DENIED = ('\npermission denied while trying to connect to the Docker daemon sock
           'connect: permission denied')
 DOWN = "\nCannot connect to the Docker daemon at unix:///tmp/h24/none.sock. Is the docker daemon running?"
 REFUSED = "Cannot connect to the Docker daemon at unix:///tmp/h24/dead.sock. Is the docker daemon running?"
+NO_INFO = ('template: :1:2: executing "" at <.ServerVersion>: reflect: indirection through nil pointer '
+           'to embedded struct field Info')
 WARNING_THEN_DENIED = ("WARNING: Error loading config file: open /root/.docker/config.json: permission denied\n"
                        + DENIED.strip())
 # the two texts the issue quotes, from a Spark's /var/run/docker.sock
@@ -50,6 +55,7 @@ STORE_DOWN = STORE_HEAD.replace("nobody\t65534\t65534", "root\t0\t0") + "imgerr\
     (DOWN, "down", DOWN.strip()),
     ("\n" + REFUSED, "down", REFUSED),
     (ISSUE_DOWN, "down", ISSUE_DOWN),
+    (NO_INFO, "down", NO_INFO),
     ("\n\nError response from daemon: client version 1.52 is too new\n", "other",
      "Error response from daemon: client version 1.52 is too new"),
     ("", "other", ""),
@@ -65,6 +71,9 @@ def test_the_fix_fits_the_cause():
     assert docker_problem(DENIED, "spark1", "nvidia") == (
         f"nvidia may not use docker: {DENIED.strip()} (fix: invoke provision --hosts spark1 --tags docker, "
         "which adds nvidia to the docker group)")
+    assert docker_problem(NO_INFO, "spark2", "nvidia") == (
+        f"dockerd is down: no daemon answered docker info ({NO_INFO}) (fix: start docker on the host: "
+        "sudo systemctl start docker)")
     assert docker_problem("", "spark1", "nvidia") == (
         "docker cannot be used: docker gave no reason (fix: check docker on the host: docker info)")
 
