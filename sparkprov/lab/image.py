@@ -929,7 +929,7 @@ def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
 PROMETHEUS_REPO = "sparkprov/lab-prometheus"
 PROMETHEUS_IMAGE = f"{PROMETHEUS_REPO}:{BASE_RECIPE['suite']}"
 PROMETHEUS_PACKAGES = ("prometheus",)
-PROMETHEUS_BUILD_VERSION = 1
+PROMETHEUS_BUILD_VERSION = 2
 PROMETHEUS_CHECK = ("/usr/bin/prometheus", "--version")
 # no daemon starts in a chroot (invoke-rc.d asks this; 101: action forbidden)
 POLICY_RC_D = "#!/bin/sh\nexit 101\n"
@@ -939,8 +939,9 @@ HOST_APT_LISTS = "/var/lib/apt/lists"
 def _build_apt_layer(base: Base, dest: Path, *, what: str, packages: tuple[str, ...],
                      check: tuple[str, ...]) -> dict:
     """A layer (a diff over the base) of `apt-get install --no-install-recommends PACKAGES` in the
-    base rootfs (chroot), from the Debian mirror the base was made from; apt's lists, its cache,
-    its logs and the build's resolv.conf and policy-rc.d are not part of it. Its meta."""
+    base rootfs (chroot), from the Debian mirror the base was made from; the package lists, the
+    .debs, apt's caches and logs, the build's resolv.conf and policy-rc.d are not part of it (the
+    rest of the base is left as it was: no whiteout of its files). Its meta."""
     if os.geteuid() != 0:
         raise ImageError(f"building the lab {what} layer needs root (chroot)")
     work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
@@ -977,12 +978,14 @@ def _build_apt_layer(base: Base, dest: Path, *, what: str, packages: tuple[str, 
         chroot_run(rootfs, *check)
         version = subprocess.run(["chroot", str(rootfs), "dpkg-query", "-W", "-f", "${Version}", packages[0]],
                                  check=True, capture_output=True, text=True).stdout.strip()
+        chroot_run(rootfs, "apt-get", "clean")  # the .debs and apt's binary caches
         t2 = time.monotonic()
+        for f in lists:
+            (rootfs / "var/lib/apt/lists" / f.name).unlink()
         policy.unlink()
         resolv.write_bytes(kept_resolv)
         diff_id, digest, size, changed, removed, added_bytes = _diff_layer(
-            rootfs, before, work, dest, junk=("tmp", "var/tmp", "root/.cache", "dev", "var/lib/apt/lists",
-                                              "var/cache/apt", "var/cache/debconf", "var/log"))
+            rootfs, before, work, dest, junk=("tmp", "var/tmp", "root/.cache", "dev", "var/log"))
         t3 = time.monotonic()
         return {"digest": digest, "diff_id": diff_id, "size": size,
                 "created_by": f"sparkprov lab: apt-get install --no-install-recommends {' '.join(packages)}",

@@ -2,10 +2,10 @@
 sparkprov/lab-prometheus image, the lab inventory's prometheus_image) runs on spark1 as a
 sparkprov container, scrapes a deployment of lab-tiny on the real vLLM and both node guards (spark1's
 on loopback, spark2's over the fabric), and every query of the dashboard `invoke monitor` renders is
-run through Prometheus's HTTP API: each returns data, except the two speculative-decoding ones,
-which return nothing exactly because the deployment has no speculative decoding (vLLM exports no
-spec_decode counters then; the unit suite checks those names against a /metrics with it on). A second
-`monitor up` changes nothing; `monitor down` leaves no container and no file.
+run through Prometheus's HTTP API: each returns data. The deployment is lab-tiny with vLLM's n-gram
+speculative decoding (a user recipe extending lab-tiny): without it vLLM exports no spec_decode
+counters and the two spec-decode panels of the dashboard are empty. A second `monitor up` changes
+nothing; `monitor down` leaves no container and no file.
 Engine: real vLLM in every test of this module (the shared provisioned lab of test_real_vllm.py)."""
 
 from __future__ import annotations
@@ -18,15 +18,28 @@ from sparkprov.serving import monitor as mon
 from sparkprov.serving import prometheus as prom
 from tests.lab import test_real_vllm as real
 from tests.lab.test_cluster import cli
-from tests.lab.test_real_vllm import ask, key_of, up
+from tests.lab.test_real_vllm import ask, key_of
 
 env = real.env
 nothing_left_running = real.nothing_left_running
 
 SCRAPE_S = 5
-RATE_WINDOW = f"{4 * SCRAPE_S}s"  # Grafana's $__rate_interval for this scrape interval: 4 x the interval
-SCRAPES = 4                       # samples of every target before the queries: two rate windows' worth
+RATE_WINDOW = "1m"   # Grafana's $__rate_interval as the dashboard's default range and this scrape interval give it
 SCRAPE_BOUND_S = 120
+# lab-tiny with vLLM's n-gram speculative decoding (prompt lookup: no draft model), so that the
+# dashboard's spec-decode panels have counters to read; the base recipe's arguments, and the one more
+NGRAM_RECIPE = """\
+recipes:
+  - alias: lab-tiny-ngram
+    extends: lab-tiny
+    title: lab-tiny with n-gram speculative decoding (tests/lab/test_monitoring.py)
+    args:
+      - --max-model-len: 2048
+      - --dtype: bfloat16
+      - --max-num-seqs: 16
+      - --enforce-eager
+      - --speculative-config: {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3, prompt_lookup_min: 2}
+"""
 
 # Runs inside a lab host (its python3): each query of stdin's JSON through /api/v1/query.
 QUERY = r'''
@@ -44,6 +57,18 @@ print(json.dumps(out))
 def promql(lab, host: str, base: str, queries: list[str]) -> list[dict]:
     r = lab.exec(host, ["python3", "-c", QUERY], input=json.dumps([base, queries]), timeout=120)
     return json.loads(r.stdout)
+
+
+def scraped_after(lab, url: str, t: float) -> None:
+    """Wait (bounded) until Prometheus scraped every guard and vLLM target after time t (epoch)."""
+    t0 = time.monotonic()
+    while True:
+        (res,) = promql(lab, "spark1", url, ['timestamp(up{job=~"guard|vllm.*"})'])
+        stamps = {(s["metric"]["job"], s["metric"]["host"]): float(s["value"][1]) for s in res["data"]["result"]}
+        if len(stamps) == 3 and min(stamps.values()) > t:
+            return
+        assert time.monotonic() - t0 < SCRAPE_BOUND_S, f"not every target scraped within {SCRAPE_BOUND_S}s: {res}"
+        time.sleep(1)
 
 
 def as_run(expr: str) -> str:
@@ -73,7 +98,10 @@ def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_retur
     assert image == PROMETHEUS_IMAGE, image  # the lab's generated inventory names the lab's image
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [image])
     try:
-        rc, doc, out = up(env, "--tp", "1", "--hosts", "spark1", "--name", "mon")
+        recipes = env["dir"] / "ngram.yaml"
+        recipes.write_text(NGRAM_RECIPE)
+        rc, doc, out = cli(env, "cluster-up", "--model", "lab-tiny-ngram", "--recipes", str(recipes), "--tp", "1",
+                           "--hosts", "spark1", "--name", "mon", "--health-timeout", "300")
         assert rc == 0, out
         d = doc["cluster"]["deployments"]["mon"]
         key = key_of(env, d)
@@ -94,21 +122,13 @@ def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_retur
         rc, st, out = cli(env, "status")
         assert rc == 0 and prom.running_monitor(st["hosts"])["host"] == "spark1", out
 
-        # tokens to count, then every target scraped SCRAPES times
-        for _ in range(3):
-            assert "204" in ask(d["endpoint"], d["model"], key)
+        # every target scraped before and after a few requests (counters to take a rate of)
         t0 = time.monotonic()
-        while True:
-            (res,) = promql(lab, "spark1", m["url"], [f"count_over_time(up[{SCRAPES * SCRAPE_S + 2}s])"])
-            per_job = {}
-            for s in res["data"]["result"]:
-                per_job.setdefault(s["metric"]["job"], []).append(int(s["value"][1]))
-            if {"vllm-spark1", "guard"} <= set(per_job) and len(per_job["guard"]) == 2 and \
-                    min(per_job["guard"] + per_job["vllm-spark1"]) >= SCRAPES:
-                break
-            assert time.monotonic() - t0 < SCRAPE_BOUND_S, f"not scraped {SCRAPES} times within {SCRAPE_BOUND_S}s: {res}"
-            time.sleep(SCRAPE_S)
-        scraped_after = time.monotonic() - t0
+        scraped_after(lab, m["url"], time.time())
+        assert "204" in ask(d["endpoint"], d["model"], key)
+        ask(d["endpoint"], d["model"], key, "What is 12*17? The answer is 204. What is 12*17?")  # n-grams to draft from
+        scraped_after(lab, m["url"], time.time() + SCRAPE_S)
+        waited = time.monotonic() - t0
         (ups,) = promql(lab, "spark1", m["url"], ['up{job=~"guard|vllm.*"}'])
         assert {(s["metric"]["job"], s["metric"]["host"], s["value"][1]) for s in ups["data"]["result"]} == {
             ("guard", "spark1", "1"), ("guard", "spark2", "1"), ("vllm-spark1", "spark1", "1")}, ups
@@ -122,8 +142,7 @@ def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_retur
             if not series:
                 empty.append((where, expr))
             finite += any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in series)
-        spec = [(w, e) for w, e in queries if "spec_decode" in e]
-        assert len(spec) == 2 and empty == spec, f"queries without data: {empty}"
+        assert empty == [], f"queries without data: {empty}"
         hosts = {s["metric"]["host"] for s in results[[w for w, _ in queries].index("variable host")]["data"]["result"]}
         assert hosts == {"spark1", "spark2"}, hosts
 
@@ -133,9 +152,8 @@ def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_retur
         assert lab.ssh("spark1", f"test -e {prom.DIR} && echo left").stdout == ""
         rc, doc, out = cli(env, "monitor", "down")
         assert rc == 0 and changed(doc) == [], out
-        print(f"\n[monitor, real vLLM tp1 + 2 guards] {len(queries) - len(empty)} of {len(queries)} dashboard queries "
-              f"returned data ({finite} with a finite value; without data: the {len(empty)} spec-decode ones, no "
-              f"speculative decoding); every target scraped {SCRAPES} times {scraped_after:.0f}s after the first "
-              f"requests; test {time.monotonic() - t_start:.0f}s")
+        print(f"\n[monitor, real vLLM tp1 (n-gram spec decoding) + 2 guards] {len(queries) - len(empty)} of {len(queries)} "
+              f"dashboard queries returned data, {finite} with a finite value; scrapes waited for {waited:.0f}s; "
+              f"test {time.monotonic() - t_start:.0f}s")
     finally:
         cli(env, "monitor", "down")
