@@ -726,6 +726,22 @@ def _pip_platforms(wheel: Path | None) -> list[str]:
     return [f"manylinux_2_{v}_{arch}" for v in range(36, 16, -1)] + [f"manylinux2014_{arch}", f"linux_{arch}"]
 
 
+@contextlib.contextmanager
+def _layer_rootfs(what: str, dest: Path, layers: list[Layer]):
+    """A scratch folder beside ``dest`` with ``layers`` unpacked in it (needs root: the layer is
+    built in a chroot of it): yields (folder, rootfs, its _tree before the build); removed after."""
+    if os.geteuid() != 0:
+        raise ImageError(f"building the lab {what} layer needs root (chroot)")
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
+    try:
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        extract_rootfs(layers, rootfs)
+        yield work, rootfs, _tree(rootfs)
+    finally:
+        _safe_rmtree(work)
+
+
 def _diff_layer(rootfs: Path, before: dict[str, tuple], work: Path, dest: Path,
                 junk: tuple[str, ...] = ("tmp", "var/tmp", "root/.cache", "dev")):
     """The layer of what changed in ``rootfs`` since ``before`` (its _tree then), ``junk`` folders
@@ -780,15 +796,8 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
     distributions dropped from what the download resolved (the rest installed with --no-deps).
     ``over``: layers above the base that this one is a diff over. ``then(rootfs)``: runs in the
     finished rootfs before it is removed (work that needs the installed packages)."""
-    if os.geteuid() != 0:
-        raise ImageError(f"building the lab {what} layer needs root (chroot)")
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
-    try:
-        rootfs = work / "rootfs"
-        rootfs.mkdir()
-        t0 = time.monotonic()
-        extract_rootfs([base.layer, *over], rootfs)
-        before = _tree(rootfs)
+    t0 = time.monotonic()
+    with _layer_rootfs(what, dest, [base.layer, *over]) as (work, rootfs, before):
         t1 = time.monotonic()
         wheels = rootfs / "tmp" / "sparkprov-wheels"
         wheels.mkdir(parents=True)
@@ -838,8 +847,6 @@ def _build_pip_layer(base: Base, dest: Path, *, what: str, requirement: str, dis
                 "timings_s": {"extract_base": round(t1 - t0, 1), "pip_download": round(t2 - t1, 1),
                               "pip_install": round(t3 - t2, 1), "tar_gzip": round(t4 - t3, 1),
                               "total": round(t4 - t0, 1)}}
-    finally:
-        _safe_rmtree(work)
 
 
 def _build_torch_layer(base: Base, wheel: Path, dest: Path) -> dict:
@@ -942,15 +949,8 @@ def _build_apt_layer(base: Base, dest: Path, *, what: str, packages: tuple[str, 
     base rootfs (chroot), from the Debian mirror the base was made from; the package lists, the
     .debs, apt's caches and logs, the build's resolv.conf and policy-rc.d are not part of it (the
     rest of the base is left as it was: no whiteout of its files). Its meta."""
-    if os.geteuid() != 0:
-        raise ImageError(f"building the lab {what} layer needs root (chroot)")
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=dest.parent))
-    try:
-        rootfs = work / "rootfs"
-        rootfs.mkdir()
-        t0 = time.monotonic()
-        extract_rootfs([base.layer], rootfs)
-        before = _tree(rootfs)
+    t0 = time.monotonic()
+    with _layer_rootfs(what, dest, [base.layer]) as (work, rootfs, before):
         t1 = time.monotonic()
         resolv = rootfs / "etc/resolv.conf"
         kept_resolv = resolv.read_bytes() if resolv.exists() else b""
@@ -993,8 +993,6 @@ def _build_apt_layer(base: Base, dest: Path, *, what: str, packages: tuple[str, 
                 "unpacked_bytes": added_bytes,
                 "timings_s": {"extract_base": round(t1 - t0, 1), "apt": round(t2 - t1, 1),
                               "tar_gzip": round(t3 - t2, 1), "total": round(t3 - t0, 1)}}
-    finally:
-        _safe_rmtree(work)
 
 
 def ensure_prometheus_layer(base: Base, cache_dir: Path = CACHE_DIR) -> tuple[Layer, dict]:
