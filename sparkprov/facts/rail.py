@@ -46,6 +46,8 @@ FIX = ("reseat or replace the QSFP cable; check link speed and FEC on both ends 
        "check `dmesg | grep -i mlx5` for the PCIe slot power messages of NVIDIA/dgx-spark-playbooks PR#108")
 MTU_FIX = "MTU 9000 on both ends of the rail (invoke provision --tags fabric on both hosts)"
 
+CLIENT_TRIES = 40   # half a second apart: the server has 20 s to start listening
+
 _ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s*$")
 
 
@@ -108,9 +110,9 @@ class RailThroughput(Fact):
                 "if [ $__rq_tool = 0 ]; then echo @no-tool; else",
                 # the server in the background (fd 3, the gather's stdout, closed: it must not hold it)
                 f"  {{ {server} > \"$__rq/s{i}\" 2>&1 3>&-; echo \"@rc=$?\" >> \"$__rq/s{i}\"; }} & __rq_s=$!",
-                # the client until the server listens (ssh and its start take a moment), or the
-                # server has ended (it could not start: its output says why)
-                "  __rq_r=1; for __t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do sleep 0.5; "
+                # the client until the server listens (ssh and its start take a moment; on a loaded
+                # host several seconds), or the server has ended (it could not start: its output says why)
+                f"  __rq_r=1; for __t in {' '.join(map(str, range(CLIENT_TRIES)))}; do sleep 0.5; "
                 f"__rq_c=$({client} 2>&1); __rq_r=$?; [ $__rq_r = 0 ] && break; "
                 f"grep -q '^@rc=' \"$__rq/s{i}\" 2>/dev/null && break; done",
                 "  wait $__rq_s",

@@ -86,9 +86,9 @@ def unslow_link(host: str, iface: str = "enp1s0f1np1") -> str:
 # One rail throttled, as a degraded ConnectX-7 link looks to a measurement: the link up, its MTU and
 # addresses as provisioned, far less carried than a healthy rail (13.23 Gb/s on a 200G link whose
 # healthy twins carry 92-97: NVIDIA/dgx-spark-playbooks PR#108, gb10-failure-outputs.md §4.5, §4.8):
-# tbf on the host's egress of that rail, at 200 Mbit/s, under the lab's floor (LAB_RAIL_VARS) as
+# tbf on the host's egress of that rail, at 100 Mbit/s, a tenth of the lab's floor (LAB_RAIL_VARS) as
 # PR#108's figure is under a Spark's. The peer's direction of the rail stays as it was.
-RAIL_SLOW_RATE = "200mbit"
+RAIL_SLOW_RATE = "100mbit"
 
 
 def rail_slow(host: str, iface: str = RAIL_IFACES[1]) -> str:

@@ -41,7 +41,9 @@ DARK_IFACES = ("enp1s0f0np0", "enP2p1s0f0np0")        # present, no carrier
 MGMT_IFACE = "enP7s7"                                  # the Spark's onboard 10 GbE
 # The lab's rails are veth pairs, not 200G ConnectX-7 links: fabric qualification's floor and expected
 # figure (inventory vars of modules/fabric_qualify.py) for what they carry, written into every lab
-# inventory. Measured with the ib_write_bw stand-in (docs/fabric.md).
+# inventory. Measured with the ib_write_bw stand-in on the 2-core lab (docs/fabric.md): 13.7-27.4 Gb/s
+# per rail and direction, alone or both hosts at once. The floor is a fourteenth of the lowest (a
+# loaded machine measures less), ten times the rail-slow fault's 0.1 Gb/s.
 LAB_RAIL_VARS = {"rail_min_gbps": 1.0, "rail_expected_gbps": 2.0}
 
 
