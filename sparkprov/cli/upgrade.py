@@ -57,7 +57,7 @@ def add_to_summary(summary: dict, settled) -> None:
             summary.setdefault("upgrade", []).append(describe(name, r))
 
 
-def _read(inventory, hosts, name, forks, accept_new_host_keys):
+def _read(task, inventory, hosts, name, forks, accept_new_host_keys):
     """(rank 0 host, its records) of a deployment: the host whose history of it is the newest."""
     from sparkprov.cli.common import select_hosts
     from sparkprov.cli.options import parse_forks, positional
@@ -71,7 +71,7 @@ def _read(inventory, hosts, name, forks, accept_new_host_keys):
 
     from sparkprov.cli.common import inventory_path
 
-    name = positional("history", "deployment", name)
+    name = positional(task, "deployment", name)
     if not NAME_RE.match(name):
         raise SparkprovError(f"{name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
     inv = load_inventory(inventory_path(inventory))
@@ -91,14 +91,14 @@ def _read(inventory, hosts, name, forks, accept_new_host_keys):
     return inv, name, head, found[head]
 
 
-def history(c, deployment=None, hosts=None, inventory=None, json=False, forks=None, accept_new_host_keys=False):
+def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, accept_new_host_keys=False):
     """Every recorded start of a deployment (on its rank 0): per node the image and its digest, the
     recipe hash, the model commit, the layout and overrides, and the smoke result; the last good marked."""
     from sparkprov.cli.common import user_errors
     from sparkprov.serving import history as hist
 
     with user_errors():
-        _, name, head, records = _read(inventory, hosts, deployment, forks, accept_new_host_keys)
+        _, name, head, records = _read("history", inventory, hosts, deployment, forks, accept_new_host_keys)
     good = hist.last_good(records)
     if json:
         print(_json.dumps({"ok": True, "deployment": name, "host": head, "last_good": good["n"] if good else None,
@@ -120,7 +120,7 @@ def history(c, deployment=None, hosts=None, inventory=None, json=False, forks=No
     print(f"last good: #{good['n']}" if good else "no start has passed its smoke test")
 
 
-def rollback(c, deployment=None, to=None, hosts=None, inventory=None, json=False, forks=None, health_timeout=None,
+def rollback(c, deployment, to=None, hosts=None, inventory=None, json=False, forks=None, health_timeout=None,
              accept_new_host_keys=False):
     """Start a recorded good start of a deployment again on every node; exit 2 when it fails its smoke test."""
     from sparkprov.cli.common import engine_options, finish, print_report, user_errors
@@ -134,7 +134,7 @@ def rollback(c, deployment=None, to=None, hosts=None, inventory=None, json=False
     with user_errors():
         to = int_option("to", to, 1, 10**9)
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
-        inv, name, head, records = _read(inventory, hosts, deployment, forks, accept_new_host_keys)
+        inv, name, head, records = _read("rollback", inventory, hosts, deployment, forks, accept_new_host_keys)
         newest = records[-1]
         if to is not None:
             good = hist.find(records, to)

@@ -73,7 +73,7 @@ class Settled:
 
 def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions, targets: list[str],
            options: Callable[[], RunOptions], report: Report) -> Settled:
-    """After cluster-up's plays (not in check mode): record each start; roll a failed one back."""
+    """After cluster-up's plays (not in check mode): record each start; roll a failed upgrade back."""
     out = Settled()
     failed = {d.name for d in failed_deployments(report, deps)}
     for d in deps:
@@ -89,7 +89,7 @@ def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions
             hist = {}
         if failure is None:
             continue
-        good = history.last_good(hist.get("records") or [], unlike=(hist.get("record") or {}).get("spec"))
+        good = history.rollback_target(hist.get("records") or [], (hist.get("record") or {}).get("spec"))
         if good is not None and set(good["spec"]["hosts"]) <= set(live):
             result = rollback(inv, d, good, opts, live, options, report, failure=failure)
             out.rolled_back[d.name] = result
@@ -107,9 +107,12 @@ def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, liv
     """Start a recorded good start again on every node, wait for its smoke test, record it."""
     back, files = deployment_from(good["spec"])
     t0 = _time.monotonic()
-    gone = [h for h in failed.hosts if h not in back.hosts and h in live]
-    if gone:  # the failed start ran on nodes the good one did not use
-        run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
+    # the failed start's containers go first, on every node: a rank of it still running while the good
+    # start's rank 0 comes up joins that rank 0's rendezvous (the supervisor rejoins a new rank 0), and
+    # its replacement a moment later ends the new group (measured on the lab); and unified memory holds
+    # one engine's weights at a time
+    gone = sorted(set(failed.hosts) & set(live))
+    run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
     since = len(report.results)
     run_book(inv, up_book([back], files, opts), back.hosts, options(), report)
     again = failure_of(report, back, since)

@@ -108,6 +108,16 @@ def last_good(records: list[dict[str, Any]], *, unlike: dict[str, Any] | None = 
     return None
 
 
+def rollback_target(records: list[dict[str, Any]], failed_spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where a failed start goes back to: the last good start, when it ran another spec (the failed
+    start was an upgrade). A failed start of the spec that last passed is no upgrade (a node lost
+    its fabric, a container died): nothing to go back to, and it is removed as before."""
+    good = last_good(records)
+    if good is None or failed_spec is None or comparable_spec(good.get("spec") or {}) == comparable_spec(failed_spec):
+        return None
+    return good
+
+
 def find(records: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
     return next((r for r in records if r.get("n") == n), None)
 

@@ -136,6 +136,11 @@ def test_last_good_skips_failed_starts_and_the_spec_that_just_failed():
     assert history.last_good(records)["n"] == 2
     assert history.last_good(records, unlike=new_spec)["n"] == 1  # 2 ran the spec that failed in 3
     assert history.last_good([_record(1, "failed", ID1)]) is None
+    # a failed upgrade goes back to the last good start; a failed start of the last good spec is no upgrade
+    upgraded = [_record(1, "passed", ID1), _record(2, "failed", ID2, new_spec)]
+    assert history.rollback_target(upgraded, new_spec)["n"] == 1
+    assert history.rollback_target(records, new_spec) is None  # 2 passed with the spec that failed in 3
+    assert history.rollback_target([_record(1, "passed", ID1), _record(2, "failed", ID1)], {**DEP, "overrides": {}}) is None
     lines = "\n".join(history.json_line(r) for r in records) + "\n{cut sho"  # a write cut short
     assert [r["n"] for r in history.parse(lines)] == [1, 2, 3]
     rows = history.rows(records)
