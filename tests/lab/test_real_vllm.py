@@ -202,8 +202,8 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     """tp 2, executor native, across spark1 and spark2 over the fabric: serves 204. Then, with no
     sparkprov command in between and each time within RECOVERY_BOUND_S: rank 1's vLLM killed
     (status exits 2 within 30 s, without a user's request, naming rank 0's failed token), rank 0's
-    node rebooted, rank 1's node rebooted. Then an upgrade to a build that fails its smoke test is
-    rolled back on both nodes (issue 26; on this deployment: one engine start saved)."""
+    node rebooted, rank 1's node rebooted. Before those, an upgrade to a build that fails its smoke
+    test is rolled back on both nodes (issue 26; on this deployment: one engine start saved)."""
     lab = env["lab"]
     rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat")
     assert rc == 0, out
@@ -214,6 +214,8 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     assert "--headless" in args and "--node-rank 1" in args and "--master-addr 192.168.100.11" in args, args
     for h in lab.names:  # vLLM's own multi-node: no Ray anywhere
         assert ns_processes(h, ("raylet", "gcs_server", "ray start")) == [], h
+    # issue 26 first (the recovery below then runs on the start it rolled back to)
+    upgrade_fails_its_smoke_test_and_rolls_back(env, d, key, first=doc["cluster"]["deployments"]["nat"]["history"])
 
     lab.ssh("spark2", "docker exec sparkprov-nat-rank1 pkill -9 -f '/opt/venv/bin/vllm serve'")
     t0 = time.monotonic()
@@ -235,7 +237,6 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     print("\n[real vLLM native tp2] " + "; ".join(timings))
     rc, st, out = cli(env, "status")
     assert rc == 0, out
-    upgrade_fails_its_smoke_test_and_rolls_back(env, d, key, first=doc["cluster"]["deployments"]["nat"]["history"])
     rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "nat")
     assert rc == 0, out
     for h in lab.names:
