@@ -13,6 +13,7 @@ container) is not recorded: a run that changes nothing stays one round trip per 
 from __future__ import annotations
 
 import os
+import re
 import time as _time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,7 +90,10 @@ def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions
             hist = {}
         if failure is None:
             continue
-        good = history.rollback_target(hist.get("records") or [], (hist.get("record") or {}).get("spec"))
+        # an upgrade replaced what ran; a first start (nothing of it ran before this run) has nothing to
+        # go back to, whatever an earlier deployment of the same name left in the history
+        good = (history.rollback_target(hist.get("records") or [], (hist.get("record") or {}).get("spec"))
+                if replaced_running(report, d) else None)
         if good is not None and set(good["spec"]["hosts"]) <= set(live):
             result = rollback(inv, d, good, opts, live, options, report, failure=failure)
             out.rolled_back[d.name] = result
@@ -100,6 +104,13 @@ def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions
         run_book(inv, down_book(live, [d.name], reason="bring-up failed"), live, options(), report)
         out.cleaned.append(d.name)
     return out
+
+
+def replaced_running(report: Report, d: Deployment) -> bool:
+    """Whether this run replaced a container of the deployment that was there before it (an upgrade),
+    rather than starting one where none was (vllm_container says `replace ...` or `start ...`)."""
+    return any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
+               and re.search(r"(^|; )replace ", r.msg or "") for r in report.results)
 
 
 def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, live: list[str],

@@ -70,6 +70,14 @@ def env(lab, tmp_path_factory):
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
     d = tmp_path_factory.mktemp("ports")
     inv = lab.write_inventory(d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {hub}\n")
+    # The rails as provision leaves them, and only that: earlier lab tests addressed them otherwise
+    # (test_lab_multinode's 192.168.177.0/24, booted from its netplan), and a guard started in such
+    # a boot still listens on the address it found then (its /metrics on every rail address, the
+    # stale one included, which --ports rightly flags). Provision below addresses the rails again
+    # and starts the guard anew.
+    for h in MEMBERS:
+        lab.sh(h, "ip addr flush dev enp1s0f1np1 scope global; ip addr flush dev enP2p1s0f1np1 scope global; "
+                  "pid=$(cat /run/sparkprov-guard.pid 2>/dev/null); [ -z \"$pid\" ] || kill \"$pid\" 2>/dev/null; true")
     assert run_playbook(playbook=str(REPO_ROOT / "playbooks" / "provision.yaml"), inventory=str(inv),
                         hosts=None, as_json=True) == 0
     loaded = load_inventory(inv)

@@ -205,3 +205,31 @@ def test_history_facts_parse_what_the_node_prints():
     assert HistoryFile("x").parse("@absent\n", "", 0) == {"exists": False, "text": ""}
     got = DeploymentImages("nat").parse(images_output("spark1", ID1, "null") + "garbage\n", "", 0)
     assert got["digests"] == {ID1: []} and got["containers"][0]["name"] == "sparkprov-nat-rank0"
+
+
+def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_name():
+    """A first start (vllm_container says `start ...: absent`) has nothing to go back to, though an
+    earlier deployment of the same name (removed since) left starts in the history; a start that
+    replaced the running container (`replace ...`) is an upgrade. The messages are vllm_container's
+    as a lab run of cluster-up reported them (2026-11-26)."""
+    import io
+
+    from sparkprov.engine.report import Report, TaskResult
+    from sparkprov.plays.upgrade import replaced_running
+    from sparkprov.serving.playbook import Deployment
+
+    d = Deployment("one", "lab-tiny", ["spark1"], 1, {}, 8000)
+    first = Report(io.StringIO(), quiet=True)
+    first.results.append(TaskResult("spark1", "one: containers", "one: container", "vllm_container", "changed",
+                                    "drop the page cache before the load (G15); start sparkprov-one (server, lab-tiny, "
+                                    "recipe 0484217cd6890aa5): absent"))
+    assert not replaced_running(first, d)
+    upgrade = Report(io.StringIO(), quiet=True)
+    upgrade.results.append(TaskResult("spark1", "one: containers", "one: container", "vllm_container", "changed",
+                                      "drop the page cache before the load (G15); replace sparkprov-one (server, "
+                                      "lab-tiny, recipe 7c4786dff25f835a): running recipe 0484217cd6890aa5"))
+    assert replaced_running(upgrade, d)
+    other = Report(io.StringIO(), quiet=True)
+    other.results.append(TaskResult("spark1", "two: containers", "two: container", "vllm_container", "changed",
+                                    "replace sparkprov-two (server, lab-tiny, recipe 1): running recipe 2"))
+    assert not replaced_running(other, d)
