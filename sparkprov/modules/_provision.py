@@ -18,11 +18,12 @@ def setting(value: Any, host: HostContext, var: str, default: Any = None) -> Any
 
 
 def write_file_script(path: str, data: bytes, *, mode: str, owner: str | None = None,
-                      group: str | None = None) -> str:
+                      group: str | None = None, umask: str = "077") -> str:
     """Write `data` to `path` atomically (temp file in the same directory, then rename), with
-    mode and ownership set before it appears. `owner:` with an empty group = the login group."""
+    mode and ownership set before it appears. `owner:` with an empty group = the login group.
+    `umask` "022" for a record every user reads: a directory it makes is 0755, not 0700."""
     tmp = f"{path}.sparkprov-tmp"
-    lines = ["umask 077", cmd("mkdir", "-p", "--", path.rsplit("/", 1)[0] or "/"),
+    lines = [f"umask {umask}", cmd("mkdir", "-p", "--", path.rsplit("/", 1)[0] or "/"),
              heredoc_bytes(data, "cat > " + quote(tmp)).rstrip("\n"), cmd("chmod", mode, "--", tmp)]
     if owner or group:
         lines.append(cmd("chown", (owner or "") + ":" + (group or ""), "--", tmp))

@@ -22,9 +22,8 @@ from typing import Any, Literal
 
 from sparkprov.facts.files import PathState
 from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, RdmaFirmware, firmware_summary
-from sparkprov.modules._provision import play_exports
+from sparkprov.modules._provision import play_exports, write_file_script
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 VERSIONS_PATH = "/var/lib/sparkprov/versions.json"
 # ConnectX-7 firmware: NCCL over RoCE runs on it, and an NVIDIA system update can move it with the
@@ -124,10 +123,7 @@ class DriftModule(Module):
         before = (have.get("content") or b"").decode("utf-8", "replace") if have.get("exists") else ""
         changes = []
         if before != text:
-            tmp = VERSIONS_PATH + ".sparkprov-tmp"
-            script = "\n".join([cmd("mkdir", "-p", "--", VERSIONS_PATH.rsplit("/", 1)[0]), "umask 022",
-                                heredoc_bytes(text.encode(), "cat > " + quote(tmp)).rstrip("\n"),
-                                cmd("mv", "-f", "--", tmp, VERSIONS_PATH)])
+            script = write_file_script(VERSIONS_PATH, text.encode(), mode="0644", umask="022")
             old = json.loads(before) if before.strip().startswith("{") else {}
             # a field an older record lacks (the firmware, recorded since) is new, not moved
             moved = [f"{label} {old[k]} -> {versions[k]}" for k, label in FIELDS if k in old and old[k] != versions[k]]

@@ -36,10 +36,9 @@ from pydantic import Field
 from sparkprov.facts.hardware import Ibdev2netdev
 from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
                                   ib_hca_problems, judge_rail)
-from sparkprov.modules._provision import play_exports, setting
+from sparkprov.modules._provision import play_exports, setting, write_file_script
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules.fabric_mesh import ring
-from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 # A figure within this share of the recorded one is the same link: the record is rewritten only when
 # a verdict changes or a figure moves further, so that a provision over unchanged links changes
@@ -113,10 +112,7 @@ def same_record(before: dict[str, Any] | None, after: dict[str, Any], tolerance:
 def record_script(text: str) -> str:
     """Write the record atomically, readable by all (the login user's preflight reads it): its
     directory 0755, not the 0700 a umask 077 would make."""
-    tmp = QUAL_PATH + ".sparkprov-tmp"
-    return "\n".join(["umask 022", cmd("mkdir", "-p", "--", QUAL_PATH.rsplit("/", 1)[0]),
-                      heredoc_bytes(text.encode(), "cat > " + quote(tmp)).rstrip("\n"),
-                      cmd("chmod", "0644", "--", tmp), cmd("mv", "-f", "--", tmp, QUAL_PATH)])
+    return write_file_script(QUAL_PATH, text.encode(), mode="0644", umask="022")
 
 
 class FabricQualifyModule(Module):

@@ -24,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sparkprov.facts import probe
 from sparkprov.facts.files import PathState
 from sparkprov.facts.guard import GuardState
+from sparkprov.modules._provision import write_file_script
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import guard as g
-from sparkprov.transport.shell import cmd, heredoc_bytes, quote
+from sparkprov.transport.shell import cmd, quote
 
 UNIT_PATH = f"/etc/systemd/system/{g.UNIT_NAME}"
 
@@ -118,13 +119,6 @@ def start_script() -> str:
             f"</dev/null >>{quote(g.LOG_PATH)} 2>&1")
 
 
-def _write(path: str, data: bytes, mode: str) -> str:
-    tmp = f"{path}.sparkprov-tmp"
-    return "\n".join([cmd("mkdir", "-p", "--", path.rsplit("/", 1)[0]), "umask 022",
-                      heredoc_bytes(data, "cat > " + quote(tmp)).rstrip("\n"),
-                      cmd("chmod", mode, "--", tmp), cmd("mv", "-f", "--", tmp, path)])
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -167,7 +161,7 @@ class GuardModule(Module):
             before = (have.get("content") or b"").decode("utf-8", "replace") if have.get("exists") else ""
             shown = data.decode() if key in ("config", "unit") else f"sha256 {_sha(data)[:16]} ({len(data)} bytes)\n"
             was = before if key in ("config", "unit") else (f"sha256 {have['sha256'][:16]}\n" if have.get("exists") else "")
-            changes.append(Change(f"{'update' if have.get('exists') else 'write'} {path}", _write(path, data, mode),
+            changes.append(Change(f"{'update' if have.get('exists') else 'write'} {path}", write_file_script(path, data, mode=mode, umask="022"),
                                   Diff(path, was, shown), [facts.fact(key)]))
         running = state["pid"] is not None
         if state["systemd"]:
