@@ -35,7 +35,7 @@ recipes:
     title: lab-tiny with n-gram speculative decoding (tests/lab/test_monitoring.py)
     args:
       - --max-model-len: 2048
-      - --dtype: bfloat16
+      - --dtype: float32
       - --max-num-seqs: 16
       - --enforce-eager
       - --speculative-config: {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3, prompt_lookup_min: 2}
