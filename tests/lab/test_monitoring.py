@@ -89,8 +89,8 @@ def changed(doc: dict) -> list[dict]:
 
 
 def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_returns_data(env):
-    from sparkprov.lab.image import PROMETHEUS_IMAGE, ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import PROMETHEUS_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     lab = env["lab"]
     t_start = time.monotonic()
