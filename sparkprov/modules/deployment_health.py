@@ -42,16 +42,20 @@ def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
         joined, gpus = ray.get("nodes", 0), ray.get("gpus", 0.0)
         if joined < nodes or (gpus or 0) < nodes:
             problems.append(f"Ray sees {joined}/{nodes} nodes and {gpus or 0:g}/{nodes} GPUs")
+    # the members that restarted say which rank took the group down (rank 0's API server exits 0
+    # when a rank is lost, and its restart policy starts it again: docs/real-vllm.md)
+    restarted = [f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members if c.get("restarts")]
     if lead["status"] == "running" and lead.get("health") != 200:
-        problems.append(f"/health on {name}:{lead.get('port')} answers {lead.get('health')}")
+        answer = f"HTTP {lead['health']}" if lead.get("health") else "no answer"
+        problems.append(f"{lead['name']} on {name}: /health on port {lead.get('port')}: {answer}"
+                        + (f"; restarted members: {', '.join(restarted)}" if restarted else ""))
     elif lead["status"] == "running" and (lead.get("liveness") or {}).get("status") != 200:
         # /health stays 200 for a while with a rank lost: the token says whether it serves
         live = lead.get("liveness") or {}
         why = f"HTTP {live['status']}" if live.get("status") else (live.get("error") or "no answer")
-        restarted = [f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members
-                     if c is not lead and c.get("restarts")]
+        others = [r for r in restarted if not r.startswith(f"{lead['name']} on ")]
         problems.append(f"{lead['name']} on {name} generated no token ({why})"
-                        + (f"; restarted members: {', '.join(restarted)}" if restarted else
+                        + (f"; restarted members: {', '.join(others)}" if others else
                            "; a rank is lost or the engine is hung"))
     return {"expected_nodes": nodes, "joined_nodes": joined, "gpus": gpus if gpus is not None else joined,
             "problems": problems}

@@ -188,6 +188,23 @@ def test_health_is_a_generated_token_not_the_health_page(liveness, restarts, wan
     assert run(deployment_health.DeploymentHealth, {}, {}, ctx(exports=exports)).failed
 
 
+def test_a_rank0_whose_api_is_down_is_named_with_the_members_that_restarted():
+    """Measured in the lab on the real vLLM (tests/lab/test_real_vllm.py, 2026-11-26): with rank 1
+    killed, rank 0's API server had exited (0) and was restarting by the time status looked: /health
+    did not answer. The problem names rank 0 and the member that restarted, not only a port."""
+    rank0 = {"name": "sparkprov-nat-rank0", "status": "running", "exit_code": 0, "health": None, "port": 8000,
+             "restarts": 1, "labels": {"sparkprov.deployment": "nat", "sparkprov.role": "rank0", "sparkprov.nodes": "2"}}
+    rank1 = {"name": "sparkprov-nat-rank1", "status": "running", "exit_code": 0, "restarts": 1,
+             "labels": {"sparkprov.deployment": "nat", "sparkprov.role": "rank"}}
+    exports = {"spark1": {"serving_status": {"containers": [rank0]}}, "spark2": {"serving_status": {"containers": [rank1]}}}
+    assert deployment_health.health("nat", rank0, "spark1", exports)["problems"] == [
+        "sparkprov-nat-rank0 on spark1: /health on port 8000: no answer; restarted members: "
+        "sparkprov-nat-rank0 on spark1 (restarts 1), sparkprov-nat-rank1 on spark2 (restarts 1)"]
+    rank0.update(health=503, restarts=0)
+    assert deployment_health.health("nat", rank0, "spark1", exports)["problems"] == [
+        "sparkprov-nat-rank0 on spark1: /health on port 8000: HTTP 503; restarted members: sparkprov-nat-rank1 on spark2 (restarts 1)"]
+
+
 def test_allreduce_needs_the_gpu_unless_gloo_and_fails_below_the_threshold():
     args = {"phase": "run", "hosts": ["spark1", "spark2"], "image": "img:1"}
     exports = {"spark1": {"allreduce_addr": "192.168.100.11"}}
