@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from invoke import Exit, task
@@ -199,14 +200,14 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json) -> None
     from sparkprov.catalog.layout import layout_of
     from sparkprov.errors import InputError
     from sparkprov.serving import node
-    from sparkprov.serving.playbook import DeploymentArgs
+    from sparkprov.serving.playbook import Deployment
 
     nodes = layout.nodes
     if nodes < 2 or nodes > 64:
         raise InputError(f"--executor needs tp x pp x dp from 2 to 64 Sparks, not {nodes}",
                          fix="--tp 2, --pp 2 or --dp 2")
     names = [h for h in (hosts or "").split(",") if h.strip()]
-    dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names or ["node0"],
+    dep = Deployment(name=re.sub(r"[^a-z0-9_.-]", "-", alias.lower())[:40], model=alias, hosts=names or ["node0"],
                          tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
                          recipe_files=list(recipes or []))
     cat = node.catalog_for(dep)
