@@ -10,7 +10,7 @@ import posixpath
 from functools import lru_cache
 from typing import Any
 
-from sparkprov.catalog.lint import WARNING, lint_cluster, lint_launch
+from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
@@ -118,19 +118,20 @@ def needs_ray_image(dep: Deployment) -> bool:
 
 
 def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | None,
-              rank0_id: str = "", home: str = "") -> specmod.ContainerSpec:
+              rank0_id: str = "", home: str = "", *, foreground: bool = False) -> specmod.ContainerSpec:
     """The container this node runs: a single server, or its rank of a cluster (Ray head or
-    worker, or a native rank: rank 0 serves the API, the others are --headless)."""
+    worker, or a native rank: rank 0 serves the API, the others are --headless). `foreground`:
+    for systemd (serving/systemd.py) instead of docker's restart policy."""
     if not dep.cluster:
-        return specmod.single(dep.name, host, node_launch)
+        return specmod.single(dep.name, host, node_launch, foreground=foreground)
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,
                                    master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id,
-                                   dp=dep.dp)
+                                   dp=dep.dp, foreground=foreground)
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
                             ray_port=dep.ray_port, rank0_id=rank0_id,
-                            token_file=specmod.ray_token_file(home, dep.name) if home else None)
+                            token_file=specmod.ray_token_file(home, dep.name) if home else None, foreground=foreground)
 
 
 def lint_problems(node_launch: Launch, dep: Deployment) -> tuple[list[str], list[str]]:
@@ -143,11 +144,6 @@ def lint_problems(node_launch: Launch, dep: Deployment) -> tuple[list[str], list
         line = f"{f.severity} {f.rule}: {f.message} (fix: {f.fix}) [{'; '.join(f.sources)}]"
         (warnings if f.severity == WARNING else errors).append(line)
     return errors, warnings
-
-
-def cluster_lint(launches: list[Launch]) -> list[str]:
-    return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_cluster(launches) if f.severity != WARNING
-            and not f.silenced]
 
 
 def staged_problem(store_facts, repo: str, revision: str) -> str | None:
