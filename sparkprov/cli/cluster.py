@@ -106,7 +106,6 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
     from sparkprov.catalog.load import load_catalog
     from sparkprov.cli.options import OptionError
     from sparkprov.engine.validate import check_override_flags
-    from sparkprov.errors import InputError
     from sparkprov.serving.playbook import command_line_deployment, load_serve_playbook, select
 
     if model:
@@ -125,12 +124,8 @@ def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, depl
     deps = []
     for d in select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments)):
         d = d.model_copy(update={"recipe_files": files, **({"executor": executor} if executor else {})})
-        try:
-            cat.get(d.model)
-        except InputError as exc:  # name the deployment's place in its playbook
-            raise d.error(exc.message, fix=exc.fix) from None
-        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
         d.check(cat)
+        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
         deps.append(d)
     return deps
 
