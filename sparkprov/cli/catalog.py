@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 from invoke import Exit, task
@@ -195,9 +194,9 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
 
 
 def _deployment_of(alias: str, layout, names: list[str], recipes):
-    from sparkprov.serving.playbook import Deployment
+    from sparkprov.serving.playbook import Deployment, default_name
 
-    return Deployment(name=re.sub(r"[^a-z0-9_.-]", "-", alias.lower())[:40], model=alias, hosts=names or ["node0"],
+    return Deployment(name=default_name(alias), model=alias, hosts=names or ["node0"],
                       tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
                       recipe_files=list(recipes or []))
 

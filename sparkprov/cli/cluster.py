@@ -98,38 +98,6 @@ DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
 NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
 
 
-def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes, dp=1, ep=False):
-    """The deployments to start: --model's, or the playbook's selected ones; each checked once
-    against the catalog (alias, layout on its hosts, override flags) before any host."""
-    from sparkprov.catalog.knownflags import default_cache_dir
-    from sparkprov.catalog.layout import Layout
-    from sparkprov.catalog.load import load_catalog
-    from sparkprov.cli.options import OptionError
-    from sparkprov.engine.validate import check_override_flags
-    from sparkprov.serving.playbook import command_line_deployment, load_serve_playbook, select
-
-    if model:
-        tp = tp or 1
-        executor = executor or ("native" if dp > 1 else "ray")
-        layout = Layout(tp, pp, dp, ep, executor if tp * pp * dp > 1 else None)
-        dep = command_line_deployment(inv, load_catalog(list(recipes)), model, hosts=hosts, name=name, layout=layout,
-                                      recipe_files=list(recipes))
-        return [dep.model_copy(update={"executor": executor})]
-    if dp > 1 or ep:
-        raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
-    pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
-    chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
-    files = list(pb.recipe_files) + list(recipes)
-    cat = load_catalog(files)
-    deps = []
-    for d in select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments)):
-        d = d.model_copy(update={"recipe_files": files, **({"executor": executor} if executor else {})})
-        d.check(cat)
-        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
-        deps.append(d)
-    return deps
-
-
 def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
@@ -142,6 +110,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import check_host_files, load_inventory
     from sparkprov.engine.report import Report
+    from sparkprov.serving.playbook import command_line_deployment
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
@@ -158,10 +127,16 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
         if name is not None and model is None:  # it names the deployment --model makes; a playbook names its own
             raise OptionError("--name needs --model", fix="give --model ALIAS --name NAME, or leave out --name")
+        if not model and (dp > 1 or ep):
+            raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
         inv = load_inventory(inventory_path(inventory))
-        deps = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
-                                             executor=executor, deployments=deployments,
-                                             recipes=list(recipes or []), dp=dp, ep=bool(ep))
+        if model:
+            deps = [command_line_deployment(inv, model, tp=tp or 1, pp=pp, dp=dp, ep=bool(ep), executor=executor,
+                                            hosts=hosts, name=name, recipe_files=list(recipes or []))]
+        else:
+            deps = plays.playbook_deployments(inv, _playbook_path(playbook, tp), tp=tp, hosts=hosts,
+                                              names=_csv(deployments), executor=executor,
+                                              recipe_files=list(recipes or []))
         if image is not None:
             from sparkprov.cli.upgrade import apply_image_option
             apply_image_option(image, deps)
@@ -255,12 +230,11 @@ def print_summary(summary) -> None:
 def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, name=None, check=False, json=False,
                  limit=None, forks=None, accept_new_host_keys=False):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
-    import re
-
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
+    from sparkprov.serving.playbook import default_name
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import csv_option
@@ -270,7 +244,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
         targets = select_hosts(inv, hosts, limit)
         names = csv_option("deployments", deployments)
         if model or name:
-            names = (names or []) + [name or re.sub(r"[^a-z0-9_.-]", "-", str(model).lower())[:40]]
+            names = (names or []) + [name or default_name(str(model))]
         report = Report(out, quiet=json)
         runner = plays.run_book(inv, plays.down_book(targets, names), targets,
                                 engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),

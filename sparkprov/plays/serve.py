@@ -42,6 +42,28 @@ class UpOptions:
     force_degraded_fabric: bool = False  # the preflight's refusal of a rail qualified degraded, overridden
 
 
+def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,
+                         executor: str | None, recipe_files: list[str]) -> list[Deployment]:
+    """The serve playbook's deployments cluster-up starts (--tp, --hosts, --deployments select them;
+    --executor replaces theirs), each checked once against the catalog with the playbook's recipe
+    files and `recipe_files`: the alias, the layout on its hosts, the override flags."""
+    from sparkprov.catalog.knownflags import default_cache_dir
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.engine.validate import check_override_flags
+    from sparkprov.serving.playbook import load_serve_playbook, select
+
+    pb = load_serve_playbook(path, inv)
+    files = list(pb.recipe_files) + list(recipe_files)
+    cat = load_catalog(files)
+    out = []
+    for d in select(pb, tp=tp, hosts=inv.resolve(hosts, what="--hosts") if hosts else None, names=names):
+        d = d.model_copy(update={"recipe_files": files, **({"executor": executor} if executor else {})})
+        d.check(cat)
+        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
+        out.append(d)
+    return out
+
+
 def up_book(deployments: list[Deployment], o: UpOptions,
             staged: dict[str, Playbook] | None = None) -> Playbook:
     """`staged`: per deployment, the stage plays (--stage) that put its weights in place first.

@@ -276,13 +276,22 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
     return out
 
 
-def command_line_deployment(inv: Inventory, catalog: Catalog, model: str, *, hosts: str | None, name: str | None,
-                            layout: Layout, recipe_files: list[str]) -> Deployment:
+def default_name(alias: str) -> str:
+    """The name of the deployment `cluster-up --model ALIAS` starts without --name."""
+    return re.sub(r"[^a-z0-9_.-]", "-", alias.lower())[:40]
+
+
+def command_line_deployment(inv: Inventory, model: str, *, tp: int, pp: int, dp: int, ep: bool, executor: str | None,
+                            hosts: str | None, name: str | None, recipe_files: list[str]) -> Deployment:
     """cluster-up --model ALIAS [--tp N] [--pp N] [--dp N] [--ep] [--hosts H1,H2] [--name NAME]: without
     --hosts a cluster takes the inventory's first hosts; the layout checked against the catalog
     before any host."""
     from sparkprov.catalog.layout import layout_of
+    from sparkprov.catalog.load import load_catalog
 
+    executor = executor or ("native" if dp > 1 else "ray")
+    layout = Layout(tp, pp, dp, ep, executor if tp * pp * dp > 1 else None)
+    catalog = load_catalog(recipe_files)
     layout_of(catalog.get(model), catalog, layout, known_executors_only=False)
     chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
     nodes = layout.nodes
@@ -295,11 +304,11 @@ def command_line_deployment(inv: Inventory, catalog: Catalog, model: str, *, hos
             raise InputError(f"{layout.options()} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
                              fix=f"list {nodes} hosts")
         chosen = chosen[:nodes]
-    dep_name = name or re.sub(r"[^a-z0-9_.-]", "-", model.lower())[:40]
+    dep_name = name or default_name(model)
     if not NAME_RE.match(dep_name):
         raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
-    return Deployment(name=dep_name, model=model, hosts=chosen, tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep,
-                      executor=layout.executor, recipe_files=recipe_files, where=("--model", None, None))
+    return Deployment(name=dep_name, model=model, hosts=chosen, tp=tp, pp=pp, dp=dp, ep=ep, executor=executor,
+                      recipe_files=recipe_files, where=("--model", None, None))
 
 
 def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names: list[str] | None) -> list[Deployment]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sparkprov.catalog.layout import Layout
 from sparkprov.catalog.load import load_catalog
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
@@ -26,8 +25,8 @@ def test_a_playbook_entry_a_command_line_deployment_and_module_args_are_one_mode
     book = load_serve_playbook(_book(tmp_path, {"name": "pair", "model": "lab-tiny", "hosts": "spark1,spark2",
                                                 "tp": 2, "executor": "native"}), INV)
     (from_file,) = book.deployments
-    from_cli = command_line_deployment(INV, load_catalog(), "lab-tiny", hosts="spark1,spark2", name="pair",
-                                       layout=Layout(2, executor="native"), recipe_files=[])
+    from_cli = command_line_deployment(INV, "lab-tiny", tp=2, pp=1, dp=1, ep=False, executor="native",
+                                       hosts="spark1,spark2", name="pair", recipe_files=[])
     assert from_file.as_args() == from_cli.as_args()  # where they were written is not part of it
     assert from_file.where[0] == book.path and from_file.where[1] == 2 and from_cli.where[0] == "--model"
     back = Deployment.model_validate(from_file.as_args())  # what a serving module receives
