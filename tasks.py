@@ -11,10 +11,10 @@ from sparkprov.cli import catalog as catalog_tasks
 from sparkprov.cli import cluster as cluster_cli
 from sparkprov.cli import gateway as gateway_cli
 from sparkprov.cli import guard as guard_cli
-from sparkprov.cli import lab as lab_tasks
 from sparkprov.cli import monitor as monitor_cli
 from sparkprov.cli import plan as plan_cli
 from sparkprov.cli import upgrade as upgrade_cli
+from sparklab import tasks as lab_tasks
 
 COMMON_HELP = {
     "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",

@@ -25,8 +25,8 @@ def _step(n: int, text: str) -> None:
 
 def _hub_token() -> str:
     """The lab hub (as lab.up left it: every catalog repo; nothing restarted) and its token."""
-    from sparkprov.lab.hub import ensure_lab_hub, lab_token
-    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
+    from sparklab.hub import ensure_lab_hub, lab_token
+    from sparklab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
 
     ensure_lab_hub(STATE_DIR, BRIDGE_IP, HUB_PORT)
     return lab_token(STATE_DIR)
@@ -42,10 +42,10 @@ def main() -> int:
     from sparkprov.cli.stage import stage_weights
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.run import make_transport
-    from sparkprov.lab import state, up as lab_up
-    from sparkprov.lab.image import ensure_images
+    from sparklab import state, up as lab_up
+    from sparklab.image import ensure_images
     from sparkprov.serving.gateway import IMAGE as GATEWAY_IMAGE
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     t0 = time.monotonic()
     _step(1, "lab.up: two simulated Sparks, registry with the serving images (the real vLLM's too), hub")
