@@ -1,8 +1,10 @@
-"""Render a recipe into the exact `docker run` sparkprov would run on one host.
+"""Render a recipe into the parts of the container sparkprov would run on one host: its vLLM
+arguments, environment, mounts and docker options (serving/spec.py assembles the `docker run` of
+every role from them).
 
 Everything a host contributes is in HostServeContext; everything the model needs is in the
-recipe. The result, a Launch, keeps the source of every env entry and every vLLM flag, so
-`invoke recipe` can say where each one came from and the linter can cite it.
+recipe. The result, a Launch, keeps the source of every part, so `invoke recipe` can say where
+each one came from and the linter can cite it.
 
 House rules the rendering applies to every recipe (the notes' commands differ here; tests check
 that these are the only differences besides each recipe's documented `corrections`):
@@ -32,7 +34,6 @@ that these are the only differences besides each recipe's documented `correction
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -43,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
-from sparkprov.defaults import (API_KEY_FILE, COMPILE_CACHE, MASTER_PORT, MODEL_STORE, SERVE_BIND, SERVE_PORT,
+from sparkprov.defaults import (API_KEY_FILE, COMPILE_CACHE, MODEL_STORE, SERVE_BIND, SERVE_PORT,
                                 expand_home, host_setting)
 from sparkprov.errors import InputError
 
@@ -63,9 +64,8 @@ SRC_EP = Source(note="sparkprov", where="deployment ep", quote="--enable-expert-
 SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
 SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
 SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
-SRC_NATIVE = Source(note="sparkprov", where="vLLM multi-node without Ray",
-                    quote="vllm serve ... --nnodes N --node-rank R --master-addr ADDR --master-port PORT; ranks > 0 "
-                          "--headless (vllm-project/vllm#23691)")
+SRC_GPUS = Source(note="001", where="§3", quote="docker run --gpus all")
+SRC_NETWORK = Source(note="sparkprov", where="host networking", quote="NCCL/Gloo/Ray on the fabric interfaces (G32)")
 SRC_KEY = Source(note="001", where="§14.4", quote="make a PERSISTENT API key (G31); passed as a 0600 file")
 
 
@@ -82,7 +82,7 @@ class HostServeContext(BaseModel):
     host: str = "localhost"
     host_known: bool = False  # False: no host given; rules that need the host's facts stay silent
     # Without a host these are the shared defaults (sparkprov.defaults), `~/` meaning the login
-    # user's home there; Launch.shell() writes them as "$HOME"/... so a pasted command works.
+    # user's home there; shell_command() writes them as "$HOME"/... so a pasted command works.
     model_store: str = MODEL_STORE
     compile_cache: str = COMPILE_CACHE
     bind_host: str = SERVE_BIND
@@ -94,12 +94,6 @@ class HostServeContext(BaseModel):
     node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
     utilization_cap: float | None = Field(default=None, gt=0, le=1)  # G18: modeset=0 cap from gpu_check
     cluster_size: int | None = Field(default=None, ge=1)  # nodes the deployment spans (tp x pp x dp, one GPU each)
-    # multi-node executor for tp > 1: "ray" (today's default) or "native" (vLLM's own: --nnodes,
-    # --node-rank, --master-addr, --master-port; ranks > 0 --headless). See Image.executors.
-    executor: Literal["ray", "native"] | None = None
-    node_rank: int = Field(default=0, ge=0)  # native: this node's rank (0 serves the API)
-    master_addr: str | None = None  # native: rank 0's fabric address
-    master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     driver_version: str | None = None
     hf_token_available: bool | None = None  # None: not known here
     other_services_gib: float = 0.0
@@ -112,7 +106,7 @@ class HostServeContext(BaseModel):
         if info.field_name == "api_key_file" and v == DEFAULT_API_KEY_FILE:
             return v  # no host known: shown as the login user's ~ path
         if v is not None and v.startswith("~/") and not info.data.get("host_known"):
-            return v.rstrip("/")  # no host known: the login user's home (Launch.shell() writes "$HOME")
+            return v.rstrip("/")  # no host known: the login user's home (shell_command() writes "$HOME")
         if v is not None and not v.startswith("/"):
             raise ValueError(f"{v!r} must be an absolute path")
         return v.rstrip("/") or "/" if v else v
@@ -193,8 +187,17 @@ class LaunchMount(BaseModel):
         return f"{self.host}:{self.container}" + (":ro" if self.read_only else "")
 
 
+class DockerOption(BaseModel):
+    """One option of `docker run` (its words) and where it came from."""
+
+    words: list[str]
+    source: Source
+    origin: Origin = "recipe"
+
+
 class Launch(BaseModel):
-    """A rendered launch: `argv` is the whole `docker run` as a list (never a shell string)."""
+    """A rendered recipe: its parts (vLLM arguments, environment, mounts, docker options, each with
+    where it came from). serving/spec.py assembles a container of any role from them."""
 
     alias: str
     tp: int
@@ -204,18 +207,25 @@ class Launch(BaseModel):
     ep: bool = False  # expert parallelism
     image_info: Image | None
     command: Literal["bare", "full"]
-    wrapped: bool
-    entrypoint: str | None
     container_name: str
-    labels: dict[str, str]
     env: list[EnvVar]
     vllm_args: list[Arg]
     mounts: list[LaunchMount]
-    argv: list[str]
+    docker_options: list[DockerOption]
     recipe: ResolvedRecipe
     ctx: HostServeContext
     startup: Startup
     smoke: SmokeSpec
+
+    @property
+    def entrypoint_kind(self) -> str:
+        return image_entrypoint(self.recipe.image, self.image_info)
+
+    @property
+    def wrapped(self) -> bool:
+        """vLLM starts under sparkprov's sh wrapper: it reads the API key file, runs the recipe's
+        pre_serve commands, or stands in for an image's own entrypoint."""
+        return bool(self.ctx.api_key_file) or bool(self.recipe.pre_serve) or self.entrypoint_kind == "custom"
 
     # ----- lookups the linter and the serve step use -----
     def arg(self, flag: str) -> Arg | None:
@@ -270,26 +280,16 @@ class Launch(BaseModel):
     def vllm_argv(self) -> list[str]:
         return [w for a in self.vllm_args for w in a.argv()]
 
-    def shell(self) -> str:
-        """The command for a person to read or paste (each word quoted). A path under the login
-        user's home (`~/...`, rendered without a host) is written "$HOME"/... so that the shell
-        expands it: docker refuses a literal `~` in `-v` and vLLM would take it literally."""
-        return " ".join(_shell_word(w) for w in self.argv)
-
-    @property
-    def recipe_hash(self) -> str:
-        return self.labels["sparkprov.recipe_hash"]
-
-    def replace_argvs(self) -> list[list[str]]:
-        """How to (re)start this launch where a container of the same name may run (G19: `docker
-        restart` keeps the old CUDA context; stop and remove it, then run anew). Between the
-        removal and the run the caller checks the memory other runtimes hold (G13/G14)."""
-        return [["docker", "stop", "--time", "60", self.container_name],
-                ["docker", "rm", "--force", self.container_name],
-                list(self.argv)]
 
 
 _HOME_RE = re.compile(r"(?:(?<=^)|(?<=[:=]))~(?=/)")
+
+
+def shell_command(argv: list[str]) -> str:
+    """A command for a person to read or paste (each word quoted). A path under the login user's
+    home (`~/...`, rendered without a host) is written "$HOME"/... so that the shell expands it:
+    docker refuses a literal `~` in `-v` and vLLM would take it literally."""
+    return " ".join(_shell_word(w) for w in argv)
 
 
 def _shell_word(word: str) -> str:
@@ -299,7 +299,7 @@ def _shell_word(word: str) -> str:
     return '"$HOME"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
-def _wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
+def wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
     lines = ["set -eu"]
     lines += [shlex.join(cmd) for cmd in pre_serve]
     if with_key:
@@ -406,18 +406,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--enable-expert-parallel", None, SRC_EP, "tp")
     spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
     engine_spans = tp * pp > 1 or (dp == 1 and (ctx.cluster_size or 1) > 1)  # one engine over several GPUs
-    if engine_spans and ctx.executor == "native":
-        if not ctx.master_addr:
-            raise InputError("the native multi-node executor needs master_addr (rank 0's fabric address)",
-                             fix="set fabric_ip on the head host, or use the ray executor")
-        put("--distributed-executor-backend", "mp", SRC_NATIVE, "tp")
-        put("--nnodes", str(ctx.cluster_size or tp * pp), SRC_NATIVE, "tp")
-        put("--node-rank", str(ctx.node_rank), SRC_NATIVE, "tp")
-        put("--master-addr", ctx.master_addr, SRC_NATIVE, "tp")
-        put("--master-port", str(ctx.master_port), SRC_NATIVE, "tp")
-        if ctx.node_rank > 0:
-            put("--headless", None, SRC_NATIVE, "tp")
-    elif engine_spans and not any(a.flag == "--distributed-executor-backend" for a in args):
+    if engine_spans and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")
@@ -456,37 +445,17 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         mounts.append(LaunchMount(host=_store_path(m.host, ctx, recipe), container=m.container,
                                   read_only=m.read_only, purpose=m.purpose, source=m.source or recipe.source))
 
-    # ---- docker run ----
-    name = ctx.container_name or f"sparkprov-{recipe.alias}"
+    # ---- docker options (the name, detaching and the labels are the container's: serving/spec.py) ----
     d = recipe.docker
-    opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all",
-            f"--ipc={d.ipc}", "--network", "host"]
+    docker_src = recipe.source_of("docker")
+    options = [DockerOption(words=["--restart", d.restart], source=docker_src),
+               DockerOption(words=["--gpus", "all"], source=SRC_GPUS, origin="sparkprov"),
+               DockerOption(words=[f"--ipc={d.ipc}"], source=docker_src),
+               DockerOption(words=["--network", "host"], source=SRC_NETWORK, origin="sparkprov")]
     if d.shm_size:
-        opts += ["--shm-size", d.shm_size]
-    for u in d.ulimits:
-        opts += ["--ulimit", u]
-    body: list[str] = []
-    for e in env:
-        body += ["-e", f"{e.name}={e.value}"]
-    for m in mounts:
-        body += ["-v", m.spec()]
-    wrapped = bool(ctx.api_key_file) or bool(recipe.pre_serve) or kind == "custom"
-    entrypoint = None
-    vargv = [w for a in args for w in a.argv()]
-    if wrapped:
-        script = _wrapper_script(recipe.pre_serve, bool(ctx.api_key_file))
-        serve = [script, WRAPPER_NAME, "vllm", "serve", *vargv]
-        if kind == "passthrough" and command == "full":
-            tail = [image, "sh", "-c", *serve]
-        else:
-            entrypoint = "sh"
-            tail = ["--entrypoint", "sh", image, "-c", *serve]
-    else:
-        tail = [image, *vargv] if command == "bare" else [image, "vllm", "serve", *vargv]
-    digest = hashlib.sha256(json.dumps(opts + body + tail).encode()).hexdigest()[:16]
-    labels = {"sparkprov.managed": "1", "sparkprov.recipe": recipe.alias, "sparkprov.recipe_hash": digest}
-    label_argv = [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
-    argv = opts + label_argv + body + tail
-    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=image, image_info=info, command=command, wrapped=wrapped,
-                  entrypoint=entrypoint, container_name=name, labels=labels, env=env, vllm_args=args,
-                  mounts=mounts, argv=argv, recipe=recipe, ctx=ctx, startup=recipe.startup, smoke=recipe.smoke)
+        options.append(DockerOption(words=["--shm-size", d.shm_size], source=docker_src))
+    options += [DockerOption(words=["--ulimit", u], source=docker_src) for u in d.ulimits]
+    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=image, image_info=info, command=command,
+                  container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=env, vllm_args=args,
+                  mounts=mounts, docker_options=options, recipe=recipe, ctx=ctx, startup=recipe.startup,
+                  smoke=recipe.smoke)

@@ -94,11 +94,13 @@ def models(c, recipes=None, plain=False):
 
 def _print_launch(launch: Launch) -> None:
     from sparkprov.catalog.lint import plan_launch
+    from sparkprov.catalog.render import shell_command
+    from sparkprov.serving.spec import recipe_container
 
     from rich.table import Table
 
     con = _console()
-    print(launch.shell())
+    print(shell_command(recipe_container(launch).argv))
     print()
     t = Table(title="vLLM arguments", show_lines=False)
     for col in ("argument", "value", "from", "source"):
@@ -118,6 +120,12 @@ def _print_launch(launch: Launch) -> None:
     for m in launch.mounts:
         t.add_row(m.host, m.container, "ro" if m.read_only else "rw", m.purpose, str(m.source))
     con.print(t)
+    t = Table(title="docker options")
+    for col in ("option", "from", "source"):
+        t.add_column(col, overflow="fold")
+    for o in launch.docker_options:
+        t.add_row(" ".join(o.words), o.origin, str(o.source))
+    con.print(t)
     plan = plan_launch(launch)
     print(f"memory: {plan.summary()}")
     info = launch.image_info
@@ -134,6 +142,8 @@ def _print_launch(launch: Launch) -> None:
             "dp": DP_HELP, "ep": EP_HELP,
             "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
             "argv": "print the docker argv as JSON (one list) instead of the annotated view",
+            "systemd": "print the systemd unit of each node's container instead (the container in the foreground, "
+                       "systemd restarting it; with --host, or --hosts for a layout over several Sparks)",
             "executor": "with --tp/--pp/--dp over several Sparks: every node's container, for executor ray (the "
                         "default with --pp) or native (the default with --dp)",
             "hosts": "with --executor: the inventory hosts of the cluster, rank 0 first (their fabric_ip, "
@@ -144,7 +154,7 @@ def _print_launch(launch: Launch) -> None:
             "variant": "with `import`: a sparkrun variant to apply"},
       iterable=["recipes"])
 def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
-           variant=None, executor=None, hosts=None, pp=None, dp=None, ep=False):
+           variant=None, executor=None, hosts=None, pp=None, dp=None, ep=False, systemd=False):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
     if alias == "import":
@@ -163,20 +173,58 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
         if executor is not None or pp > 1 or dp > 1 or (tp or 1) > 1 and hosts:
             executor = executor or ("native" if dp > 1 else "ray")
             layout = Layout(tp or (1 if pp > 1 or dp > 1 else 2), pp, dp, bool(ep), executor)
-            return _cluster_commands(alias, layout, hosts, inventory, recipes, argv)
+            return _cluster_commands(alias, layout, hosts, inventory, recipes, argv, systemd)
         cat = _catalog(recipes)
         r = cat.get(alias)
         size = _tp_for(r, tp)
         layout_of(r, cat, Layout(size, ep=bool(ep)))
+        if systemd:
+            return _single_unit(alias, Layout(size, ep=bool(ep)), host, inventory, recipes)
         launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat, ep=bool(ep))
     except SparkprovError as exc:
         raise _fail(exc)
     if argv:
         import json
 
-        print(json.dumps(launch.argv))
+        from sparkprov.serving.spec import recipe_container
+
+        print(json.dumps(recipe_container(launch).argv))
         return
     _print_launch(launch)
+
+
+def _deployment_of(alias: str, layout, names: list[str], recipes):
+    from sparkprov.serving.playbook import Deployment, default_name
+
+    return Deployment(name=default_name(alias), model=alias, hosts=names or ["node0"],
+                      tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
+                      recipe_files=list(recipes or []))
+
+
+def _print_units(inv, specs) -> None:
+    """Each container's systemd unit, under the path it goes to on its host."""
+    from sparkprov.serving import systemd
+
+    for h, s in specs:
+        entry = inv.hosts[h]
+        user = entry.user or ("root" if entry.connection == "local" else "nvidia")
+        print(f"# {h}: {systemd.UNIT_DIR}/{systemd.unit_name(s)}")
+        print(systemd.render(s, user=user, start_timeout_s=s.launch.startup.health_timeout_s))
+
+
+def _single_unit(alias, layout, host, inventory, recipes) -> None:
+    """--systemd for one Spark: the unit of the single-node deployment of the alias on --host."""
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.errors import InputError
+    from sparkprov.serving import node
+
+    if not host:
+        raise _fail(InputError("--systemd renders the unit of a host's container", fix="--host H (an inventory host)"))
+    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    host = inv.resolve(host, what="--host")[0]
+    dep = _deployment_of(alias, layout, [host], recipes)
+    launch = node.launch(dep, host, inv.host_vars(host), _home(inv, host), None, None)
+    _print_units(inv, [(host, node.container(dep, host, launch, None, foreground=True))])
 
 
 def _tp_for(r, tp: int | None) -> int:
@@ -191,24 +239,22 @@ def _tp_for(r, tp: int | None) -> int:
     return tp
 
 
-def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json) -> None:
-    """Every node's exact `docker run` for a tp x pp x dp layout, built by the code cluster-up runs."""
+def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd=False) -> None:
+    """Every node's exact `docker run` (or with `systemd` its unit) for a tp x pp x dp layout, built
+    by the code cluster-up runs."""
     import json
     import shlex
 
     from sparkprov.catalog.layout import layout_of
     from sparkprov.errors import InputError
     from sparkprov.serving import node
-    from sparkprov.serving.playbook import DeploymentArgs
 
     nodes = layout.nodes
     if nodes < 2 or nodes > 64:
         raise InputError(f"--executor needs tp x pp x dp from 2 to 64 Sparks, not {nodes}",
                          fix="--tp 2, --pp 2 or --dp 2")
     names = [h for h in (hosts or "").split(",") if h.strip()]
-    dep = DeploymentArgs(name=alias.replace("/", "-")[:40], model=alias, hosts=names or ["node0"],
-                         tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
-                         recipe_files=list(recipes or []))
+    dep = _deployment_of(alias, layout, names, recipes)
     cat = node.catalog_for(dep)
     layout_of(cat.get(alias), cat, layout, hosts=len(names) if names else None)  # the layout before the hosts
     if not names:  # no placeholder ever reaches a printed command: the addresses come from the inventory
@@ -234,7 +280,9 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json) -> None
     out = []
     for h in names:
         launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None)
-        out.append((h, node.container(dep, h, launch, str(host_vars[names[0]]["fabric_ip"]))))
+        out.append((h, node.container(dep, h, launch, str(host_vars[names[0]]["fabric_ip"]), foreground=systemd)))
+    if systemd:
+        return _print_units(inv, out)
     if as_json:
         print(json.dumps({h: s.argv for h, s in out}))
         return

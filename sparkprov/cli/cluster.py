@@ -98,75 +98,6 @@ DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
 NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
 
 
-def adhoc_deployment(inv, model, *, tp, pp, hosts, name, executor, recipes, dp=1, ep=False):
-    """A deployment from the command line: --model ALIAS [--tp N] [--pp N] [--dp N] [--ep] [--hosts H1,H2]
-    [--name NAME]; the layout checked against the catalog (catalog/layout.py) before any host."""
-    import re
-
-    from sparkprov.catalog.layout import Layout, layout_of
-    from sparkprov.catalog.load import load_catalog
-    from sparkprov.errors import InputError
-    from sparkprov.serving.playbook import NAME_RE, Deployment
-
-    cat = load_catalog(list(recipes))
-    recipe = cat.get(model)
-    tp = tp or 1
-    executor = executor or ("native" if dp > 1 else "ray")
-    layout = Layout(tp, pp, dp, ep, executor)
-    nodes = layout.nodes
-    layout_of(recipe, cat, Layout(tp, pp, dp, ep, executor if nodes > 1 else None), known_executors_only=False)
-    chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
-    if nodes > 1:
-        if len(chosen) < nodes:
-            raise InputError(f"{layout.options()} needs {nodes} hosts, "
-                             f"{'--hosts gives' if hosts else 'the inventory has'} {len(chosen)}: {', '.join(chosen)}",
-                             fix=f"--hosts with {nodes} hosts (the first is rank 0)")
-        if hosts and len(chosen) != nodes:
-            raise InputError(f"{layout.options()} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
-                             fix=f"list {nodes} hosts")
-        chosen = chosen[:nodes]
-    dep_name = name or re.sub(r"[^a-z0-9_.-]", "-", model.lower())[:40]
-    if not NAME_RE.match(dep_name):
-        raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
-    return Deployment(dep_name, model, chosen, tp, {}, None, where=("--model", None, None), pp=pp, executor=executor,
-                      dp=dp, ep=ep)
-
-
-def _up_deployments(inv, *, model, playbook, tp, pp, hosts, name, executor, deployments, recipes, dp=1, ep=False):
-    from sparkprov.serving.playbook import load_serve_playbook, select
-
-    from sparkprov.catalog.layout import layout_of
-    from sparkprov.catalog.knownflags import default_cache_dir
-    from sparkprov.catalog.load import load_catalog
-    from sparkprov.cli.options import OptionError
-    from sparkprov.engine.validate import check_override_flags
-    from sparkprov.errors import InputError
-
-    if model:
-        return [adhoc_deployment(inv, model, tp=tp, pp=pp, hosts=hosts, name=name, executor=executor,
-                                 recipes=recipes, dp=dp, ep=ep)], list(recipes)
-    if dp > 1 or ep:
-        raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
-    pb = load_serve_playbook(_playbook_path(playbook, tp), inv)
-    chosen_hosts = inv.resolve(hosts, what="--hosts") if hosts else None
-    deps = select(pb, tp=tp, hosts=chosen_hosts, names=_csv(deployments))
-    cat = load_catalog(list(pb.recipe_files) + list(recipes))
-    for d in deps:
-        try:
-            cat.get(d.model)
-        except InputError as exc:  # name the deployment's place in its playbook
-            raise d.error(exc.message, fix=exc.fix) from None
-        if executor:  # --executor overrides what the playbook says
-            d.executor = executor
-        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
-        try:
-            layout_of(cat.get(d.model), cat, d.layout, hosts=len(d.hosts) if d.cluster else None,
-                      known_executors_only=False)
-        except InputError as exc:
-            raise d.error(exc.message, fix=exc.fix) from None
-    return deps, list(pb.recipe_files) + list(recipes)
-
-
 def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
@@ -179,6 +110,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import check_host_files, load_inventory
     from sparkprov.engine.report import Report
+    from sparkprov.serving.playbook import command_line_deployment
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
@@ -195,10 +127,16 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
         if name is not None and model is None:  # it names the deployment --model makes; a playbook names its own
             raise OptionError("--name needs --model", fix="give --model ALIAS --name NAME, or leave out --name")
+        if not model and (dp > 1 or ep):
+            raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
         inv = load_inventory(inventory_path(inventory))
-        deps, recipe_files = _up_deployments(inv, model=model, playbook=playbook, tp=tp, pp=pp, hosts=hosts, name=name,
-                                             executor=executor, deployments=deployments,
-                                             recipes=list(recipes or []), dp=dp, ep=bool(ep))
+        if model:
+            deps = [command_line_deployment(inv, model, tp=tp or 1, pp=pp, dp=dp, ep=bool(ep), executor=executor,
+                                            hosts=hosts, name=name, recipe_files=list(recipes or []))]
+        else:
+            deps = plays.playbook_deployments(inv, _playbook_path(playbook, tp), tp=tp, hosts=hosts,
+                                              names=_csv(deployments), executor=executor,
+                                              recipe_files=list(recipes or []))
         if image is not None:
             from sparkprov.cli.upgrade import apply_image_option
             apply_image_option(image, deps)
@@ -210,7 +148,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
                                ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
                                force_degraded_fabric=bool(force_degraded_fabric))
-        book = plays.up_book(deps, recipe_files, opts, staged=stage_books(inv, deps, check) if stage else None)
+        book = plays.up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
         report = Report(out, quiet=json)
         t0 = time.monotonic()
         runner = plays.run_book(inv, book, targets, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
@@ -218,7 +156,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         settled = None
         if not check:  # each start recorded on its rank 0; a failed one rolled back to last good (or removed)
             from sparkprov.plays.upgrade import settle
-            settled = settle(inv, deps, recipe_files, opts, targets,
+            settled = settle(inv, deps, opts, targets,
                              lambda: engine_options(accept_new_host_keys=accept_new_host_keys), report)
         cleaned = settled.cleaned if settled else []
         summary = up_summary(inv, deps, runner, report, check=check, cleaned=cleaned,
@@ -255,15 +193,13 @@ def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):
         head = d.hosts[0]
         serving = ((runner.exports.get(head) or {}).get("serving") or {}).get(d.name) or {}
         host = inv.hosts[head]
-        bind = str(host.vars.get("serve_bind") or "0.0.0.0")
-        addr = ("127.0.0.1" if host.connection == "local" else host.address) if bind in ("0.0.0.0", "::") else bind
-        port = serving.get("port") or d.port or host.vars.get("serve_port") or 8000
+        endpoint = d.endpoint(inv.host_vars(head), "127.0.0.1" if host.connection == "local" else host.address)
         state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
                  ("would start or replace" if changed else "already up, unchanged") if check else
                  ("started" if changed else "already up, unchanged"))
         out["deployments"][d.name] = {
             "alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep, "executor": d.executor if d.cluster else None,
-            "hosts": d.hosts, "state": state, "endpoint": f"http://{addr}:{port}/v1",
+            "hosts": d.hosts, "state": state, "endpoint": f"{endpoint}/v1",
             "model": serving.get("model"), "api_key_file": f"{head}:{serving['api_key_file']}"
             if serving.get("api_key_file") else None,
             "containers": {h: ((runner.exports.get(h) or {}).get("containers") or {}).get(d.name) for h in d.hosts}}
@@ -294,12 +230,11 @@ def print_summary(summary) -> None:
 def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, name=None, check=False, json=False,
                  limit=None, forks=None, accept_new_host_keys=False):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
-    import re
-
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
+    from sparkprov.serving.playbook import default_name
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import csv_option
@@ -309,7 +244,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
         targets = select_hosts(inv, hosts, limit)
         names = csv_option("deployments", deployments)
         if model or name:
-            names = (names or []) + [name or re.sub(r"[^a-z0-9_.-]", "-", str(model).lower())[:40]]
+            names = (names or []) + [name or default_name(str(model))]
         report = Report(out, quiet=json)
         runner = plays.run_book(inv, plays.down_book(targets, names), targets,
                                 engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
@@ -469,11 +404,10 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
         if not image:
             from sparkprov.serving import node
-            from sparkprov.serving.playbook import DeploymentArgs, load_serve_playbook
+            from sparkprov.serving.playbook import load_serve_playbook
 
             pb = load_serve_playbook(_playbook_path(playbook, 2), inv)
-            dep = next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0]
-            image = node.image_ref(DeploymentArgs.model_validate(dep.as_args(pb.recipe_files)))
+            image = node.image_ref(next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0])
         report = Report(out, quiet=json)
         runner = plays.run_book(inv, plays.nccl_book(targets, image, backend=backend, threshold=threshold,
                                                      max_bytes=str(max_bytes), iters=iters), targets,

@@ -38,7 +38,7 @@ def apply_image_option(image, deps) -> None:
     if len(deps) != 1:
         raise OptionError(f"--image names the image of one deployment; this run starts {len(deps)}: "
                           + ", ".join(d.name for d in deps), fix="add --deployments NAME, or --model ALIAS")
-    deps[0].image = image
+    deps[0].image_override = image
 
 
 def add_to_summary(summary: dict, settled) -> None:
@@ -148,13 +148,13 @@ def rollback(c, deployment, to=None, hosts=None, inventory=None, json=False, for
             if good is None:
                 raise OptionError(f"{name}: no start that passed with another spec than start #{newest['n']}",
                                   fix=f"invoke history {name}, then --to N")
-        current, _ = upgrade.deployment_from(newest["spec"])
+        current = upgrade.deployment_from(newest["spec"])
         report = Report(out, quiet=json)
         options = lambda: engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys)  # noqa: E731
         live = sorted(set(current.hosts) | set(good["spec"]["hosts"]))
         result = upgrade.rollback(inv, current, good, UpOptions(health_timeout=health_timeout), live, options, report)
         if not result["serving"]:  # nothing half-up holds the GPUs
-            back, _ = upgrade.deployment_from(good["spec"])
+            back = upgrade.deployment_from(good["spec"])
             run_book(inv, down_book(back.hosts, [name], reason="rollback failed"), back.hosts, options(), report)
     line = (f"{name}: start #{good['n']} runs again on every node and passed its smoke test (recorded as "
             f"#{result['record']}, {result['seconds']:.0f}s)" if result["serving"] else

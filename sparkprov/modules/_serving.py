@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.modules.base import HostContext, ModuleArgs
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 
 PREFLIGHT = "serve_preflight"  # the export key the preflight writes per host
 
 
 class ServeArgs(ModuleArgs):
-    deployment: DeploymentArgs
+    deployment: Deployment
 
 
 def preflight_export(host: HostContext, name: str, deployment: str) -> dict[str, Any]:
@@ -20,6 +20,6 @@ def preflight_export(host: HostContext, name: str, deployment: str) -> dict[str,
     return ((host.exports.get(name) or {}).get(PREFLIGHT) or {}).get(deployment) or {}
 
 
-def head_ip(host: HostContext, dep: DeploymentArgs) -> str | None:
+def head_ip(host: HostContext, dep: Deployment) -> str | None:
     """Rank 0's fabric address, as rank 0's preflight exported it."""
     return preflight_export(host, dep.hosts[0], dep.name).get("node_ip") if dep.cluster else None

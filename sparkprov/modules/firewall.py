@@ -23,9 +23,8 @@ from sparkprov.facts.files import PathState
 from sparkprov.facts.ports import TABLE_PREFIX, EphemeralPorts, FirewallTables, RuleFiles
 from sparkprov.modules._serving import preflight_export
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.serving import node
 from sparkprov.serving import ports as portmod
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 from sparkprov.transport.shell import cmd, quote
 
 RULES_DIR = "/etc/sparkprov/nftables"
@@ -58,7 +57,7 @@ def rules_file(deployment: str) -> str:
 
 class Args(ModuleArgs):
     state: Literal["present", "absent"] = "present"
-    deployment: DeploymentArgs | None = None          # present: the deployment this member belongs to
+    deployment: Deployment | None = None          # present: the deployment this member belongs to
     deployments: list[str] | None = Field(default=None, max_length=256)  # absent: these (None: every one)
 
     @model_validator(mode="after")
@@ -106,7 +105,7 @@ class Firewall(Module):
             return Plan.fail(f"{host.name}: no fabric address exported by {', '.join(missing)} (their preflight failed)")
         # every rail address of every member (NCCL and Gloo may use both twins), VLLM_HOST_IP first
         members = list(dict.fromkeys(a for e in found.values() for a in [e["node_ip"], *(e.get("rails") or [])]))
-        open_ports = [portmod.SSH_PORT] + ([node.port(dep, host.vars)] if dep.serves_on(host.name) else [])
+        open_ports = [portmod.SSH_PORT] + ([dep.port_on(host.vars)] if dep.serves_on(host.name) else [])
         closed = portmod.internal_ports(dep.executor, ray_port=dep.ray_port, master_port=dep.master_port,
                                         ephemeral=facts.ephemeral)
         text = portmod.ruleset(dep.name, [str(m) for m in members], open_ports, closed)

@@ -50,7 +50,7 @@ class ServePreflight(Module):
     def needs(self, args: Args, host: HostContext):
         dep = args.deployment
         named = {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
-                 "containers": ManagedContainers(), "listening": Listeners((node.port(dep, host.vars),)),
+                 "containers": ManagedContainers(), "listening": Listeners((dep.port_on(host.vars),)),
                  "store": StoreState(str(host_setting(host.vars, "model_store")),
                                      tuple(sorted({repo for repo, _ in node.repos(dep)})))}
         if dep.cluster:
@@ -114,9 +114,9 @@ class ServePreflight(Module):
         else:
             notes.append("weights staged and verified")
         fails += self._memory(args, facts, host, launch, notes, warns)
-        port = node.port(dep, host.vars)
+        port = dep.port_on(host.vars)
         ours = any(c["labels"].get("sparkprov.port") == str(port) for c in cont["containers"])
-        if node.serves_api(dep, h) and port in (facts.listening or []) and not ours:
+        if dep.serves_on(h) and port in (facts.listening or []) and not ours:
             fails.append(f"{h}: port {port} is already in use by a process sparkprov did not start "
                          "(fix: stop it, or set port: in the playbook / serve_port in the inventory)")
         others = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") != dep.name

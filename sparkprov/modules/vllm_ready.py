@@ -47,7 +47,7 @@ class VllmReady(Module):
         recipe = node.catalog_for(dep).get(dep.model)
         smoke = recipe.smoke
         launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, None)
-        exports = {"serving": {dep.name: {"model": launch.served_model_name, "port": node.port(dep, host.vars),
+        exports = {"serving": {dep.name: {"model": launch.served_model_name, "port": dep.port_on(host.vars),
                                           "api_key_file": launch.ctx.api_key_file}}}
         if st["status"] not in ("running", "restarting") and not host.check:
             return Plan.fail(f"{h}: {name} is {st['status']}" + (f" (restarts {st['restarts']})" if st["restarts"] else "")

@@ -28,7 +28,7 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.modules.ray_image import derived_tag
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
-from sparkprov.serving.playbook import Deployment, DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 
 
 @dataclass
@@ -42,7 +42,29 @@ class UpOptions:
     force_degraded_fabric: bool = False  # the preflight's refusal of a rail qualified degraded, overridden
 
 
-def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions,
+def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,
+                         executor: str | None, recipe_files: list[str]) -> list[Deployment]:
+    """The serve playbook's deployments cluster-up starts (--tp, --hosts, --deployments select them;
+    --executor replaces theirs), each checked once against the catalog with the playbook's recipe
+    files and `recipe_files`: the alias, the layout on its hosts, the override flags."""
+    from sparkprov.catalog.knownflags import default_cache_dir
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.engine.validate import check_override_flags
+    from sparkprov.serving.playbook import load_serve_playbook, select
+
+    pb = load_serve_playbook(path, inv)
+    files = list(pb.recipe_files) + list(recipe_files)
+    cat = load_catalog(files)
+    out = []
+    for d in select(pb, tp=tp, hosts=inv.resolve(hosts, what="--hosts") if hosts else None, names=names):
+        d = d.model_copy(update={"recipe_files": files, **({"executor": executor} if executor else {})})
+        d.check(cat)
+        check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
+        out.append(d)
+    return out
+
+
+def up_book(deployments: list[Deployment], o: UpOptions,
             staged: dict[str, Playbook] | None = None) -> Playbook:
     """`staged`: per deployment, the stage plays (--stage) that put its weights in place first.
     A cluster is all its nodes or nothing: a node that fails stops the others (any_errors_fatal),
@@ -54,11 +76,10 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             for p in staged[d.name].plays:
                 p.name = f"{d.name}: {p.name}"
                 book.plays.append(p)
-        args = {"deployment": d.as_args(recipe_files)}
+        args = {"deployment": d.as_args()}
         where = d.where
-        dep = DeploymentArgs.model_validate(args["deployment"])
-        image = node.image_ref(dep)
-        derived = derived_tag(image) if node.needs_ray_image(dep) else None
+        image = node.image_ref(d)
+        derived = derived_tag(image) if node.needs_ray_image(d) else None
         if derived:
             # the image ships no Ray: every step after the image runs the one derived from it
             args = {"deployment": {**args["deployment"], "image": derived}}
@@ -78,7 +99,7 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             # the image's own vLLM says which options it knows (once per build, cached here)
             play(f"{d.name}: image options", d.hosts[:1],
                  [task(f"{d.name}: image options", "image_flags",
-                       {"images": [image], "versions": {image: node.image_version(dep)}}, where)], where=where),
+                       {"images": [image], "versions": {image: node.image_version(d)}}, where)], where=where),
         ]
         if derived:
             # rank 0 builds it (Ray's wheels from this machine), the others copy it from rank 0
@@ -99,7 +120,7 @@ def up_book(deployments: list[Deployment], recipe_files: list[str], o: UpOptions
             book.plays.append(play(f"{d.name}: {role}", group,
                                    [task(f"{d.name}: container", "vllm_container", pre, where, become=False)],
                                    become=o.drop_caches, where=where))
-        serving = [h for h in d.hosts if dep.serves_on(h)]
+        serving = [h for h in d.hosts if d.serves_on(h)]
         book.plays.append(play(f"{d.name}: ready", serving, [task(
             f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
                                                "verify": o.verify}, where)], where=where))

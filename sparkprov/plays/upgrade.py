@@ -28,12 +28,13 @@ from sparkprov.serving import history
 from sparkprov.serving.playbook import Deployment
 
 
-def history_book(d: Deployment, recipe_files: list[str], *, kind: str = history.START, rollback_of: int | None = None,
+def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int | None = None,
                  failure: str | None = None, when: str | None = None) -> Playbook:
     where = ("history", None, None)
     # the recipe files as absolute paths: a rollback may run from another directory
-    files = [os.path.abspath(f) for f in recipe_files]
-    args: dict[str, Any] = {"deployment": d.as_args(files), "kind": kind, "rollback_of": rollback_of,
+    files = [os.path.abspath(f) for f in d.recipe_files]
+    args: dict[str, Any] = {"deployment": d.model_copy(update={"recipe_files": files}).as_args(), "kind": kind,
+                            "rollback_of": rollback_of,
                             "failure": failure[:4000] if failure else None,
                             "time": when or _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
     return Playbook("history", [
@@ -56,13 +57,11 @@ def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:
     return None
 
 
-def deployment_from(spec: dict[str, Any]) -> tuple[Deployment, list[str]]:
-    """A recorded spec as a deployment cluster-up starts again (and its recipe files)."""
-    d = Deployment(spec["name"], spec["model"], list(spec["hosts"]), spec["tp"], dict(spec.get("overrides") or {}),
-                   spec.get("port"), spec.get("ray_port") or 6379, ("history", None, None), pp=spec.get("pp", 1),
-                   executor=spec.get("executor") or "ray", master_port=spec.get("master_port") or 29501,
-                   dp=spec.get("dp", 1), ep=bool(spec.get("ep")), image=spec.get("image_override"))
-    return d, list(spec.get("recipe_files") or [])
+def deployment_from(spec: dict[str, Any]) -> Deployment:
+    """A recorded spec as a deployment cluster-up starts again (a value a record lacks or holds as
+    null: the default)."""
+    known = {k: v for k, v in spec.items() if k in Deployment.model_fields and v is not None}
+    return Deployment.model_validate({**known, "where": ("history", None, None)})
 
 
 @dataclass
@@ -72,7 +71,7 @@ class Settled:
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)     # name -> the record of its start
 
 
-def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions, targets: list[str],
+def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
            options: Callable[[], RunOptions], report: Report) -> Settled:
     """After cluster-up's plays (not in check mode): record each start; roll a failed upgrade back."""
     out = Settled()
@@ -83,7 +82,7 @@ def settle(inv, deps: list[Deployment], recipe_files: list[str], opts: UpOptions
         live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
         failure = failure_of(report, d) if d.name in failed else None
         if d.hosts[0] in live:
-            hist = read_history(run_book(inv, history_book(d, recipe_files, failure=failure), live, options(), report), d)
+            hist = read_history(run_book(inv, history_book(d, failure=failure), live, options(), report), d)
             if hist.get("record"):
                 out.recorded[d.name] = hist["record"]
         else:
@@ -116,7 +115,7 @@ def replaced_running(report: Report, d: Deployment) -> bool:
 def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, live: list[str],
              options: Callable[[], RunOptions], report: Report, *, failure: str | None = None) -> dict[str, Any]:
     """Start a recorded good start again on every node, wait for its smoke test, record it."""
-    back, files = deployment_from(good["spec"])
+    back = deployment_from(good["spec"])
     t0 = _time.monotonic()
     # the failed start's containers go first, on every node: a rank of it still running while the good
     # start's rank 0 comes up joins that rank 0's rendezvous (the supervisor rejoins a new rank 0), and
@@ -125,9 +124,9 @@ def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, liv
     gone = sorted(set(failed.hosts) & set(live))
     run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
     since = len(report.results)
-    run_book(inv, up_book([back], files, opts), back.hosts, options(), report)
+    run_book(inv, up_book([back], opts), back.hosts, options(), report)
     again = failure_of(report, back, since)
-    hist = read_history(run_book(inv, history_book(back, files, kind=history.ROLLBACK, rollback_of=good["n"],
+    hist = read_history(run_book(inv, history_book(back, kind=history.ROLLBACK, rollback_of=good["n"],
                                                    failure=again), back.hosts, options(), report), back)
     rec = hist.get("record") or {}
     return {"to": good["n"], "failure": failure, "serving": again is None and rec.get("result") == history.PASSED,

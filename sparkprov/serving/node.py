@@ -10,12 +10,12 @@ import posixpath
 from functools import lru_cache
 from typing import Any
 
-from sparkprov.catalog.lint import WARNING, lint_cluster, lint_launch
+from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
 from sparkprov.serving import spec as specmod
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 from sparkprov.staging.plan import repo_dir
 
 
@@ -24,11 +24,11 @@ def _catalog(files: tuple[str, ...]) -> Catalog:
     return load_catalog(list(files))
 
 
-def catalog_for(dep: DeploymentArgs) -> Catalog:
+def catalog_for(dep: Deployment) -> Catalog:
     return _catalog(tuple(dep.recipe_files))
 
 
-def image_ref(dep: DeploymentArgs) -> str:
+def image_ref(dep: Deployment) -> str:
     """The image reference the deployment runs (the catalog's pinned form when it has one; --image's)."""
     if dep.image_override:
         return dep.image_override
@@ -38,20 +38,15 @@ def image_ref(dep: DeploymentArgs) -> str:
     return r.image if ("@" in r.image or img is None) else img.pinned
 
 
-def repos(dep: DeploymentArgs) -> list[tuple[str, str]]:
+def repos(dep: Deployment) -> list[tuple[str, str]]:
     r = catalog_for(dep).get(dep.model)
     out = [] if r.model.local_dir else [(r.model.repo, r.model.revision)]
     return out + [(x.repo, x.revision) for x in r.extra_repos]
 
 
-def port(dep: DeploymentArgs, host_vars: dict[str, Any]) -> int:
-    return int(dep.port or host_setting(host_vars, "serve_port"))
-
-
-def base_url(dep: DeploymentArgs, host_vars: dict[str, Any]) -> str:
-    bind = str(host_setting(host_vars, "serve_bind"))
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost") else bind
-    return f"http://{host}:{port(dep, host_vars)}"
+def base_url(dep: Deployment, host_vars: dict[str, Any]) -> str:
+    """The API's URL from the host itself."""
+    return dep.endpoint(host_vars, "127.0.0.1")
 
 
 def key_file(host_vars: dict[str, Any]) -> str | None:
@@ -60,7 +55,7 @@ def key_file(host_vars: dict[str, Any]) -> str | None:
     return None if v in (None, "", False) else str(v)
 
 
-def container_name(dep: DeploymentArgs, host: str) -> str:
+def container_name(dep: Deployment, host: str) -> str:
     if not dep.cluster:
         return f"sparkprov-{dep.name}"
     if dep.executor == "native":
@@ -68,11 +63,11 @@ def container_name(dep: DeploymentArgs, host: str) -> str:
     return f"sparkprov-{dep.name}-{'head' if dep.rank(host) == 0 else 'worker'}"
 
 
-def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str, fabric: dict | None,
+def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fabric: dict | None,
            smi: dict | None) -> Launch:
     """The catalog's launch for this node, with the node's fabric bindings and driver."""
     cat = catalog_for(dep)
-    extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": port(dep, host_vars)}
+    extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": dep.port_on(host_vars)}
     if "api_key_file" not in host_vars:
         extra["api_key_file"] = expand_home(str(host_setting(host_vars, "api_key_file")), home)
     fabric = fabric or {}
@@ -95,18 +90,18 @@ def launch(dep: DeploymentArgs, host: str, host_vars: dict[str, Any], home: str,
     return out.model_copy(update={"image": image}) if image else out
 
 
-def image_info(dep: DeploymentArgs):
+def image_info(dep: Deployment):
     """The catalog's record of the deployment's image (None: not in the catalog)."""
     cat = catalog_for(dep)
     return cat.image(cat.get(dep.model).image)
 
 
-def image_version(dep: DeploymentArgs) -> str | None:
+def image_version(dep: Deployment) -> str | None:
     info = image_info(dep)
     return info.vllm_version if info is not None else None
 
 
-def flag_problems(node_launch: Launch, dep: DeploymentArgs, cache_dir: str | None, image_id: str | None) -> list[str]:
+def flag_problems(node_launch: Launch, dep: Deployment, cache_dir: str | None, image_id: str | None) -> list[str]:
     """The launch's flags and VLLM_* variables against what the image's own vLLM said (G4), where
     the image answered; else against the set recorded for its vLLM version."""
     cat = catalog_for(dep)
@@ -116,29 +111,30 @@ def flag_problems(node_launch: Launch, dep: DeploymentArgs, cache_dir: str | Non
             if f.severity != WARNING and not f.silenced]
 
 
-def needs_ray_image(dep: DeploymentArgs) -> bool:
+def needs_ray_image(dep: Deployment) -> bool:
     """A Ray cluster on an image the catalog knows ships no Ray: sparkprov derives one with Ray."""
     info = image_info(dep)
     return dep.cluster and dep.executor == "ray" and info is not None and info.has_ray is False
 
 
-def container(dep: DeploymentArgs, host: str, node_launch: Launch, head_ip: str | None,
-              rank0_id: str = "", home: str = "") -> specmod.ContainerSpec:
+def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | None,
+              rank0_id: str = "", home: str = "", *, foreground: bool = False) -> specmod.ContainerSpec:
     """The container this node runs: a single server, or its rank of a cluster (Ray head or
-    worker, or a native rank: rank 0 serves the API, the others are --headless)."""
+    worker, or a native rank: rank 0 serves the API, the others are --headless). `foreground`:
+    for systemd (serving/systemd.py) instead of docker's restart policy."""
     if not dep.cluster:
-        return specmod.single(dep.name, host, node_launch)
+        return specmod.single(dep.name, host, node_launch, foreground=foreground)
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,
                                    master_addr=head_ip or "", master_port=dep.master_port, rank0_id=rank0_id,
-                                   dp=dep.dp)
+                                   dp=dep.dp, foreground=foreground)
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
                             ray_port=dep.ray_port, rank0_id=rank0_id,
-                            token_file=specmod.ray_token_file(home, dep.name) if home else None)
+                            token_file=specmod.ray_token_file(home, dep.name) if home else None, foreground=foreground)
 
 
-def lint_problems(node_launch: Launch, dep: DeploymentArgs) -> tuple[list[str], list[str]]:
+def lint_problems(node_launch: Launch, dep: Deployment) -> tuple[list[str], list[str]]:
     """(errors, warnings) of the linter on this node's launch; cluster-wide rules on rank 0."""
     errors, warnings = [], []
     cat = catalog_for(dep)
@@ -148,11 +144,6 @@ def lint_problems(node_launch: Launch, dep: DeploymentArgs) -> tuple[list[str], 
         line = f"{f.severity} {f.rule}: {f.message} (fix: {f.fix}) [{'; '.join(f.sources)}]"
         (warnings if f.severity == WARNING else errors).append(line)
     return errors, warnings
-
-
-def cluster_lint(launches: list[Launch]) -> list[str]:
-    return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_cluster(launches) if f.severity != WARNING
-            and not f.silenced]
 
 
 def staged_problem(store_facts, repo: str, revision: str) -> str | None:
@@ -195,6 +186,3 @@ def rail_problem(host: str, fabric: dict | None, node_ip: str | None, peers_fix:
     net = ipaddress.ip_interface(f"{rail['address']}/{rail.get('prefix', 24)}").network
     return None, str(net)
 
-
-def serves_api(dep: DeploymentArgs, host: str) -> bool:
-    return dep.serves_on(host)

@@ -24,44 +24,44 @@ Errors are one line with the file position (FILE:LINE:COL: message (fix: ...)).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from sparkprov.catalog.layout import Layout, override_conflicts
-from sparkprov.defaults import MASTER_PORT, RAY_PORT
+from sparkprov.defaults import MASTER_PORT, RAY_PORT, host_setting
 from sparkprov.errors import InputError
 from sparkprov.yamlpos import load_yaml, parse_model
 
 if TYPE_CHECKING:
+    from sparkprov.catalog.load import Catalog
     from sparkprov.data.inventory import Inventory
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
+ANY_ADDRESS = ("0.0.0.0", "::")  # a server bound to these listens on every address of its host
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _SizesFromTheLayout(BaseModel):
-    """tp, pp, dp and ep are the deployment's: an override may not set them against it."""
-
-    @model_validator(mode="after")
-    def _sizes_from_the_layout(self):
-        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
-        if conflict:
-            raise ValueError(f"override {conflict}")
-        return self
+Where = tuple[str | None, int | None, int | None]  # file (or the option that made it), line, column
 
 
-class DeploymentEntry(_Strict, _SizesFromTheLayout):
+class Deployment(BaseModel):
+    """A deployment: a serve playbook's entry, cluster-up --model's, and the serving modules' argument."""
+
+    # The modules receive as_args(), its plain data. `hosts` are inventory names once resolved (rank 0
+    # first for a cluster); a playbook may give one pattern, resolved on load.
+
+    model_config = ConfigDict(extra="forbid")
     name: str
     model: str
-    hosts: str | list[str]
+    hosts: list[str]
     tp: int = Field(default=1, ge=1, le=64)
     pp: int = Field(default=1, ge=1, le=64)
     dp: int = Field(default=1, ge=1, le=64)
@@ -71,6 +71,18 @@ class DeploymentEntry(_Strict, _SizesFromTheLayout):
     port: int | None = Field(default=None, ge=1, le=65535)
     ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
+    recipe_files: list[str] = Field(default_factory=list)  # user recipe files merged over the catalog
+    image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
+    image_override: str | None = None  # cluster-up --image: the deployment's image instead of the recipe's
+    # where it was written (errors name it); never part of the arguments the modules receive
+    where: SkipJsonSchema[Where] = Field(default=(None, None, None), exclude=True)
+    override_where: SkipJsonSchema[dict[str, tuple[int | None, int | None]]] = Field(default_factory=dict,
+                                                                                     exclude=True)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _one_pattern(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
     @field_validator("name")
     @classmethod
@@ -96,6 +108,81 @@ class DeploymentEntry(_Strict, _SizesFromTheLayout):
                 raise ValueError(f"override {k}: unsupported value {val!r}")
         return v
 
+    @model_validator(mode="after")
+    def _layout(self):
+        """The sizes are the deployment's (an override may not set them against it); the executor
+        defaults to ray, native with data-parallel replicas."""
+        conflict = override_conflicts(self.overrides, Layout(self.tp, self.pp, self.dp, self.ep))
+        if conflict:
+            raise ValueError(f"override {conflict}")
+        if self.executor is None:
+            self.executor = "native" if self.dp > 1 else "ray"
+        return self
+
+    @property
+    def nodes(self) -> int:
+        """Sparks of the deployment: tp x pp x dp GPUs, one GPU per Spark (G35)."""
+        return Layout(self.tp, self.pp, self.dp).nodes
+
+    @property
+    def cluster(self) -> bool:
+        return self.nodes > 1
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tp, self.pp, self.dp, self.ep, self.executor if self.cluster else None)
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+    def rank(self, host: str) -> int:
+        return self.hosts.index(host)
+
+    def serves_on(self, host: str) -> bool:
+        """Whether this host's container serves the API (every host of single-node deployments;
+        rank 0 of a cluster)."""
+        return not self.cluster or self.rank(host) == 0
+
+    def as_args(self) -> dict[str, Any]:
+        """What the serving modules take as their `deployment` argument (plain data)."""
+        return self.model_dump(exclude_none=False, exclude={"image_override"} if not self.image_override else None)
+
+    def port_on(self, host_vars: dict[str, Any]) -> int:
+        """The API port on a host: the deployment's, else the host's serve_port var (8000)."""
+        return int(self.port or host_setting(host_vars, "serve_port"))
+
+    def endpoint(self, host_vars: dict[str, Any], address: str) -> str:
+        """The API's URL on a host, reached at `address` (how the caller reaches that host) where
+        the server binds every address (serve_bind 0.0.0.0 or ::), else at its bind address."""
+        bind = str(host_setting(host_vars, "serve_bind"))
+        return f"http://{address if bind in ANY_ADDRESS else bind}:{self.port_on(host_vars)}"
+
+    def hosts_problem(self) -> str | None:
+        """Why the hosts cannot carry the layout (G35: a cluster takes exactly tp x pp x dp Sparks)."""
+        if self.cluster and len(self.hosts) != self.nodes:
+            return (f"{Layout(self.tp, self.pp, self.dp).describe()} needs exactly {self.nodes} hosts (one GPU per "
+                    f"Spark, G35), hosts gives {len(self.hosts)}: {', '.join(self.hosts)}")
+        return None
+
+    def check(self, catalog: Catalog) -> None:
+        """The alias is in the catalog and the layout one its recipe runs on these hosts (an
+        InputError at the deployment's place)."""
+        from sparkprov.catalog.layout import layout_of
+
+        try:
+            layout_of(catalog.get(self.model), catalog, self.layout, hosts=len(self.hosts) if self.cluster else None,
+                      known_executors_only=False)
+        except InputError as exc:
+            raise self.error(exc.message, fix=exc.fix) from None
+
+    def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
+        """An error at the deployment's place in its playbook (or at one of its overrides)."""
+        file, line, col = self.where
+        if override in self.override_where:
+            line, col = self.override_where[override]
+        return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
+
 
 _FLAG_WORD = re.compile(r"--?[A-Za-z]")
 
@@ -120,96 +207,12 @@ def override_value_problem(value: Any, top: bool = True) -> str | None:
     return None
 
 
+SET_BY_SPARKPROV = {"recipe_files", "image", "image_override", "where", "override_where"}  # not a playbook's keys
+
+
 class ServePlaybookFile(_Strict):
     recipes: list[str] = Field(default_factory=list)
-    deployments: list[DeploymentEntry]
-
-
-@dataclass
-class Deployment:
-    name: str
-    model: str
-    hosts: list[str]          # resolved, in order (rank 0 / the Ray head first for a cluster)
-    tp: int
-    overrides: dict[str, Any]
-    port: int | None
-    ray_port: int = RAY_PORT
-    where: tuple[str, int | None, int | None] = (None, None, None)  # file, line, column
-    pp: int = 1
-    executor: str = "ray"     # ray | native (vLLM's own multi-node: --nnodes/--node-rank/--headless)
-    master_port: int = MASTER_PORT
-    dp: int = 1               # data-parallel replicas behind rank 0's API (native, one Spark each)
-    ep: bool = False          # --enable-expert-parallel
-    override_where: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # flag -> line, column
-    image: str | None = None  # cluster-up --image: this image instead of the recipe's (a new build tried)
-
-    @property
-    def nodes(self) -> int:
-        """Sparks of the deployment: tp x pp x dp GPUs, one GPU per Spark (G35)."""
-        return self.tp * self.pp * self.dp
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.tp, self.pp, self.dp, self.ep, self.executor if self.cluster else None)
-
-    @property
-    def cluster(self) -> bool:
-        return self.nodes > 1
-
-    def as_args(self, recipe_files: list[str]) -> dict[str, Any]:
-        """What the serving modules take as arguments (plain data, validated by DeploymentArgs)."""
-        return {"name": self.name, "model": self.model, "hosts": list(self.hosts), "tp": self.tp, "pp": self.pp,
-                "dp": self.dp, "ep": self.ep, "executor": self.executor, "overrides": dict(self.overrides), "port": self.port,
-                "ray_port": self.ray_port, "master_port": self.master_port, "recipe_files": list(recipe_files),
-                **({"image_override": self.image} if self.image else {})}
-
-    @property
-    def head(self) -> str:
-        return self.hosts[0]
-
-    def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
-        """An error at the deployment's place in its playbook (or at one of its overrides)."""
-        file, line, col = self.where
-        if override in self.override_where:
-            line, col = self.override_where[override]
-        return InputError(f"deployment {self.name!r}: {message}", file=file, line=line, column=col, fix=fix)
-
-
-class DeploymentArgs(_SizesFromTheLayout):
-    """A deployment as the serving modules receive it."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    model: str
-    hosts: list[str]
-    tp: int = Field(ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    dp: int = Field(default=1, ge=1, le=64)
-    ep: bool = False
-    executor: Literal["ray", "native"] = "ray"
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    port: int | None = Field(default=None, ge=1, le=65535)
-    ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
-    master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
-    recipe_files: list[str] = Field(default_factory=list)
-    image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
-    image_override: str | None = None  # cluster-up --image: the deployment's image instead of the recipe's
-
-    @property
-    def nodes(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def cluster(self) -> bool:
-        return self.nodes > 1
-
-    def rank(self, host: str) -> int:
-        return self.hosts.index(host)
-
-    def serves_on(self, host: str) -> bool:
-        """Whether this host's container serves the API (every host of single-node deployments;
-        rank 0 of a cluster)."""
-        return not self.cluster or self.rank(host) == 0
+    deployments: list[Deployment]
 
 
 @dataclass
@@ -225,6 +228,11 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
     if not isinstance(data, dict):
         raise InputError("a serve playbook is a mapping with deployments:", file=file,
                          fix="see playbooks/cluster.yaml in the sparkprov repository")
+    for i, entry in enumerate(data["deployments"] if isinstance(data.get("deployments"), list) else []):
+        set_here = sorted(set(entry) & SET_BY_SPARKPROV) if isinstance(entry, dict) else []
+        if set_here:
+            raise pos.error(("deployments", i, set_here[0]), f"{set_here[0]} is not a key of a deployment",
+                            fix="recipe files go under the playbook's recipes:; cluster-up --image runs another image")
     model: ServePlaybookFile = parse_model(ServePlaybookFile, data, pos)
     base = Path(file).resolve().parent
     recipes = [str(p if Path(p).is_absolute() else base / p) for p in model.recipes]
@@ -244,23 +252,18 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
                 raise pos.error(where + ("overrides", flag), f"deployment {d.name!r}: override {flag}: {problem}",
                                 fix="give one value per flag (each flag its own key under overrides:)")
         line, col = pos.at(where + ("hosts",))
-        hosts = inventory.resolve(d.hosts, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
+        pattern = data["deployments"][i]["hosts"]  # as written: one pattern, or a list of them
+        hosts = inventory.resolve(pattern, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
         if not hosts:
-            raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {d.hosts!r} match no host",
+            raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {pattern!r} match no host",
                             fix="name hosts or groups of the inventory")
-        nodes = d.tp * d.pp * d.dp
-        executor = d.executor or ("native" if d.dp > 1 else "ray")
-        if nodes > 1 and len(hosts) != nodes:
-            size = Layout(d.tp, d.pp, d.dp).describe()
-            raise pos.error(where + ("tp",), f"deployment {d.name!r}: {size} needs exactly {nodes} "
-                            f"hosts (one GPU per Spark, G35), hosts gives {len(hosts)}: {', '.join(hosts)}",
-                            fix=f"list {nodes} hosts (the first is rank 0) or set tp: {len(hosts)}")
-        wl, wc = pos.at(where)
-        out.deployments.append(Deployment(d.name, d.model, hosts, d.tp, dict(d.overrides), d.port, d.ray_port,
-                                          (file, wl, wc), pp=d.pp, executor=executor, master_port=d.master_port,
-                                          dp=d.dp, ep=d.ep,
-                                          override_where={f: pos.at(where + ("overrides", f), key=True)
-                                                          for f in d.overrides}))
+        d = d.model_copy(update={"hosts": hosts, "recipe_files": recipes, "where": (file, *pos.at(where)),
+                                 "override_where": {f: pos.at(where + ("overrides", f), key=True) for f in d.overrides}})
+        problem = d.hosts_problem()
+        if problem:
+            raise pos.error(where + ("tp",), f"deployment {d.name!r}: {problem}",
+                            fix=f"list {d.nodes} hosts (the first is rank 0) or set tp: {len(hosts)}")
+        out.deployments.append(d)
     # one host, one port: two deployments on a host must not share a port
     by_host: dict[tuple[str, int | None], str] = {}
     for d in out.deployments:
@@ -271,6 +274,41 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
                               fix="give one of them another port: (or put it on another host)")
             by_host[key] = d.name
     return out
+
+
+def default_name(alias: str) -> str:
+    """The name of the deployment `cluster-up --model ALIAS` starts without --name."""
+    return re.sub(r"[^a-z0-9_.-]", "-", alias.lower())[:40]
+
+
+def command_line_deployment(inv: Inventory, model: str, *, tp: int, pp: int, dp: int, ep: bool, executor: str | None,
+                            hosts: str | None, name: str | None, recipe_files: list[str]) -> Deployment:
+    """cluster-up --model ALIAS [--tp N] [--pp N] [--dp N] [--ep] [--hosts H1,H2] [--name NAME]: without
+    --hosts a cluster takes the inventory's first hosts; the layout checked against the catalog
+    before any host."""
+    from sparkprov.catalog.layout import layout_of
+    from sparkprov.catalog.load import load_catalog
+
+    executor = executor or ("native" if dp > 1 else "ray")
+    layout = Layout(tp, pp, dp, ep, executor if tp * pp * dp > 1 else None)
+    catalog = load_catalog(recipe_files)
+    layout_of(catalog.get(model), catalog, layout, known_executors_only=False)
+    chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
+    nodes = layout.nodes
+    if nodes > 1:
+        if len(chosen) < nodes:
+            raise InputError(f"{layout.options()} needs {nodes} hosts, "
+                             f"{'--hosts gives' if hosts else 'the inventory has'} {len(chosen)}: {', '.join(chosen)}",
+                             fix=f"--hosts with {nodes} hosts (the first is rank 0)")
+        if hosts and len(chosen) != nodes:
+            raise InputError(f"{layout.options()} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
+                             fix=f"list {nodes} hosts")
+        chosen = chosen[:nodes]
+    dep_name = name or default_name(model)
+    if not NAME_RE.match(dep_name):
+        raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
+    return Deployment(name=dep_name, model=model, hosts=chosen, tp=tp, pp=pp, dp=dp, ep=ep, executor=executor,
+                      recipe_files=recipe_files, where=("--model", None, None))
 
 
 def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names: list[str] | None) -> list[Deployment]:
@@ -293,7 +331,7 @@ def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names:
             if d.cluster and len(inside) != len(d.hosts):
                 raise d.error(f"is a {d.nodes}-node cluster on {', '.join(d.hosts)}; --hosts selects only "
                               f"{', '.join(inside)}", fix="select every host of the cluster, or none")
-            d = dataclasses.replace(d, hosts=inside)
+            d = d.model_copy(update={"hosts": inside})
         out.append(d)
     if not out:
         what = [f"tp {tp}" if tp is not None else None, f"hosts {','.join(hosts)}" if hosts else None]

@@ -1,7 +1,10 @@
-"""The containers a deployment wants on each host: the exact `docker run` argv, labels and hashes.
+"""The containers a deployment wants on each host: the exact `docker run` argv, labels and hashes,
+every one assembled by `assemble` from the rendered launch's parts (catalog/render.py); the roles
+and variants (single server, Ray head and worker, native ranks, systemd's foreground) are its
+parameters.
 
-Single node (tp 1): the catalog's rendered launch, verbatim (what `invoke recipe` prints), with
-sparkprov's deployment labels added.
+Single node: the recipe's server (what `invoke recipe` prints, with the same recipe hash), with
+sparkprov's deployment labels.
 
 Ray cluster (tp N > 1), built from the same rendered launches (one per node: each node's own
 VLLM_HOST_IP and NCCL/Gloo/UCX bindings from its FabricInfo):
@@ -9,8 +12,9 @@ VLLM_HOST_IP and NCCL/Gloo/UCX bindings from its FabricInfo):
 * `sparkprov-NAME-head` on the first host: `ray start --head` on the node's fabric address, then
   (inside the container, polling `ray status`) it waits until the cluster has N GPUs, reads the
   API key file into VLLM_API_KEY and execs `vllm serve ... --tensor-parallel-size TP
-  [--pipeline-parallel-size PP] --distributed-executor-backend ray` (TP x PP = N, one GPU per Spark). sparkprov watches the same `ray status` from outside, with
-  progress and a timeout, and fails the bring-up naming the node that did not join.
+  [--pipeline-parallel-size PP] --distributed-executor-backend ray` (TP x PP = N, one GPU per
+  Spark). sparkprov watches the same `ray status` from outside, with progress and a timeout, and
+  fails the bring-up naming the node that did not join.
 * `sparkprov-NAME-worker` on every other host: `ray start --address HEAD:PORT --block`.
 
 Every Ray process of both runs with Ray's token authentication (RAY_AUTH_MODE=token, the token a
@@ -30,7 +34,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from sparkprov.catalog.render import KEY_PATH, Launch, image_entrypoint
+from sparkprov.catalog.render import KEY_PATH, WRAPPER_NAME, Launch, wrapper_script
 from sparkprov.serving import supervise
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
@@ -106,85 +110,119 @@ class ContainerSpec:
         return self.role in SERVING_ROLES
 
 
-def _hash(argv: list[str]) -> str:
-    return hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class Command:
+    """What the container runs after its image: `script` under `sh -c` ($0 `dollar0`, then `args`
+    as "$@"), or without a script `args` alone (to the image's own entrypoint)."""
+
+    args: list[str]
+    script: str | None = None
+    dollar0: str = ""
 
 
-def _labels(deployment: str, role: str, launch: Launch, digest: str, port: int | None, key: str | None) -> dict[str, str]:
-    out = {"sparkprov.managed": "1", "sparkprov.deployment": deployment, "sparkprov.role": role,
-           "sparkprov.recipe": launch.alias, "sparkprov.recipe_hash": digest, "sparkprov.tp": str(launch.tp)}
-    if port is not None:
-        out["sparkprov.port"] = str(port)
-        out["sparkprov.model"] = launch.served_model_name
-    if key:
-        out["sparkprov.api_key_file"] = key
-    return out
+def assemble(launch: Launch, *, name: str, role: str, labels: dict[str, str], command: Command,
+             env: dict[str, str] | None = None, mounts: tuple[str, ...] = (), init: bool = False,
+             labels_after_detach: bool = False, foreground: bool = False, deployment: str = "",
+             host: str = "") -> ContainerSpec:
+    """The one `docker run` of every serving container, from the launch's parts. `labels` get the
+    recipe hash added: the hash of the detached container without its labels, so that a container
+    started earlier with the same parts carries the same one (cluster-up leaves it running).
+    `role`: which roles serve the API get the API key mount. `env`/`mounts`: the role's own, after
+    the launch's. `init`: docker's init process (Ray leaves daemons behind the main process).
+    `labels_after_detach`: the labels right after `-d` (where a single server has them) rather than
+    after the options. `foreground`: for a service manager (systemd): no -d and no restart policy,
+    --rm (each start a fresh container of the same name)."""
+    serves = role in SERVING_ROLES
 
+    def options(detach: bool) -> list[str]:
+        out = ["docker", "run", "-d" if detach else "--rm", "--name", name]
+        for option in launch.docker_options:
+            if option.words[0] == "--restart" and not detach:
+                continue
+            out += option.words
+            if option.words[0] == "--network" and init:
+                out.append("--init")  # after the network option, where the ranks' containers have it
+        return out
 
-def _label_argv(labels: dict[str, str]) -> list[str]:
-    return [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
-
-
-def single(deployment: str, host: str, launch: Launch) -> ContainerSpec:
-    """The catalog's launch as is, plus the deployment's labels (the recipe hash stays render's)."""
-    argv = list(launch.argv)
-    body = [w for w in argv]
-    # render's labels are in argv; ours replace them (same managed/recipe/recipe_hash values)
-    stripped: list[str] = []
-    i = 0
-    while i < len(body):
-        if body[i] == "--label" and i + 1 < len(body) and body[i + 1].startswith("sparkprov."):
-            i += 2
-            continue
-        stripped.append(body[i])
-        i += 1
-    labels = _labels(deployment, ROLE_SERVER, launch, launch.recipe_hash, launch.ctx.port, launch.ctx.api_key_file)
-    final = stripped[:3] + _label_argv(labels) + stripped[3:]
-    return ContainerSpec(deployment, host, launch.container_name, ROLE_SERVER, final, launch.recipe_hash,
-                         launch.image, launch, launch.ctx.port, labels)
-
-
-def _rank_container(deployment: str, host: str, name: str, role: str, launch: Launch, env_extra: dict[str, str],
-                    script: str, args: list[str], extra_labels: dict[str, str],
-                    extra_mounts: tuple[str, ...] = ()) -> ContainerSpec:
-    d = launch.recipe.docker
-    opts = ["docker", "run", "-d", "--name", name, "--restart", d.restart, "--gpus", "all", f"--ipc={d.ipc}",
-            "--network", "host", "--init"]
-    if d.shm_size:
-        opts += ["--shm-size", d.shm_size]
-    for u in d.ulimits:
-        opts += ["--ulimit", u]
     body: list[str] = []
     for e in launch.env:
         body += ["-e", f"{e.name}={e.value}"]
-    for k, v in env_extra.items():
+    for k, v in (env or {}).items():
         body += ["-e", f"{k}={v}"]
     for m in launch.mounts:
-        if role not in SERVING_ROLES and m.container == KEY_PATH:
-            continue  # the API server runs on the head only: the key stays there
+        if m.container == KEY_PATH and not serves:
+            continue  # the API server runs on rank 0 only: the key stays there
         body += ["-v", m.spec()]
-    body += list(extra_mounts)
-    kind = image_entrypoint(launch.recipe.image, launch.image_info)
-    dollar0 = "sparkprov-" + role
-    if kind == "passthrough" and launch.command == "full":
-        tail = [launch.image, "sh", "-c", script, dollar0, *args]  # keep NGC's entrypoint (G5)
+    body += list(mounts)
+    if command.script is None:
+        tail = [launch.image, *command.args]
+    elif launch.entrypoint_kind == "passthrough" and launch.command == "full":
+        tail = [launch.image, "sh", "-c", command.script, command.dollar0, *command.args]  # NGC's entrypoint (G5)
     else:
-        tail = ["--entrypoint", "sh", launch.image, "-c", script, dollar0, *args]
-    digest = _hash(opts + body + tail)
-    port = launch.ctx.port if role in SERVING_ROLES else None
-    key = launch.ctx.api_key_file if role in SERVING_ROLES else None
-    labels = {**_labels(deployment, role, launch, digest, port, key), **extra_labels}
-    return ContainerSpec(deployment, host, name, role, opts + _label_argv(labels) + body + tail, digest,
-                         launch.image, launch, port, labels)
+        tail = ["--entrypoint", "sh", launch.image, "-c", command.script, command.dollar0, *command.args]
+    digest = hashlib.sha256(json.dumps(options(True) + body + tail).encode()).hexdigest()[:16]
+    labels = {**labels, "sparkprov.recipe_hash": digest}
+    label_words = [w for k, v in labels.items() for w in ("--label", f"{k}={v}")]
+    opts = options(not foreground)
+    argv = (opts[:3] + label_words + opts[3:] if labels_after_detach else opts + label_words) + body + tail
+    return ContainerSpec(deployment, host, name, role, argv, digest, launch.image, launch,
+                         launch.ctx.port if serves else None, labels)
 
 
-def _pre_and_key(launch: Launch, serves: bool) -> tuple[str, str]:
-    pre = "; ".join(shlex.join(c) for c in launch.recipe.pre_serve) or ":"
-    return pre, (KEY_LINES if serves and launch.ctx.api_key_file else ":")
+def _deployment_labels(deployment: str, role: str, launch: Launch, extra: dict[str, str]) -> dict[str, str]:
+    """The labels of a deployment's container; the recipe hash goes between recipe and tp."""
+    serves = role in SERVING_ROLES
+    out = {"sparkprov.managed": "1", "sparkprov.deployment": deployment, "sparkprov.role": role,
+           "sparkprov.recipe": launch.alias, "sparkprov.recipe_hash": "", "sparkprov.tp": str(launch.tp)}
+    if serves:
+        out["sparkprov.port"] = str(launch.ctx.port)
+        out["sparkprov.model"] = launch.served_model_name
+        if launch.ctx.api_key_file:
+            out["sparkprov.api_key_file"] = launch.ctx.api_key_file
+    return {**out, **extra}
+
+
+def _pre_serve(launch: Launch) -> str:
+    return "; ".join(shlex.join(c) for c in launch.recipe.pre_serve) or ":"
+
+
+def _key_lines(launch: Launch) -> str:
+    return KEY_LINES if launch.ctx.api_key_file else ":"
+
+
+def server_command(launch: Launch) -> Command:
+    """One server: `vllm serve` with the launch's arguments, under sparkprov's wrapper where it
+    needs one (the API key, pre_serve, an image's own entrypoint), else to the image's entrypoint."""
+    if launch.wrapped:
+        return Command(["vllm", "serve", *launch.vllm_argv], wrapper_script(launch.recipe.pre_serve,
+                                                                            bool(launch.ctx.api_key_file)),
+                       WRAPPER_NAME)
+    return Command(launch.vllm_argv if launch.command == "bare" else ["vllm", "serve", *launch.vllm_argv])
+
+
+def recipe_container(launch: Launch) -> ContainerSpec:
+    """The recipe's server as `invoke recipe` prints it: no deployment, the recipe's labels."""
+    return assemble(launch, name=launch.container_name, role=ROLE_SERVER, command=server_command(launch),
+                    labels={"sparkprov.managed": "1", "sparkprov.recipe": launch.alias}, host=launch.ctx.host)
+
+
+def single(deployment: str, host: str, launch: Launch, *, foreground: bool = False) -> ContainerSpec:
+    """A single-node deployment's server: the recipe's container with the deployment's labels."""
+    return assemble(launch, name=launch.container_name, role=ROLE_SERVER, command=server_command(launch),
+                    labels=_deployment_labels(deployment, ROLE_SERVER, launch, {}), labels_after_detach=True,
+                    foreground=foreground, deployment=deployment, host=host)
+
+
+def _rank(deployment: str, host: str, name: str, role: str, launch: Launch, *, env: dict[str, str], script: str,
+          args: list[str], labels: dict[str, str], mounts: tuple[str, ...] = (), foreground: bool) -> ContainerSpec:
+    return assemble(launch, name=name, role=role, command=Command(args, script, "sparkprov-" + role),
+                    labels=_deployment_labels(deployment, role, launch, labels), env=env, mounts=mounts, init=True,
+                    foreground=foreground, deployment=deployment, host=host)
 
 
 def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, head_ip: str,
-             ray_port: int, rank0_id: str = "", token_file: str | None = None) -> ContainerSpec:
+             ray_port: int, rank0_id: str = "", token_file: str | None = None,
+             foreground: bool = False) -> ContainerSpec:
     """Rank 0: the Ray head, which waits for every node's GPU and then runs vLLM; the others:
     Ray workers joining the head at HEAD_IP:RAY_PORT (over the fabric). `token_file`: the node's
     Ray token (token authentication for every Ray process of the container; the head's dashboard
@@ -192,15 +230,14 @@ def ray_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: i
     labels = {"sparkprov.executor": "ray", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
     auth_env, auth_mount = ray_auth(token_file)
     if rank == 0:
-        pre, key = _pre_and_key(launch, True)
-        script = HEAD_SCRIPT.replace("@PRE_SERVE@", pre).replace("@KEY@", key)
-        return _rank_container(deployment, host, f"sparkprov-{deployment}-head", ROLE_HEAD, launch,
-                               {"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes), **auth_env},
-                               script, ["vllm", "serve", *ray_head_argv(launch, nnodes=nnodes)], labels,
-                               tuple(auth_mount))
-    return _rank_container(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
-                           {"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id), **auth_env},
-                           WORKER_SCRIPT, [], labels, tuple(auth_mount))
+        script = HEAD_SCRIPT.replace("@PRE_SERVE@", _pre_serve(launch)).replace("@KEY@", _key_lines(launch))
+        return _rank(deployment, host, f"sparkprov-{deployment}-head", ROLE_HEAD, launch,
+                     env={"SPARKPROV_RAY_PORT": str(ray_port), "SPARKPROV_RAY_GPUS": str(nnodes), **auth_env},
+                     script=script, args=["vllm", "serve", *ray_head_args(launch, nnodes=nnodes)], labels=labels,
+                     mounts=tuple(auth_mount), foreground=foreground)
+    return _rank(deployment, host, f"sparkprov-{deployment}-worker", ROLE_WORKER, launch,
+                 env={"SPARKPROV_RAY_HEAD": f"{head_ip}:{ray_port}", **_member_of(rank0_id), **auth_env},
+                 script=WORKER_SCRIPT, args=[], labels=labels, mounts=tuple(auth_mount), foreground=foreground)
 
 
 def _member_of(rank0_id: str) -> dict[str, str]:
@@ -209,57 +246,36 @@ def _member_of(rank0_id: str) -> dict[str, str]:
     return {"SPARKPROV_RANK0": rank0_id[:12]} if rank0_id else {}
 
 
-def drop_options(argv: list[str], *, valued: tuple[str, ...] = (), bare: tuple[str, ...] = ()) -> list[str]:
-    """argv without some options: `valued` ones with their value (`--x v` or `--x=v`), `bare` ones alone."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        w = argv[i]
-        if w in valued:
-            i += 2
-            continue
-        if w in bare or any(w.startswith(v + "=") for v in valued):
-            i += 1
-            continue
-        out.append(w)
-        i += 1
-    return out
-
-
-def _pp_of(launch: Launch, nnodes: int) -> int:
-    """The pipeline stages of an engine over `nnodes` Sparks at the launch's TP (one GPU per Spark)."""
-    return max(1, nnodes // max(1, launch.tp))
-
-
-def ray_head_argv(launch: Launch, *, nnodes: int) -> list[str]:
-    """`vllm serve` on the Ray head: the launch's arguments, with the engine's pipeline stages
-    (--pipeline-parallel-size, tp x pp = nnodes) and the Ray executor wherever they are missing
+def ray_head_args(launch: Launch, *, nnodes: int) -> list[str]:
+    """`vllm serve`'s arguments on the Ray head: the launch's, with the engine's pipeline stages
+    (--pipeline-parallel-size, tp x pp = nnodes) and the Ray executor where the launch has none
     (a tp 1 x pp 2 launch has no executor of its own: vLLM would start a one-GPU server)."""
     argv = list(launch.vllm_argv)
-    pp = _pp_of(launch, nnodes)
-    if pp > 1 and "--pipeline-parallel-size" not in argv:
+    pp = max(1, nnodes // max(1, launch.tp))  # one GPU per Spark
+    if pp > 1 and not launch.has("--pipeline-parallel-size"):
         argv += ["--pipeline-parallel-size", str(pp)]
-    if nnodes > 1 and not any(w == "--distributed-executor-backend" or w.startswith("--distributed-executor-backend=")
-                              for w in argv):
+    if nnodes > 1 and not launch.has("--distributed-executor-backend"):
         argv += ["--distributed-executor-backend", "ray"]
     return argv
 
 
-DP_VALUED = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-start-rank",
-             "--data-parallel-address", "--data-parallel-rpc-port")
+DP_OPTIONS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-start-rank",
+              "--data-parallel-address", "--data-parallel-rpc-port")
 
 
-def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int,
+def native_args(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str, master_port: int,
                 dp: int = 1) -> list[str]:
-    """`vllm serve` for one rank of vLLM's own multi-node: the launch's arguments without Ray's
-    executor flag, plus --nnodes/--node-rank/--master-addr/--master-port (and --headless off rank 0,
-    which serves no API: its --host/--port are dropped, vLLM ignores them there). With `dp` > 1
-    every rank is a data-parallel replica on its own Spark (vLLM's data-parallel deployment): rank 0
-    serves the API with --data-parallel-size/-size-local/-address/-rpc-port (rank 0's fabric address
-    and the deployment's master port), the others are --headless engines from
-    --data-parallel-start-rank RANK."""
-    valued = ("--distributed-executor-backend", "--pipeline-parallel-size") + (("--host", "--port") if rank else ())
-    argv = drop_options(list(launch.vllm_argv), valued=valued + (DP_VALUED if dp > 1 else ()))
+    """`vllm serve`'s arguments for one rank of vLLM's own multi-node: the launch's, but the
+    layout's options its own (the Ray executor and the pipeline stages are not the launch's here;
+    a rank > 0 serves no API: no --host/--port), then --nnodes/--node-rank/--master-addr/--master-port
+    (and --headless off rank 0). With `dp` > 1 every rank is a data-parallel replica on its own
+    Spark (vLLM's data-parallel deployment): rank 0 serves the API with --data-parallel-size/
+    -size-local/-address/-rpc-port (rank 0's fabric address and the deployment's master port), the
+    others are --headless engines from --data-parallel-start-rank RANK."""
+    layout_own = {"--distributed-executor-backend", "--pipeline-parallel-size"}
+    layout_own |= {"--host", "--port"} if rank else set()
+    layout_own |= set(DP_OPTIONS) if dp > 1 else set()
+    argv = [w for a in launch.vllm_args if a.flag not in layout_own for w in a.argv()]
     if dp > 1:
         argv += ["--data-parallel-size", str(dp), "--data-parallel-size-local", "1",
                  "--data-parallel-address", master_addr, "--data-parallel-rpc-port", str(master_port)]
@@ -276,13 +292,13 @@ def native_argv(launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr:
 
 
 def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes: int, pp: int, master_addr: str,
-                master_port: int, rank0_id: str = "", dp: int = 1) -> ContainerSpec:
+                master_port: int, rank0_id: str = "", dp: int = 1, foreground: bool = False) -> ContainerSpec:
     labels = {"sparkprov.executor": "native", "sparkprov.rank": str(rank), "sparkprov.nodes": str(nnodes)}
     if dp > 1:
         labels["sparkprov.dp"] = str(dp)
-    pre, key = _pre_and_key(launch, rank == 0)
-    script = NATIVE_SCRIPT.replace("@PRE_SERVE@", pre if rank == 0 else ":").replace("@KEY@", key)
-    argv = native_argv(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port,
+    key = _key_lines(launch) if rank == 0 else ":"
+    script = NATIVE_SCRIPT.replace("@PRE_SERVE@", _pre_serve(launch) if rank == 0 else ":").replace("@KEY@", key)
+    args = native_args(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port,
                        dp=dp)
     if rank == 0:
         env = supervise.rank0_env(start_timeout_s=launch.recipe.startup.health_timeout_s, port=launch.ctx.port,
@@ -292,12 +308,6 @@ def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes
         # handshake port once the engines have started; the API listens as long as rank 0 serves)
         watch = launch.ctx.port if dp > 1 else master_port
         env = {**_member_of(rank0_id), **supervise.rank_env(master_addr=master_addr, master_port=watch)}
-    return _rank_container(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
-                           launch, env, script, ["vllm", "serve", *argv], labels)
+    return _rank(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
+                 launch, env=env, script=script, args=["vllm", "serve", *args], labels=labels, foreground=foreground)
 
-
-def cluster(deployment: str, launches: list[tuple[str, Launch]], ray_port: int) -> list[ContainerSpec]:
-    """Every rank of a Ray cluster: head on the first (host, launch), workers on the others."""
-    head_ip = launches[0][1].env_value("VLLM_HOST_IP") or ""
-    return [ray_rank(deployment, h, launch, rank=i, nnodes=len(launches), head_ip=head_ip, ray_port=ray_port)
-            for i, (h, launch) in enumerate(launches)]

@@ -2,13 +2,15 @@
 (002 §2): the page cache dropped as root before each start (G15), restart whatever the exit status
 (the real vLLM's API server exits 0 when its engine dies: docs/real-vllm.md), a start
 timeout long enough for a cold load (G20), the container in the foreground so that systemd sees
-it die. Rendered from the same ContainerSpec as `docker run -d`; `systemd-analyze verify` checks
-it in the tests. (The lab has no systemd: there docker's restart policy brings containers back.)
+it die. The container is assembled as cluster-up's (serving/spec.py) with foreground=True: no -d
+and no docker restart policy (systemd restarts it), --rm (each start a fresh container of the same
+name). `invoke recipe ALIAS --systemd` prints the units; `systemd-analyze verify` checks them in the
+tests. (The lab has no systemd: there docker's restart policy brings containers back.)
 """
 
 from __future__ import annotations
 
-from sparkprov.serving.spec import ContainerSpec, drop_options
+from sparkprov.serving.spec import ContainerSpec
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -25,17 +27,12 @@ def _word(arg: str) -> str:
                   .replace("$", "$$").replace("%", "%%")) + '"'
 
 
-def foreground_argv(spec: ContainerSpec) -> list[str]:
-    """The spec's `docker run` for systemd: no -d and no docker restart policy (systemd restarts
-    it), --rm (each start is a fresh container of the same name)."""
-    out = drop_options(list(spec.argv), valued=("--restart",), bare=("-d",))
-    return out[:2] + ["--rm"] + out[2:]
-
-
 def render(spec: ContainerSpec, *, user: str, start_timeout_s: int = 900, docker: str = "/usr/bin/docker") -> str:
+    """The unit of a container assembled with foreground=True."""
+    if "-d" in spec.argv[:3]:
+        raise ValueError(f"{spec.name} is assembled detached (-d): a unit needs foreground=True")
     name = spec.name
-    argv = foreground_argv(spec)
-    exec_start = " ".join(_word(w) for w in [docker] + argv[1:])
+    exec_start = " ".join(_word(w) for w in [docker] + spec.argv[1:])
     return "\n".join([
         "[Unit]",
         f"Description=sparkprov {spec.deployment}: {spec.role} of {spec.launch.alias} (recipe {spec.hash})",

@@ -164,11 +164,6 @@ class HostPlan:
         return sum(f.item.size - f.have for f in self.to_fetch)
 
     @property
-    def worst_case_bytes(self) -> int:
-        """Bytes that may have to arrive if every unverified file turns out bad."""
-        return self.need_bytes + sum(f.item.size for f in self.with_status(Status.UNVERIFIED))
-
-    @property
     def total_bytes(self) -> int:
         return sum(f.item.size for f in self.files.values())
 
@@ -255,44 +250,6 @@ def check_disk(plan: HostPlan, store: str) -> DiskProblem | None:
     if plan.free < need + DISK_MARGIN:
         return DiskProblem(plan.host, need, plan.free, store)
     return None
-
-
-# -- who sends what to whom ---------------------------------------------------------------------
-
-@dataclass
-class Assignment:
-    download: list[Item]                                   # the source fetches these from the hub
-    pushes: dict[tuple[str, str], list[Item]]              # (sender, receiver) -> items
-
-
-def assign(plans: dict[str, HostPlan], source: str) -> Assignment:
-    """Download once (on the source) what no host holds; every other missing file comes from the
-    source when it has it (or is about to), else from a host that holds it verified."""
-    holders: dict[str, list[str]] = {}
-    for host, plan in plans.items():
-        for rel, fs in plan.files.items():
-            if fs.status is Status.OK:
-                holders.setdefault(rel, []).append(host)
-    download: dict[str, Item] = {}
-    for host, plan in plans.items():
-        for fs in plan.to_fetch:
-            if fs.item.rel not in holders:
-                download.setdefault(fs.item.rel, fs.item)
-    pushes: dict[tuple[str, str], list[Item]] = {}
-    for host, plan in plans.items():
-        for fs in plan.to_fetch:
-            rel = fs.item.rel
-            if host == source and rel in download:
-                continue
-            have = holders.get(rel, [])
-            if source in have or rel in download:
-                sender = source
-            else:
-                sender = next(h for h in have if h != host)
-            pushes.setdefault((sender, host), []).append(fs.item)
-    order = list(plans)
-    return Assignment(sorted(download.values(), key=lambda i: i.rel),
-                      {k: pushes[k] for k in sorted(pushes, key=lambda k: (order.index(k[0]), order.index(k[1])))})
 
 
 def split_streams(items: list[Item], n: int) -> list[list[Item]]:

@@ -44,7 +44,8 @@ def rendered_containers():
                 continue
             pair = [(h, ip, render_launch(r, _ctx(h, ip, f"sparkprov-{alias}-{i}", tp), tp, catalog=cat))
                     for i, (h, ip) in enumerate(hosts[:2])]
-            for s in spec.cluster(alias, [(h, launch) for h, _, launch in pair], 6379):
+            for rank, (h, _, launch) in enumerate(pair):
+                s = spec.ray_rank(alias, h, launch, rank=rank, nnodes=2, head_ip=hosts[0][1], ray_port=6379)
                 yield alias, s.role, s.argv
             for rank, (h, ip, launch) in enumerate(pair):
                 s = spec.native_rank(alias, h, launch, rank=rank, nnodes=2, pp=1, master_addr=hosts[0][1],

@@ -9,7 +9,8 @@ import pytest
 from sparkprov.catalog.lint import lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.models import Source, degenerate
-from sparkprov.catalog.render import KEY_PATH, HostServeContext, render_launch
+from sparkprov.catalog.render import KEY_PATH, HostServeContext, render_launch, shell_command
+from sparkprov.serving.spec import recipe_container
 from sparkprov.errors import InputError
 
 CAT = load_catalog()
@@ -185,28 +186,29 @@ def test_catalog_render_api_key_never_in_argv_or_env(tmp_path):
     ctx = HostServeContext(api_key_file="/etc/sparkprov/api_key")
     for r in CAT.recipes.values():
         launch = render_launch(r, ctx, min(r.tp_sizes), catalog=CAT)
-        assert "--api-key" not in launch.argv
+        argv = recipe_container(launch).argv
+        assert "--api-key" not in argv
         assert not any(e.name == "VLLM_API_KEY" for e in launch.env)
-        assert f"/etc/sparkprov/api_key:{KEY_PATH}:ro" in launch.argv
-        script = launch.argv[launch.argv.index("-c") + 1]
+        assert f"/etc/sparkprov/api_key:{KEY_PATH}:ro" in argv
+        script = argv[argv.index("-c") + 1]
         assert f"k=$(cat {KEY_PATH})" in script and 'exec "$@"' in script
-        assert "HF_TOKEN" not in " ".join(launch.argv)
+        assert "HF_TOKEN" not in " ".join(argv)
 
 
 def test_catalog_render_entrypoint_styles():
-    bare = render_launch(CAT.get("qwen3.6-27b"), HostServeContext(api_key_file=None, bind_host="127.0.0.1"),
-                         catalog=CAT)
+    bare = recipe_container(render_launch(CAT.get("qwen3.6-27b"),
+                                          HostServeContext(api_key_file=None, bind_host="127.0.0.1"), catalog=CAT))
     i = bare.argv.index("vllm/vllm-openai:nightly")
     assert bare.argv[i + 1] == "unsloth/Qwen3.6-27B-NVFP4"  # G2: no `vllm serve` after the image
-    full = render_launch(CAT.get("nemotron-3-nano"), HostServeContext(api_key_file=None, bind_host="127.0.0.1"),
-                         catalog=CAT)
+    full = recipe_container(render_launch(CAT.get("nemotron-3-nano"),
+                                          HostServeContext(api_key_file=None, bind_host="127.0.0.1"), catalog=CAT))
     i = full.argv.index("nvcr.io/nvidia/vllm:25.12.post1-py3")
     assert full.argv[i + 1:i + 4] == ["vllm", "serve", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"]
-    keyed = render_launch(CAT.get("nemotron-3-nano"), HostServeContext(), catalog=CAT)
+    keyed = recipe_container(render_launch(CAT.get("nemotron-3-nano"), HostServeContext(), catalog=CAT))
     assert "--entrypoint" not in keyed.argv  # NGC keeps its entrypoint (forward compatibility, G5)
     i = keyed.argv.index("nvcr.io/nvidia/vllm:25.12.post1-py3")
     assert keyed.argv[i + 1:i + 3] == ["sh", "-c"]
-    up = render_launch(CAT.get("qwen3.6-27b"), HostServeContext(), catalog=CAT)
+    up = recipe_container(render_launch(CAT.get("qwen3.6-27b"), HostServeContext(), catalog=CAT))
     assert up.argv[up.argv.index("--entrypoint") + 1] == "sh"
 
 
@@ -214,17 +216,19 @@ def test_catalog_render_store_offline_labels_and_hash():
     ctx = HostServeContext(model_store="/srv/models", compile_cache="/srv/cc", port=8123, bind_host="10.0.0.5",
                            container_name="vllm-main")
     launch = render_launch(CAT.get("nemotron-3-nano"), ctx, catalog=CAT)
+    c = recipe_container(launch)
     assert launch.env_value("HF_HOME") == "/srv/models" and launch.env_value("HF_HUB_OFFLINE") == "1"
-    assert "/srv/models:/srv/models" in launch.argv and "/srv/cc:/root/.cache/vllm" in launch.argv
+    assert "/srv/models:/srv/models" in c.argv and "/srv/cc:/root/.cache/vllm" in c.argv
     assert launch.value("--reasoning-parser-plugin") == "/srv/models/nano_v3_reasoning_parser.py"
     assert launch.value("--port") == "8123" and launch.value("--host") == "10.0.0.5"
-    assert launch.labels["sparkprov.managed"] == "1" and launch.labels["sparkprov.recipe"] == "nemotron-3-nano"
-    assert re.fullmatch(r"[0-9a-f]{16}", launch.recipe_hash)
-    again = render_launch(CAT.get("nemotron-3-nano"), ctx, catalog=CAT)
-    assert again.recipe_hash == launch.recipe_hash
-    other = render_launch(CAT.get("nemotron-3-nano"), ctx.model_copy(update={"port": 8124}), catalog=CAT)
-    assert other.recipe_hash != launch.recipe_hash
-    assert launch.argv[:3] == ["docker", "run", "-d"] and "--name" in launch.argv and "vllm-main" in launch.argv
+    assert c.labels["sparkprov.managed"] == "1" and c.labels["sparkprov.recipe"] == "nemotron-3-nano"
+    assert re.fullmatch(r"[0-9a-f]{16}", c.hash) and c.labels["sparkprov.recipe_hash"] == c.hash
+    again = recipe_container(render_launch(CAT.get("nemotron-3-nano"), ctx, catalog=CAT))
+    assert again.hash == c.hash
+    other = recipe_container(render_launch(CAT.get("nemotron-3-nano"), ctx.model_copy(update={"port": 8124}),
+                                           catalog=CAT))
+    assert other.hash != c.hash
+    assert c.argv[:3] == ["docker", "run", "-d"] and "--name" in c.argv and "vllm-main" in c.argv
 
 
 def test_catalog_render_tp2_fabric_env_and_flags():
@@ -261,7 +265,7 @@ def test_catalog_render_overrides():
 
 def test_catalog_render_argv_is_a_list_and_json_values_are_compact():
     launch = render_launch(CAT.get("qwen3.6-35b-a3b"), HostServeContext(), catalog=CAT)
-    assert all(isinstance(w, str) for w in launch.argv)
+    assert all(isinstance(w, str) for w in recipe_container(launch).argv)
     assert launch.value("--speculative-config") == '{"method":"mtp","num_speculative_tokens":3,"moe_backend":"triton"}'
     assert json.loads(launch.value("--speculative-config"))["num_speculative_tokens"] == 3
 
@@ -297,8 +301,9 @@ def test_catalog_every_render_passes_the_model_positionally():
             assert not launch.has("--model"), r.alias
             # no removed or deprecated option in any catalog recipe
             assert not [a.flag for a in launch.vllm_args if a.flag in REPLACED], r.alias
-            serve = launch.argv.index("serve") if "serve" in launch.argv else None
-            tail = launch.argv[serve + 1:] if serve is not None else launch.argv[launch.argv.index(launch.image) + 1:]
+            argv = recipe_container(launch).argv
+            serve = argv.index("serve") if "serve" in argv else None
+            tail = argv[serve + 1:] if serve is not None else argv[argv.index(launch.image) + 1:]
             assert tail[0] == r.model.served_ref
 
 
@@ -317,7 +322,7 @@ def test_catalog_render_without_host_uses_shared_defaults_and_pastes_into_a_shel
     launch = render_launch(cat.get("qwen3.6-27b"), HostServeContext(), 1, catalog=cat)
     assert (launch.ctx.model_store, launch.ctx.compile_cache, launch.ctx.api_key_file) == (
         MODEL_STORE, COMPILE_CACHE, API_KEY_FILE)
-    text = launch.shell()
+    text = shell_command(recipe_container(launch).argv)
     assert "'~" not in text and "~/" not in text
     words = shlex.split(text.replace('"$HOME"', "/home/u"))  # what the shell hands docker
     assert "/home/u/vllm:/home/u/vllm" in words and "HF_HOME=/home/u/vllm" in words
@@ -329,7 +334,7 @@ def test_catalog_render_for_a_host_has_absolute_paths_and_no_home_variable():
     cat = load_catalog()
     ctx = HostServeContext.from_host_vars("spark1", {}, home="/home/nvidia")
     launch = render_launch(cat.get("qwen3.6-27b"), ctx, 1, catalog=cat)
-    assert ctx.model_store == "/home/nvidia/vllm" and "$HOME" not in launch.shell()
+    assert ctx.model_store == "/home/nvidia/vllm" and "$HOME" not in shell_command(recipe_container(launch).argv)
 
 
 def test_catalog_has_every_runnable_seed_configuration_of_issue_13():

@@ -91,7 +91,8 @@ def cluster_specs(overrides=None, ip2="192.168.100.12"):
     launches = [(h, render_launch(r, ctx(h, ip, container_name=n), 2, overrides, catalog=cat))
                 for h, ip, n in (("spark1", "192.168.100.11", "sparkprov-l-head"),
                                  ("spark2", ip2, "sparkprov-l-worker"))]
-    return spec.cluster("l", launches, 6379)
+    return [spec.ray_rank("l", h, launch, rank=i, nnodes=2, head_ip="192.168.100.11", ray_port=6379)
+            for i, (h, launch) in enumerate(launches)]
 
 
 def test_cluster_specs_head_and_worker():
@@ -201,9 +202,10 @@ def test_single_spec_is_the_catalog_launch_plus_labels():
         host="spark2", host_known=True, container_name="sparkprov-coder", model_store="/home/n/vllm",
         compile_cache="/home/n/cc", api_key_file="/home/n/.config/sparkprov/api_key"), 1, catalog=cat)
     s = spec.single("coder", "spark2", launch)
+    shown = spec.recipe_container(launch)  # what `invoke recipe` prints
     no_labels = [w for i, w in enumerate(s.argv) if w != "--label" and (i == 0 or s.argv[i - 1] != "--label")]
-    want = [w for i, w in enumerate(launch.argv) if w != "--label" and (i == 0 or launch.argv[i - 1] != "--label")]
-    assert no_labels == want and s.hash == launch.recipe_hash
+    want = [w for i, w in enumerate(shown.argv) if w != "--label" and (i == 0 or shown.argv[i - 1] != "--label")]
+    assert no_labels == want and s.hash == shown.hash
     assert "sparkprov.port=8000" in s.argv and "sparkprov.model=qwen3-coder-next" in s.argv
 
 
@@ -306,7 +308,7 @@ def test_api_key_file_has_one_default_for_recipe_and_cluster_up(tmp_path):
     up = expand_home(node.key_file(loaded.hosts["spark1"].vars), "/home/nvidia")  # what cluster-up uses
     assert shown.api_key_file == up == "/home/nvidia/.config/sparkprov/api_key"
     launch = render_launch(load_catalog().get("qwen3.6-27b"), shown, 1)
-    assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in launch.argv
+    assert f"/home/nvidia/.config/sparkprov/api_key:{KEY_PATH}:ro" in spec.recipe_container(launch).argv
     assert HostServeContext.from_host_vars("h", {}, home="/root").api_key_file == "/root/.config/sparkprov/api_key"
     assert HostServeContext.from_host_vars("h", {"api_key_file": None}, home="/root").api_key_file is None
     assert HostServeContext.from_host_vars("h", {"api_key_file": "/etc/k"}, home="/root").api_key_file == "/etc/k"

@@ -14,7 +14,7 @@ from sparkprov.modules import deployment_history as dh
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.plays import upgrade
 from sparkprov.serving import history, node
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 from tests.unit.test_serving_modules import SMI, fabric
 
 DEP = {"name": "nat", "model": "lab-tiny", "hosts": ["spark1", "spark2"], "tp": 2, "executor": "native"}
@@ -65,7 +65,7 @@ def record_values(history_text: str, smoke):
 def staged_store_for_lab():
     from sparkprov.staging.plan import StoreFacts
 
-    dep = DeploymentArgs.model_validate(DEP)
+    dep = Deployment.model_validate(DEP)
     (repo, rev), = node.repos(dep)
     return StoreFacts(store="/home/nvidia/realtest", refs={f"hub/models--{repo.replace('/', '--')}/refs/{rev}": "d" * 40})
 
@@ -157,9 +157,9 @@ def test_digest_changes_names_a_node_that_runs_another_build():
 
 def test_a_recorded_spec_starts_the_same_containers_again():
     """deployment_from(spec) renders exactly the containers (recipe hashes) of the start it records."""
-    dep = DeploymentArgs.model_validate({**DEP, "image_override": IMG + "-wrong-answers"})
-    back, files = upgrade.deployment_from(dh.spec_of(dep))
-    again = DeploymentArgs.model_validate(back.as_args(files))
+    dep = Deployment.model_validate({**DEP, "image_override": IMG + "-wrong-answers"})
+    back = upgrade.deployment_from(dh.spec_of(dep))
+    again = Deployment.model_validate(back.as_args())
     assert again == dep
     for h in DEP["hosts"]:
         specs = []
@@ -168,7 +168,7 @@ def test_a_recorded_spec_starts_the_same_containers_again():
             specs.append(node.container(d, h, launch, "192.168.100.11", "rank0id" if h == "spark2" else ""))
         assert specs[0].argv == specs[1].argv and specs[0].image == IMG + "-wrong-answers"
     # without the override the recipe's image runs (another hash: cluster-up replaces the containers)
-    plain = DeploymentArgs.model_validate(DEP)
+    plain = Deployment.model_validate(DEP)
     assert node.image_ref(plain) == IMG and node.image_ref(dep) == IMG + "-wrong-answers"
 
 
@@ -187,12 +187,13 @@ def test_cluster_up_image_names_one_deployment():
     from sparkprov.cli.upgrade import apply_image_option
     from sparkprov.serving.playbook import Deployment
 
-    deps = [Deployment("a", "lab-tiny", ["spark1"], 1, {}, None), Deployment("b", "lab-tiny", ["spark2"], 1, {}, None)]
+    deps = [Deployment(name="a", model="lab-tiny", hosts=["spark1"]), Deployment(name="b", model="lab-tiny",
+                                                                                 hosts=["spark2"])]
     with pytest.raises(OptionError, match="one deployment"):
         apply_image_option("sparkprov/lab-vllm-cpu:0.32.0-wrong-answers", deps)
     apply_image_option("sparkprov/lab-vllm-cpu:0.32.0-wrong-answers", deps[:1])
-    assert deps[0].as_args([])["image_override"] == "sparkprov/lab-vllm-cpu:0.32.0-wrong-answers"
-    assert "image_override" not in deps[1].as_args([])  # a deployment without --image: its args as before
+    assert deps[0].as_args()["image_override"] == "sparkprov/lab-vllm-cpu:0.32.0-wrong-answers"
+    assert "image_override" not in deps[1].as_args()  # a deployment without --image: its args as before
 
 
 def test_describe_says_what_failed_and_that_it_rolled_back():
@@ -218,7 +219,7 @@ def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_
     from sparkprov.plays.upgrade import replaced_running
     from sparkprov.serving.playbook import Deployment
 
-    d = Deployment("one", "lab-tiny", ["spark1"], 1, {}, 8000)
+    d = Deployment(name="one", model="lab-tiny", hosts=["spark1"], port=8000)
     first = Report(io.StringIO(), quiet=True)
     first.results.append(TaskResult("spark1", "one: containers", "one: container", "vllm_container", "changed",
                                     "drop the page cache before the load (G15); start sparkprov-one (server, lab-tiny, "

@@ -106,16 +106,17 @@ def test_digest_must_be_sha256_or_unpinned(tmp_path):
 
 def test_native_executor_renders_vllm_multinode_flags_per_rank():
     from sparkprov.catalog.lint import ERROR
+    from sparkprov.serving import spec
 
-    base = dict(fabric_ifaces=["enp1s0f1np1"], node_ip="192.168.100.11", cluster_size=2, executor="native",
-                master_addr="192.168.100.10")
+    base = dict(fabric_ifaces=["enp1s0f1np1"], node_ip="192.168.100.11", cluster_size=2)
     head = render_launch(CAT.get("llama-3.3-70b"), HostServeContext(**base), 2, catalog=CAT)
-    assert head.value("--distributed-executor-backend") == "mp"
-    assert (head.value("--nnodes"), head.value("--node-rank"), head.value("--master-addr"),
-            head.value("--master-port")) == ("2", "0", "192.168.100.10", "29501")
-    assert not head.has("--headless")
-    worker = render_launch(CAT.get("llama-3.3-70b"), HostServeContext(**base, node_rank=1), 2, catalog=CAT)
-    assert worker.has("--headless") and worker.value("--node-rank") == "1"
-    found = [f for f in lint_launch(head, catalog=CAT) if f.severity == ERROR or "Ray" in f.message]
-    assert found == []  # NGC 26.04 has vLLM 0.19: native runs there, and no Ray warning
+    ranks = [spec.native_args(head, rank=r, nnodes=2, pp=1, master_addr="192.168.100.10", master_port=29501)
+             for r in (0, 1)]
+    for rank, argv in enumerate(ranks):
+        i = argv.index("--nnodes")
+        assert argv[i:i + 8] == ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "192.168.100.10",
+                                 "--master-port", "29501"]
+        assert "--distributed-executor-backend" not in argv and ("--headless" in argv) == (rank > 0)
+    assert "--port" in ranks[0] and "--port" not in ranks[1]  # a headless rank serves no API
+    assert [f for f in lint_launch(head, catalog=CAT) if f.severity == ERROR] == []
     assert "native" in CAT.image("nvcr.io/nvidia/vllm:26.04-py3").executors

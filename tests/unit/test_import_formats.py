@@ -21,6 +21,7 @@ from sparkprov.catalog.importer import convert, import_file, lint_imported
 from sparkprov.catalog.lint import errors
 from sparkprov.cli.catalog import recipe_import
 from sparkprov.errors import InputError
+from sparkprov.serving.spec import recipe_container
 from sparkprov.yamlpos import load_yaml
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -64,7 +65,7 @@ def test_nvidia_v3_two_spark_recipe_drops_the_per_rank_options_and_lints_clean(t
     assert errors(findings) == []
     for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
         assert not launch.has(flag), flag
-    assert "$HEAD_IP" not in " ".join(launch.argv)
+    assert "$HEAD_IP" not in " ".join(recipe_container(launch).argv)
     assert launch.env_value("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1"
     assert launch.env_value("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True"
     assert any("--nnodes, --node-rank, --master-addr, --master-port" in p for p in imp.problems)

@@ -14,7 +14,7 @@ from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
 from sparkprov.errors import InputError
 from sparkprov.serving import node, spec, supervise
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 from helpers import one, user
 
 CAT = load_catalog()
@@ -67,7 +67,7 @@ def test_overrides_may_not_set_a_size_against_the_layout(tmp_path):
     assert "dp 2" in override_conflicts({"--data-parallel-size": 4}, Layout(1, 1, 2))
     assert "ep" in override_conflicts({"--enable-expert-parallel": True}, Layout(2))
     with pytest.raises(ValueError, match="conflicts with the deployment's tp 2"):
-        DeploymentArgs(name="x", model="lab-tiny", hosts=["a", "b"], tp=2, overrides={"--tensor-parallel-size": 1})
+        Deployment(name="x", model="lab-tiny", hosts=["a", "b"], tp=2, overrides={"--tensor-parallel-size": 1})
     with pytest.raises(InputError, match="override --pipeline-parallel-size 2 conflicts"):
         render_launch(CAT.get("lab-tiny"), HostServeContext(), 1, {"--pipeline-parallel-size": 2}, catalog=CAT)
     # in a playbook: refused at load, with the file position, before any host
@@ -88,7 +88,7 @@ def test_overrides_may_not_set_a_size_against_the_layout(tmp_path):
 
 def _ranks(layout: Layout) -> dict[str, spec.ContainerSpec]:
     hosts = list(FABRIC)[:layout.nodes]
-    dep = DeploymentArgs(name="l", model="lab-tiny", hosts=hosts, tp=layout.tp, pp=layout.pp, dp=layout.dp,
+    dep = Deployment(name="l", model="lab-tiny", hosts=hosts, tp=layout.tp, pp=layout.pp, dp=layout.dp,
                          ep=layout.ep, executor=layout.executor)
     out = {}
     for h in hosts:

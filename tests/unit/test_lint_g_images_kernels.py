@@ -7,6 +7,7 @@ import textwrap
 from sparkprov.catalog.lint import ERROR, RULES, WARNING, lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
+from sparkprov.serving.spec import recipe_container
 from helpers import one, user
 
 CAT = load_catalog()
@@ -69,7 +70,7 @@ def test_lint_G2_no_false_error_under_the_api_key_wrapper(tmp_path):
     p = tmp_path / "user.yaml"
     cat = load_catalog([p])
     launch = render_launch(cat.get("broken"), HostServeContext(), 1, catalog=cat)
-    assert launch.wrapped and launch.argv.count("serve") == 1
+    assert launch.wrapped and recipe_container(launch).argv.count("serve") == 1
 
 
 def test_lint_g2_bare_on_ngc_image(tmp_path):

@@ -137,8 +137,14 @@ def test_G21_restart_policy_no_warns(tmp_path):
 
 
 # G19: replacing a running launch never uses `docker restart`
-def test_G19_replacing_a_launch_stops_and_removes_before_running():
+def test_G19_replacing_a_container_removes_it_before_running():
+    """docker restart keeps the old CUDA context (G19): cluster-up's start script removes the
+    container of the same name, then runs the new one."""
+    from sparkprov.modules.vllm_container import _run_script
+    from sparkprov.serving import spec
+
     launch = render_launch(CAT.get("qwen3.6-27b"), HostServeContext(), 1, catalog=CAT)
-    steps = launch.replace_argvs()
-    assert [s[:2] for s in steps] == [["docker", "stop"], ["docker", "rm"], ["docker", "run"]]
-    assert all("restart" != s[1] for s in steps) and steps[0][-1] == steps[1][-1] == launch.container_name
+    s = spec.single("q", "spark1", launch)
+    lines = _run_script(s, serves=True).splitlines()
+    assert lines[0].startswith(f"docker rm -f {s.name} ") and lines[-1].startswith("docker run -d ")
+    assert not any(" restart " in ln or ln.startswith("docker restart") for ln in lines)

@@ -18,7 +18,7 @@ import pytest
 
 from sparkprov.catalog.lint import ERROR, lint_launch
 from sparkprov.catalog.load import load_catalog
-from sparkprov.catalog.render import HostServeContext, render_launch
+from sparkprov.catalog.render import HostServeContext, render_launch, shell_command
 from sparkprov.serving import spec
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_parse"
@@ -110,14 +110,14 @@ def test_render_pp_spans_nodes_with_executor_and_bindings():
         render_launch(r, _ctx(0), 1, catalog=cat, pp=0)
 
 
-def test_ray_head_argv_adds_stages_and_executor_only_where_missing():
+def test_ray_head_args_adds_stages_and_executor_only_where_missing():
     cat = load_catalog()
     r = cat.get("lab-tiny")
     tp1 = render_launch(r, _ctx(0), 1, catalog=cat)  # a launch with neither (as if rendered for one Spark)
-    argv = spec.ray_head_argv(tp1, nnodes=2)
+    argv = spec.ray_head_args(tp1, nnodes=2)
     assert argv[-4:] == ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "ray"]
     tp2 = render_launch(r, _ctx(0, cluster_size=2), 2, catalog=cat)
-    assert spec.ray_head_argv(tp2, nnodes=2) == tp2.vllm_argv  # tp 2 x pp 1: today's argv unchanged
+    assert spec.ray_head_args(tp2, nnodes=2) == tp2.vllm_argv  # tp 2 x pp 1: today's argv unchanged
 
 
 def test_g35_counts_tp_times_pp_against_nodes_times_gpus():
@@ -141,12 +141,12 @@ def test_store_paths_without_a_host_are_the_login_users_home():
         launch = render_launch(cat.get(alias), HostServeContext(), 1, catalog=cat)
         for m in launch.mounts:
             assert m.host.count("~") <= 1 and not m.host.startswith("~/vllm/~"), m.host
-        shell = launch.shell()
+        shell = shell_command(spec.recipe_container(launch).argv)
         assert "~" not in shell.replace('"$HOME"', ""), shell
     qwen = render_launch(cat.get("qwen3.5-35b-a3b-fp8"), HostServeContext(), 1, catalog=cat)
-    assert "-v \"$HOME\"/vllm/qwen35-35b-hf:/models/qwen35" in qwen.shell()
+    assert "-v \"$HOME\"/vllm/qwen35-35b-hf:/models/qwen35" in shell_command(spec.recipe_container(qwen).argv)
     nano = render_launch(cat.get("nemotron-3-nano"), HostServeContext(), 1, catalog=cat)
-    assert "--reasoning-parser-plugin \"$HOME\"/vllm/nano_v3_reasoning_parser.py" in nano.shell()
+    assert "--reasoning-parser-plugin \"$HOME\"/vllm/nano_v3_reasoning_parser.py" in shell_command(spec.recipe_container(nano).argv)
     host = render_launch(cat.get("qwen3.5-35b-a3b-fp8"), _ctx(0), 1, catalog=cat)
     assert any(m.host == "/home/nvidia/vllm/qwen35-35b-hf" for m in host.mounts)
 

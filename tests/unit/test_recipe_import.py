@@ -26,6 +26,7 @@ from sparkprov.catalog.importer import convert, detect_format, import_file, lint
 from sparkprov.catalog.lint import ERROR, errors
 from sparkprov.cli.catalog import recipe, recipe_import
 from sparkprov.errors import InputError
+from sparkprov.serving.spec import recipe_container
 from sparkprov.yamlpos import load_yaml
 
 FIX = Path(__file__).parents[1] / "fixtures" / "recipes-foreign"
@@ -85,7 +86,7 @@ def test_eugr_recipe_with_problems_reports_each_one(tmp_path):
     imp, launch, findings = imported(tmp_path, "eugr-broken.yaml")
     text = "\n".join(imp.problems)
     assert "{max_model_len}" in text and "--api-key" in text and "mods (mods/fix-something)" in text
-    assert "sk-not-a-real-key" not in imp.yaml_text("x") and "sk-not-a-real-key" not in " ".join(launch.argv)
+    assert "sk-not-a-real-key" not in imp.yaml_text("x") and "sk-not-a-real-key" not in " ".join(recipe_container(launch).argv)
     lines = [f.line() for f in findings if f.severity == ERROR]
     assert any(l.startswith("ERROR G4 gpt-oss-120b-upstream: --mxfp4-backend is not an option of the vLLM in "
                             "vllm/vllm-openai:v0.24.0 (vLLM 0.24.0") for l in lines)
@@ -102,7 +103,7 @@ def test_real_eugr_recipe_doubled_braces_become_json(tmp_path):
     imp, launch, findings = imported(tmp_path, "eugr-gemma4-26b-a4b-fp8-speculative.yaml")
     assert launch.speculative == {"method": "mtp", "model": "google/gemma-4-26B-A4B-it-assistant",
                                   "num_speculative_tokens": 4, "moe_backend": "triton"}
-    assert not any("{{" in word or "}}" in word for word in launch.argv)
+    assert not any("{{" in word or "}}" in word for word in recipe_container(launch).argv)
     assert launch.model_arg == "google/gemma-4-26B-A4B-it" and launch.recipe.tp_sizes == [2]
     assert launch.value("--max-num-batched-tokens") == "8192" and errors(findings) == []
 

@@ -10,7 +10,7 @@ from sparkprov.modules import (allreduce, deployment_health, docker_image, serve
                                vllm_container, vllm_ready)
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.serving import node
-from sparkprov.serving.playbook import DeploymentArgs
+from sparkprov.serving.playbook import Deployment
 from sparkprov.staging.plan import StoreFacts
 
 HOME = "/home/nvidia"
@@ -43,7 +43,7 @@ def staged_store():
     """A store holding the deployment's weights, verified (as stage-weights leaves it)."""
     from sparkprov.staging.plan import Entry, Record
 
-    dep = DeploymentArgs.model_validate(DEP)
+    dep = Deployment.model_validate(DEP)
     (repo, rev), = node.repos(dep)
     base = "hub/models--" + repo.replace("/", "--")
     commit = "c" * 40

@@ -9,7 +9,7 @@ import subprocess
 from sparkprov.facts.base import ShellCtx
 from sparkprov.staging import fetch, verify
 from sparkprov.staging.facts import StoreState
-from sparkprov.staging.plan import (Entry, Item, Record, Status, StoreFacts, assign, check_disk, format_mtime,
+from sparkprov.staging.plan import (Entry, Item, Record, Status, StoreFacts, check_disk, format_mtime,
                                     parse_mtime, parse_verified, plan_host, split_streams)
 
 C = "c" * 40
@@ -86,25 +86,6 @@ def test_disk_check_reports_numbers():
     problem = check_disk(plan_host("spark2", [a], f), "/home/nvidia/vllm")
     assert problem.message() == ("spark2: not enough space in /home/nvidia/vllm: the stage needs 5.0 GB "
                                  "(+536.9 MB kept free), 2.0 GB free")
-
-
-def test_assign_downloads_once_and_repairs_from_a_peer():
-    a, b = item("a"), item("b")
-    full = _facts()
-    for i in (a, b):
-        full.entries[i.rel] = Entry("f", i.size, 1, "")
-        full.verified[i.rel] = Record(i.size, 1, i.digest)
-    # cold: the source downloads both, everyone else gets them from the source
-    cold = {h: plan_host(h, [a, b], _facts()) for h in ("s1", "s2", "s3")}
-    asg = assign(cold, "s1")
-    assert sorted(i.path for i in asg.download) == ["a", "b"]
-    assert set(asg.pushes) == {("s1", "s2"), ("s1", "s3")}
-    # the source lost b; s2 has everything: nothing from the hub, s2 sends b to s1
-    src = _facts()
-    src.entries[a.rel] = Entry("f", a.size, 1, "")
-    src.verified[a.rel] = Record(a.size, 1, a.digest)
-    asg = assign({"s1": plan_host("s1", [a, b], src), "s2": plan_host("s2", [a, b], full)}, "s1")
-    assert asg.download == [] and asg.pushes == {("s2", "s1"): [b]}
 
 
 def test_split_streams_balances_bytes():

@@ -1,5 +1,6 @@
-"""Issue 12: systemd units for real Sparks, rendered from the same container spec as the lab's
-`docker run -d`, checked by systemd's own parser (`systemd-analyze verify`)."""
+"""Issue 12: systemd units for real Sparks, of the container cluster-up runs assembled in the
+foreground (`invoke recipe ALIAS --systemd` prints them), checked by systemd's own parser
+(`systemd-analyze verify`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sparkprov.catalog.render import HostServeContext, render_launch
 from sparkprov.serving import spec, systemd
 
 
-def _specs():
+def _specs(foreground: bool):
     cat = load_catalog()
     r = cat.get("llama-3.3-70b")
     ctx = dict(host_known=True, model_store="/home/nvidia/vllm", compile_cache="/home/nvidia/vllm-compile-cache",
@@ -24,11 +25,17 @@ def _specs():
                 for n, (h, ip) in enumerate((("spark1", "192.168.100.11"), ("spark2", "192.168.100.12")))]
     single = render_launch(cat.get("qwen3.6-27b"), HostServeContext(host="spark1", **{**ctx, "cluster_size": None}),
                            1, None, catalog=cat)
-    return [spec.single("one", "spark1", single),
+    return [spec.single("one", "spark1", single, foreground=foreground),
             spec.native_rank("l", "spark1", launches[0], rank=0, nnodes=2, pp=1, master_addr="192.168.100.11",
-                             master_port=29501),
+                             master_port=29501, foreground=foreground),
             spec.ray_rank("l", "spark2", launches[1], rank=1, nnodes=2, head_ip="192.168.100.11", ray_port=6379,
-                          rank0_id="0123456789ab")]
+                          rank0_id="0123456789ab", foreground=foreground)]
+
+
+def _foreground(detached: list[str]) -> list[str]:
+    """A detached `docker run` as systemd runs it: --rm for -d, no restart policy."""
+    i = detached.index("--restart")
+    return detached[:2] + ["--rm"] + [w for w in detached[2:i] + detached[i + 2:] if w != "-d"]
 
 
 def _exec_argv(unit: str, key: str) -> list[str]:
@@ -60,17 +67,16 @@ def _exec_argv(unit: str, key: str) -> list[str]:
 
 @pytest.mark.parametrize("which", range(3))
 def test_unit_runs_the_spec_in_the_foreground_and_verifies(tmp_path, which):
-    s = _specs()[which]
+    s, detached = _specs(True)[which], _specs(False)[which]
     unit = systemd.render(s, user="nvidia", start_timeout_s=900)
     assert "Restart=always" in unit and "Restart=on-failure" not in unit and "TimeoutStartSec=900" in unit and "User=nvidia" in unit
     assert 'ExecStartPre=+/bin/sh -c "sync && echo 3 > /proc/sys/vm/drop_caches"' in unit  # G15, as root
     argv = _exec_argv(unit, "ExecStart")
-    want = systemd.foreground_argv(s)
-    assert argv[1:] == want[1:] and argv[0] == "/usr/bin/docker"
-    assert "-d" not in want and "--restart" not in want and want[:3] == ["docker", "run", "--rm"]
-    # the same container otherwise: every flag, label and the wrapper script survive systemd's quoting
-    i = s.argv.index("--restart")
-    assert want == s.argv[:2] + ["--rm"] + [w for w in s.argv[2:i] + s.argv[i + 2:] if w != "-d"]
+    assert argv[1:] == s.argv[1:] and argv[0] == "/usr/bin/docker"
+    assert "-d" not in s.argv and "--restart" not in s.argv and s.argv[:3] == ["docker", "run", "--rm"]
+    # the detached container otherwise (its recipe hash too): every flag, label and the wrapper script
+    # survive systemd's quoting
+    assert s.argv == _foreground(detached.argv) and s.hash == detached.hash
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze is not installed (make deps installs systemd)")
     path = tmp_path / systemd.unit_name(s)
@@ -81,3 +87,22 @@ def test_unit_runs_the_spec_in_the_foreground_and_verifies(tmp_path, which):
                 if str(path.name) in ln or "Unknown" in ln or "Invalid" in ln or "Failed" in ln]
     problems = [p for p in problems if "docker.service" not in p and "Command /usr/bin/docker" not in p]
     assert not problems, res.stderr
+
+
+def test_invoke_recipe_systemd_prints_the_unit_of_what_cluster_up_runs(capsys):
+    """The unit `invoke recipe ALIAS --systemd --host H` prints runs, in the foreground, the container
+    cluster-up starts for `cluster-up --model ALIAS --hosts H` (rendered as the golden file's are)."""
+    from invoke import Context
+
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.cli import catalog as cli
+    from sparkprov.data.inventory import load_inventory
+    from tests.fixtures.golden import make
+
+    cli.recipe(Context(), "qwen3.6-27b", host="spark1", inventory=str(make.INVENTORY), systemd=True)
+    unit = capsys.readouterr().out
+    assert unit.startswith("# spark1: /etc/systemd/system/sparkprov-qwen3.6-27b.service\n[Unit]")
+    up = make.deployment_cases(load_catalog(), load_inventory(make.INVENTORY), "qwen3.6-27b", ["spark1"],
+                               {"name": "qwen3.6-27b"})["spark1"]
+    assert _exec_argv(unit, "ExecStart")[1:] == _foreground(up["argv"])[1:]
+    assert f"(recipe {up['hash']})" in unit and "User=nvidia" in unit
