@@ -18,6 +18,17 @@ from sparkprov.modules.store import EXPORT
 from sparkprov.plays.book import play, run_book, task
 
 
+def store_args(*, prune: list[str], prune_unused: bool = False, compile_cache: bool = False,
+               verify: list[str] | None = None) -> dict[str, Any]:
+    """The store task's arguments: verify these repos ([]: every repo), else prune (what is named,
+    what no deployment uses, the compile cache), else list."""
+    if verify is not None:
+        return {"action": "verify", "verify": verify}
+    pruning = bool(prune or prune_unused or compile_cache)
+    return {"action": "prune" if pruning else "list", "prune": prune, "unused": bool(prune_unused),
+            "compile_cache": bool(compile_cache)}
+
+
 def store_book(hosts: list[str], args: dict[str, Any]) -> Playbook:
     """List first (its export stands for a host whose prune is refused), then prune when asked: both
     read the same facts, gathered once."""
