@@ -11,6 +11,7 @@ from typing import Any
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
+from sparkprov.modules.serve_bench import BENCH, BENCH_MEMBER, BENCH_TARGET
 from sparkprov.plays.book import run_book
 from sparkprov.plays.serve import bench_book
 from sparkprov.serving import bench as sb
@@ -27,12 +28,11 @@ def run_bench(inv: Inventory, targets: list[str], args: dict[str, Any], options:
     """The bench play on the targets (`args`: serve_bench's); every run stored under `results` with
     the deployment's hosts (rank 0 first) and plotted, compared with the last stored one when asked."""
     runner = run_book(inv, bench_book(targets, **args), targets, options, report)
-    exported = {h: runner.exports.get(h) or {} for h in targets}
-    found = BenchRuns(served=[h for h in targets if exported[h].get("bench_target")])
-    members = sorted((h for h in targets if exported[h].get("bench_member")),
-                     key=lambda h: _rank(exported[h]["bench_member"].get("rank")))
+    found = BenchRuns(served=list(BENCH_TARGET.by_host(runner.exports, targets)))
+    ranks = BENCH_MEMBER.by_host(runner.exports, targets)
+    members = sorted(ranks, key=lambda h: _rank(ranks[h].get("rank")))
     for h in targets:
-        rec = exported[h].get("bench")
+        rec = BENCH.read(runner.exports, h)
         if not rec:
             continue
         rec = sb.with_hosts(rec, members)

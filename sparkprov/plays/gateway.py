@@ -13,6 +13,7 @@ from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
 from sparkprov.errors import SparkprovError
+from sparkprov.modules.gateway import GATEWAY
 from sparkprov.plays.book import run_book, serving_options
 from sparkprov.plays.fleet import refuse_unknown
 from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
@@ -55,7 +56,7 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)
     runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
                       options, report)
-    ep = (runner.exports.get(where) or {}).get("gateway") or {}
+    ep = GATEWAY.read(runner.exports, where) or {}
     bind_at = args["bind"] if args["bind"] not in ("0.0.0.0", "::") else inv.hosts[where].address
     return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
                     "models": ep.get("models") or sorted({r["model"] for r in routes}),

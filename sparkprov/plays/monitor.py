@@ -22,7 +22,8 @@ from sparkprov.defaults import host_setting
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
-from sparkprov.modules.fabric_rails import EXPORT as RAILS
+from sparkprov.modules.fabric_rails import FABRIC_RAILS
+from sparkprov.modules.prometheus import MONITOR
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.fleet import read_fleet
 from sparkprov.serving import monitor as mon
@@ -101,7 +102,7 @@ def monitor_files(inv: Inventory, targets: list[str], options: RunOptions, *, ex
     if report.exit_code():
         raise SparkprovError(f"the fabric of the hosts could not be read: {report.first_failure()}: nothing written",
                              fix="bring the host back, or leave it out with --limit")
-    rails = {h: (runner.exports.get(h) or {}).get(RAILS) or [] for h in targets}
+    rails = {h: FABRIC_RAILS.read(runner.exports, h) or [] for h in targets}
     hosts, notes = [], []
     for h in targets:
         addr, note = mon.guard_address(h, rails, None)
@@ -138,7 +139,7 @@ def up(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | N
     runner = run_book(inv, up_book(where, hosts, served, **args), list(dict.fromkeys(list(targets) + [where])),
                       options, report)
     check = options.check
-    doc = dict((runner.exports.get(where) or {}).get("monitor") or {"host": where}, check=bool(check))
+    doc = dict(MONITOR.read(runner.exports, where) or {"host": where}, check=bool(check))
     doc["message"] = (f"Prometheus {'would run' if check else 'runs'} on {where} at {doc.get('url', '?')} "
                       f"(deployments: {', '.join(doc.get('deployments') or []) or 'none yet'}; guards: "
                       + ", ".join(f"{h} {a or 'unreachable'}" for h, a in (doc.get("guards") or {}).items()) + ")")
