@@ -17,7 +17,7 @@ from typing import Any, Literal, TypedDict
 from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.serving import ImageId
 from sparkprov.transport.shell import cmd, heredoc_bytes
 

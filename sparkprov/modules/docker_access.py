@@ -21,7 +21,7 @@ from pydantic import field_validator
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
-from sparkprov.facts.hardware import DockerDaemon, DockerState, GpuSmokeRecord
+from sparkprov.facts.runtimes import DockerDaemon, DockerState, GpuSmokeRecord
 from sparkprov.modules.gpu_smoke import smoke_setting as _smoke
 from sparkprov.transport.shell import cmd
 from typing import Any, TypedDict

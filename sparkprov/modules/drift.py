@@ -21,7 +21,8 @@ import json
 from typing import Any, Literal, TypedDict
 
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, RdmaFirmware, firmware_summary
+from sparkprov.facts.fabric import RdmaFirmware, firmware_summary
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi
 from sparkprov.modules._provision import write_file_script
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 

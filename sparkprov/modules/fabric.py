@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import Ibdev2netdev, NetState, iface_order, nccl_settings
+from sparkprov.facts.fabric import Ibdev2netdev, NetState, iface_order, nccl_settings
 from sparkprov.modules._provision import cluster_order, setting, write_file_script
 from sparkprov.transport.shell import cmd, quote
 

@@ -33,7 +33,7 @@ from typing import Literal, TypedDict
 from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import PROOF_RECORD, MeshProbe
+from sparkprov.facts.fabric import MeshProbe, PROOF_RECORD
 from sparkprov.modules._provision import write_file_script
 from sparkprov.modules.fabric import FABRIC
 from sparkprov.modules.ssh_keypair import SSH_KEY

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 
 from pydantic import Field
 
-from sparkprov.facts.hardware import Ibdev2netdev
+from sparkprov.facts.fabric import Ibdev2netdev
 from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
                                   ib_hca_problems, judge_rail)
 from sparkprov.modules._provision import setting, write_file_script

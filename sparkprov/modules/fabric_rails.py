@@ -4,7 +4,7 @@ know where each node guard answers (on loopback and the fabric addresses only)."
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 from typing import TypedDict
 

@@ -9,7 +9,7 @@ membership and logs in again before planning this, so the test runs in the new s
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import SMOKE_DIR, DockerState, GpuSmokeRecord
+from sparkprov.facts.runtimes import DockerState, GpuSmokeRecord, SMOKE_DIR
 from sparkprov.modules._provision import setting
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd

@@ -5,7 +5,7 @@ when a port open to everyone is neither an API port with a key nor sshd."""
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.ports import FirewallTables, ListeningSockets
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import MemInfo, OllamaState, gib
+from sparkprov.facts.hardware import MemInfo, gib
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.transport.shell import cmd
 from typing import TypedDict
 

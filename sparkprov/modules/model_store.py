@@ -16,7 +16,8 @@ Exports `model_store`: {hf_home, compile_cache, free_bytes, container: {env: {HF
 from __future__ import annotations
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import StoreState, gib
+from sparkprov.facts.files import OwnedTree
+from sparkprov.facts.hardware import gib
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd
 from typing import Any, TypedDict
@@ -61,7 +62,7 @@ class ModelStoreModule(Module):
 
     def needs(self, args: Args, host: HostContext):
         store, cache = _paths(args, host)
-        return {"store": StoreState(store, host.user, ("hub",)), "cache": StoreState(cache, host.user)}
+        return {"store": OwnedTree(store, host.user, ("hub",)), "cache": OwnedTree(cache, host.user)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         store_arg, cache_arg = _paths(args, host)

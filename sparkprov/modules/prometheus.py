@@ -18,7 +18,7 @@ from typing import Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkprov.facts.accounts import docker_problem
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.monitor import FileTree
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import FactView, HostContext, Module, Plan
-from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.facts.hardware import MemInfo, NvidiaSmi, gib
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.rail import QualificationRecord, degraded
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs

@@ -17,7 +17,7 @@ from pydantic import field_validator
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import AuthorizedKeys, SshIdentity
+from sparkprov.facts.ssh import AuthorizedKeys, SshIdentity
 from sparkprov.transport.shell import cmd
 from typing import TypedDict
 

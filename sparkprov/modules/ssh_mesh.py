@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import AuthorizedKeys
+from sparkprov.facts.ssh import AuthorizedKeys
 from sparkprov.modules._provision import write_file_script
 from sparkprov.modules.ssh_keypair import Args as KeyArgs, DEFAULT_KEY, SSH_KEY, mesh_files
 from sparkprov.modules.fabric import FABRIC

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
-from sparkprov.facts.hardware import FabricInfo, NvidiaSmi, OllamaState
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.facts.hardware import NvidiaSmi
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export
 from sparkprov.modules.docker_image import IMAGE_IDS

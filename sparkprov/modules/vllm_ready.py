@@ -15,7 +15,7 @@ from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts import probe
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.serving import SMOKE_DIR, ServeReady
 from sparkprov.modules._serving import ServeArgs
 from sparkprov.serving import node

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from sparkprov.defaults import host_setting
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.staging import fanout, verify
 from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import Item, Status, check_disk, human, plan_host
