@@ -25,6 +25,7 @@ from sparkprov import modules
 from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
 from sparkprov.engine.gather import build_gather, parse_gather
+from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.report import CENSORED, Report, TaskResult
 from sparkprov.engine.validate import validate_playbook_expressions
 from sparkprov.defaults import DEFAULT_FORKS
@@ -38,7 +39,6 @@ from sparkprov.transport.shell import quote
 
 if TYPE_CHECKING:
     from sparkprov.data.inventory import Host, Inventory
-    from sparkprov.data.playbook import Play, Playbook, Task
 
 
 @dataclass

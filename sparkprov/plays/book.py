@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Play, Playbook, Task
+from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, Runner, RunOptions
 

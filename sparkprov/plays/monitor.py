@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Playbook
+from sparkprov.engine.playbook import Playbook
 from sparkprov.defaults import host_setting
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions

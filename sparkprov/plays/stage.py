@@ -22,7 +22,7 @@ from typing import Any
 
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Playbook
+from sparkprov.engine.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
 from sparkprov.errors import SparkprovError

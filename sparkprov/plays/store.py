@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Playbook
+from sparkprov.engine.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
 from sparkprov.modules.store import STORE_CONTENTS, StoreListing
