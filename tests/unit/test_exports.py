@@ -23,7 +23,7 @@ ROOT = Path(sparkprov.modules.__file__).resolve().parents[1]
 # Readers left on the old dict access, in files reworked with serving's core (issue 22): the key each
 # names. Converting one removes it here.
 DICT_READERS = {
-    "cli/cluster.py": ["serving", "containers", "removed", "allreduce", "ports"],
+    "cli/cluster.py": ["serving", "containers", "removed", "allreduce"],
     "cli/catalog.py": ["image_flags"],
     "plays/serve.py": ["serving_status", "ports"],
     "plays/upgrade.py": ["history"],
