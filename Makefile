@@ -19,15 +19,15 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: deps venv
-	$(BIN)/python -m sparkprov.cli.demo
+	$(BIN)/python -m sparklab.demo
 
 # Three at once on a 2-core machine: the lab's caches build in the background (images, lab-tiny,
-# hub repos, the Ray venv, the real vLLM's rootfs: sparkprov/lab/prebuild.py; a test that needs
+# hub repos, the Ray venv, the real vLLM's rootfs: sparklab/prebuild.py; a test that needs
 # one waits on its lock), the unit tests (no lab, no cache) run beside the lab's tests, which wait
 # on engines most of their time. Each suite prints its own summary; either failing fails the run.
 test: deps venv lint
 	@mkdir -p .lab-cache
-	@$(BIN)/python -m sparkprov.lab.prebuild > .lab-cache/prebuild.log 2>&1 & pre=$$!; \
+	@$(BIN)/python -m sparklab.prebuild > .lab-cache/prebuild.log 2>&1 & pre=$$!; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests/unit > .lab-cache/unit.log 2>&1 & unit=$$!; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 tests/lab tests/reliability; lab_rc=$$?; \
 	wait $$unit; unit_rc=$$?; wait $$pre; \
@@ -37,7 +37,7 @@ test: deps venv lint
 	[ $$lab_rc -eq 0 ] && [ $$unit_rc -eq 0 ]
 
 lint: venv  ## ruff and the import contracts (.importlinter)
-	$(BIN)/ruff check sparkprov tests tasks.py bench
+	$(BIN)/ruff check sparkprov sparklab tests tasks.py bench
 	$(BIN)/lint-imports
 
 test-unit: venv

@@ -8,8 +8,8 @@ listed once in TASKS below.
 
 from invoke import Collection, task
 
+from sparklab import tasks as lab  # the lab's tasks, lab.* (sparklab: this repo, never the wheel)
 from sparkprov.cli import bench, catalog, cluster, facts, gateway, guard, monitor, plan, provision, stage, store, upgrade
-from sparkprov.cli.lab import ns as lab  # the lab's tasks, lab.*
 
 TASKS = [
     provision.provision, provision.play, provision.schema, facts.facts, stage.stage_weights, store.store,
@@ -26,4 +26,4 @@ TASKS = [
 ]
 
 ns = Collection(*TASKS)
-ns.add_collection(lab, "lab")
+ns.add_collection(lab.ns, "lab")

@@ -26,20 +26,20 @@ sys.path.insert(0, str(REPO))
 def lab_up(n: int) -> dict[str, str]:
     """A lab of exactly n light hosts (no dockerd): name -> address. Rebuilds the lab when it
     has another host count (that tears down whatever lab was up)."""
-    from sparkprov.lab import up
+    from sparklab import up
 
     res = up.up(n, light=True, images=False, quiet=True)
     return dict(sorted(res.hosts.items(), key=lambda kv: int(kv[0].removeprefix("spark"))))
 
 
 def lab_down() -> None:
-    from sparkprov.lab import up
+    from sparklab import up
 
     up.down(quiet=True)
 
 
 def lab_paths() -> dict[str, Path]:
-    from sparkprov.lab import state
+    from sparklab import state
 
     return {"key": state.key_path(), "known_hosts": state.known_hosts_path(),
             "password": state.password_path(), "inventory": state.inventory_path()}
@@ -48,7 +48,7 @@ def lab_paths() -> dict[str, Path]:
 def in_hosts(names: list[str], script: str) -> list[subprocess.CompletedProcess]:
     """Run a root shell script inside each lab host (nsenter; not through sshd, so it never
     shows in the counts), in parallel."""
-    from sparkprov.lab.hosts import nsexec
+    from sparklab.hosts import nsexec
 
     with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
         return list(ex.map(lambda n: nsexec(n, ["sh", "-c", script], check=False), names))
@@ -60,11 +60,11 @@ ACCEPTED = re.compile(r"Accepted publickey for ")
 
 
 class SshdLogs:
-    """Byte offsets into each host's sshd log (LogLevel VERBOSE, sparkprov/lab/sshd.py); the
+    """Byte offsets into each host's sshd log (LogLevel VERBOSE, sparklab/sshd.py); the
     lines written after `mark()` are what one run cost."""
 
     def __init__(self, names: list[str]):
-        from sparkprov.lab import sshd
+        from sparklab import sshd
 
         self.paths = {n: sshd.log_path(n) for n in names}
         self.offsets: dict[str, int] = {}
@@ -97,7 +97,7 @@ class SshdLogs:
 
 
 def verbose_sshd(names: list[str]) -> None:
-    from sparkprov.lab import sshd
+    from sparklab import sshd
 
     for n in names:
         cfg = sshd.nsexec(n, ["cat", sshd.SSHD_CONFIG]).stdout

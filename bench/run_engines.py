@@ -297,7 +297,7 @@ def bench_count(n: int, runs: int, tools: tuple[str, ...]) -> dict:
 def audit(tools: tuple[str, ...]) -> dict:
     """One verbose run per tool and mode on the current lab: each tool's own log of what it
     executed, to check the sshd counts against (not timed)."""
-    from sparkprov.lab.state import LabRecord
+    from sparklab.state import LabRecord
 
     rec = LabRecord.load()
     hosts = {n: h.address for n, h in sorted(rec.hosts.items(), key=lambda kv: kv[1].index)}
@@ -464,7 +464,7 @@ def main() -> int:
     t0 = time.monotonic()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"engines-{dt.date.today().isoformat()}.json"
-    from sparkprov.lab.hosts import LabError
+    from sparklab.hosts import LabError
 
     kept = []
     if args.merge and path.exists():

@@ -47,7 +47,7 @@ HUB_IP = "10.77.0.1"
 
 
 def lab_hosts() -> dict[str, str]:
-    from sparkprov.lab.state import LabRecord
+    from sparklab.state import LabRecord
 
     rec = LabRecord.load()
     return {n: h.address for n, h in sorted(rec.hosts.items(), key=lambda kv: kv[1].index)}
@@ -132,7 +132,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=4, help="stage-weights --streams (default 4)")
     args = ap.parse_args()
 
-    from sparkprov.lab.hub import RepoSpec, default_root, ensure_generated, start_in_thread
+    from sparklab.hub import RepoSpec, default_root, ensure_generated, start_in_thread
 
     spec = RepoSpec("bench/stage-weights", num_shards=args.shards, total_size=args.size_mb * MiB)
     repo = ensure_generated(spec, default_root())

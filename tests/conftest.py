@@ -17,7 +17,7 @@ def fixtures() -> Path:
 def local_hub(request, tmp_path_factory):
     """The lab's hub on loopback serving one generated repo named by the test module's REPO:
     (server, repo), for staging to hosts of connection: local without the lab."""
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparklab.hub import RepoSpec, ensure_generated, start_in_thread
 
     repo = ensure_generated(RepoSpec(request.module.REPO, num_shards=2, total_size=2 * 1024 * 1024),
                             tmp_path_factory.mktemp("hub"))

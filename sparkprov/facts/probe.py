@@ -11,14 +11,18 @@ Modes (one JSON document on stdout):
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from typing import Any
 
 from sparkprov.transport.shell import quote
 
-PROGRAM = r'''
+_PROGRAM = r'''
+from __future__ import annotations
 import json, os, sys, time, urllib.request, urllib.error
+FAILED_STARTS_DIR = "@failed_starts@"
+@cause_lines@
 mode, base, keyfile = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -69,19 +73,32 @@ elif mode == "ready":
                            capture_output=True, text=True)
         return (r.stdout.split() + ["-", "absent", "0"])[:3] if r.returncode == 0 else ["-", "absent", "0"]
     def logs():
-        r = subprocess.run(["docker", "logs", "--tail", "8", name], capture_output=True, text=True)
-        return " / ".join([l for l in (r.stdout + r.stderr).splitlines() if l.strip()][-3:])[-400:]
+        # why it stopped (the cause lines of the whole log, not its last lines: after a dead engine
+        # those are vLLM's shutdown), and the whole log kept on the host, since a failed start is
+        # removed again
+        r = subprocess.run(["docker", "logs", "--tail", "5000", name], capture_output=True, text=True)
+        text = r.stdout + r.stderr
+        why = " / ".join(cause_lines(text)) or " / ".join([l for l in text.splitlines() if l.strip()][-3:])[-400:]
+        try:
+            d = os.path.expanduser(FAILED_STARTS_DIR)
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "%s-%s.log" % (name, cid[:12]))
+            with open(path, "w") as fh:
+                fh.write(text)
+            return "%s (its whole log: %s/%s-%s.log)" % (why or "(empty)", FAILED_STARTS_DIR, name, cid[:12])
+        except OSError:
+            return why
     cid, status, restarts0 = inspect()
     out = {"container": name, "id": cid}
     phase, last = "start", ""
     while True:
         cid2, status, restarts = inspect()
         if status != "running" or restarts != restarts0 or cid2 != cid:
-            out.update(failed="%s is %s (restarts %s) while loading; its log ends: %s" % (
+            out.update(failed="%s is %s (restarts %s) while loading: %s" % (
                 name, "restarting" if status == "running" else status, restarts, logs() or "(empty)"))
             break
         if time.time() > deadline:
-            out.update(failed="timed out after %ds waiting for %s (%s); its log ends: %s" % (
+            out.update(failed="timed out after %ds waiting for %s (%s): %s" % (
                 spec["timeout"], phase, last or "no answer", logs() or "(empty)"))
             break
         if spec.get("ray_gpus"):
@@ -202,6 +219,44 @@ elif mode == "status":
             out["containers"].append(c)
 print(json.dumps(out))
 '''
+
+
+# Where the ready probe keeps the whole log of a start that failed (the container is removed again).
+FAILED_STARTS_DIR = "~/.cache/sparkprov/failed-starts"
+
+
+def cause_lines(text: str, limit: int = 2) -> list[str]:
+    """The lines of a vLLM container's log that say why it stopped: the first error (a worker that
+    died, an ERROR line, an exception) and the last exception, vLLM's log prefix dropped. Runs on the
+    host inside the probe program too (it travels as its own source text: standard library only)."""
+    import re
+    prefix = re.compile(r"^\((\w+)[^)]*\) (\w+) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\] ?")
+    exception = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b: ")
+    generic = ("Dumping ", "EngineCore encountered a fatal error", "EngineCore failed to start")
+    first, last, in_traceback = None, None, False
+    for raw in text.splitlines():
+        m = prefix.match(raw)
+        level = m.group(2) if m else ""
+        line = (raw[m.end():] if m else raw).strip()
+        if line.startswith("Traceback"):
+            in_traceback = True   # its frames say where, the exception line that ends it says what
+            continue
+        if exception.match(line):
+            in_traceback, last = False, line
+            first = first or line
+            continue
+        if in_traceback or not line or line.startswith(generic):
+            continue
+        if first is None and (level in ("ERROR", "CRITICAL") or line.startswith(
+                ("sparkprov-supervise:", "sparkprov:", "Killed"))):
+            first = line
+    found = [first] if first else []
+    if last and last != first:
+        found.append(last)
+    return [(f if len(f) <= 240 else f[:237] + "...") for f in found[:limit]]
+
+
+PROGRAM = _PROGRAM.replace("@failed_starts@", FAILED_STARTS_DIR).replace("@cause_lines@", inspect.getsource(cause_lines))
 
 
 # Seconds the status probe waits for its one token: a request queued behind a full batch still

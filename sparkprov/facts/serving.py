@@ -197,7 +197,7 @@ class ServeReady(Fact):
                 "if [ \"$1\" != - ] && [ -f \"$m\" ]; then printf '@smoke '; head -c 4000 \"$m\"; echo; fi\n"
                 f"if [ \"$(docker inspect --format '{{{{.State.Status}}}}' {name} 2>/dev/null)\" = running ]; then\n"
                 + ServerState(self.base, self.keyfile).command(sh) +
-                f"\nelse echo '@logs'; docker logs --tail 8 {name} 2>&1 | tail -n 8; fi")
+                f"\nelse echo '@logs'; docker logs --tail 300 {name} 2>&1 | tail -n 300; fi")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         res: dict[str, Any] = {"id": None, "status": "absent", "restarts": 0, "smoke": None, "health": None,

@@ -114,7 +114,7 @@ def program_text() -> str:
 
 
 def start_script() -> str:
-    """Start the guard detached (no systemd): what the lab's boot runs too (lab/boot.py)."""
+    """Start the guard detached (no systemd): what the lab's boot runs too (sparklab/boot.py)."""
     return (f"setsid -f /usr/bin/python3 {quote(g.PROGRAM_PATH)} {quote(g.CONFIG_PATH)} "
             f"</dev/null >>{quote(g.LOG_PATH)} 2>&1")
 

@@ -93,7 +93,7 @@ class LabHandle:
         return list(self.hosts)
 
     def exec(self, host: str, argv, **kw) -> subprocess.CompletedProcess:
-        from sparkprov.lab.hosts import nsexec
+        from sparklab.hosts import nsexec
         return nsexec(host, argv, **kw)
 
     def sh(self, host: str, script: str, **kw) -> subprocess.CompletedProcess:
@@ -111,7 +111,7 @@ class LabHandle:
         """An inventory of every lab host (the lab's key, known_hosts, sudo password file) with
         the model store and compile cache as provision uses them, and the lab's rail floor
         (state.LAB_RAIL_VARS: veths, not 200G links); `extra_vars` lines go under vars:."""
-        from sparkprov.lab.state import lab_vars_yaml
+        from sparklab.state import lab_vars_yaml
 
         path.write_text(
             "defaults:\n  user: nvidia\n"
@@ -130,7 +130,7 @@ class LabHandle:
 
 def snapshot() -> dict:
     """What a lab could leave behind: namespaces, links, mounts, processes outside our netns."""
-    from sparkprov.lab import net
+    from sparklab import net
     own_net = os.stat("/proc/self/ns/net").st_ino
     procs = {}
     for d in os.listdir("/proc"):
@@ -160,7 +160,7 @@ def lab_session():
     changed, so it is taken down and made again from nothing, as on a clean machine; it is left
     up at the end as it was found (a fresh one now). A lab this session brought up is taken down."""
     require(missing_prerequisites())
-    from sparkprov.lab import state, up
+    from sparklab import state, up
 
     found = state.STATE_DIR.is_dir() and any(state.STATE_DIR.iterdir())
     if found:

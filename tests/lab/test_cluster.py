@@ -8,7 +8,7 @@ call per host; cluster-down removes exactly sparkprov's containers; two differen
 two hosts; a worker with a wrong fabric address and a host without weights fail with the host
 and the cause, leaving nothing running.
 """
-# Engine: the stand-in (sparkprov/lab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_vllm.py.
+# Engine: the stand-in (sparklab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_vllm.py.
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def hub(lab):
     """The lab hub as lab.up runs it (not restarted: it already serves every catalog repo)."""
     from types import SimpleNamespace
 
-    from sparkprov.lab.hub import ensure_lab_hub, hub_status, lab_token
-    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT
+    from sparklab.hub import ensure_lab_hub, hub_status, lab_token
+    from sparklab.state import BRIDGE_IP, HUB_PORT
 
     pid = (hub_status(lab.state_dir) or {}).get("pid")
     url = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
@@ -50,7 +50,7 @@ def hub(lab):
 
 @pytest.fixture(scope="module")
 def env(lab, hub, tmp_path_factory):
-    from sparkprov.lab.state import lab_vars_yaml
+    from sparklab.state import lab_vars_yaml
 
     d = tmp_path_factory.mktemp("cluster")
     inv = d / "inventory.yaml"
@@ -65,8 +65,8 @@ def env(lab, hub, tmp_path_factory):
                                   f"  - {{name: one, model: {SINGLE[0]}, hosts: spark1}}\n"
                                   f"  - {{name: two, model: {SINGLE[1]}, hosts: spark2}}\n")
     from sparkprov.cli.common import run_playbook
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the lab fixture brings the lab up without them
 
@@ -317,8 +317,8 @@ def test_two_models_on_two_hosts_and_one_gateway_in_front(env):
     """Two models on two hosts; then `invoke gateway up` (LiteLLM's proxy, the lab's build of it)
     reaches each by model name with its own key; cluster-down of one takes its route away; gateway
     down removes the proxy and the file holding the servers' keys."""
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
     from sparkprov.serving import gateway as gw
 
     lab = env["lab"]
@@ -479,7 +479,7 @@ def test_check_changes_nothing_anywhere(env):
 
 def test_ulimit_memlock_unlimited_container_starts(env):
     """Recipes (qwen3.6-35b-a3b-ngc, gemma-4-26b-a4b-fp8-mtp) run with --ulimit memlock=-1."""
-    from sparkprov.lab import dockerd
+    from sparklab import dockerd
 
     lab = env["lab"]
     for h in lab.names:
@@ -501,8 +501,8 @@ def test_nccl_check_over_the_fabric(env):
     import subprocess
     import time
 
-    from sparkprov.lab import image
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab import image
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     lab = env["lab"]
     base = image.ensure_base()

@@ -178,7 +178,7 @@ def test_wrong_sudo_password_is_a_clear_per_host_failure(lab, clean, book, tmp_p
 
 
 def test_stopped_sshd_unreachable_while_others_finish(lab, clean, book, tmp_path):
-    from sparkprov.lab import faults
+    from sparklab import faults
 
     inv = write_inventory(lab, tmp_path / "inv.yaml")
     down, up = lab.names[0], lab.names[1:]

@@ -21,8 +21,8 @@ from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
 from sparkprov.facts.rail import QUAL_PATH
-from sparkprov.lab import faults
-from sparkprov.lab.state import LAB_RAIL_VARS, RAIL_IFACES
+from sparklab import faults
+from sparklab.state import LAB_RAIL_VARS, RAIL_IFACES
 
 pytestmark = pytest.mark.lab
 

@@ -1,6 +1,6 @@
 """The node guard (issue 25) on the lab: one TP 2 native deployment of lab-tiny on the real vLLM
 across spark1 and spark2 (as `make demo`), shared by three faults, each as a Spark shows it
-(sparkprov/lab/faults.py): memory pressure (the host's /proc/meminfo reads 1.9% available),
+(sparklab/faults.py): memory pressure (the host's /proc/meminfo reads 1.9% available),
 an NVRM NV_ERR_NO_MEMORY line in the host's kernel log (verbatim from a GB10), and a hung engine
 (its EngineCore SIGSTOPped: /health stays 200). For each: the guard of that host, and no other,
 journals the event and stops the host's serving container within ACT_BOUND_S; `invoke status`

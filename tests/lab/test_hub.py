@@ -22,7 +22,7 @@ from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNot
 from huggingface_hub.file_download import http_get
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-from sparkprov.lab.hub import (
+from sparklab.hub import (
     HubControl,
     RepoSpec,
     check_bind_address,
@@ -32,11 +32,12 @@ from sparkprov.lab.hub import (
     start_in_thread,
     stop_hub,
 )
-from sparkprov.lab.hub.__main__ import parse_rate
-from sparkprov.lab.hub.repos import read_safetensors_header
-from sparkprov.lab.hub.server import read_token_file
+from sparklab.hub.__main__ import parse_rate
+from sparklab.hub.repos import read_safetensors_header
+from sparklab.hub.server import read_token_file
 from tests.lab.conftest import require
 
+REPO = Path(__file__).resolve().parents[2]   # `python -m sparklab.hub` runs from here (the lab is in no wheel)
 TOKEN = "hf_lab_" + "x" * 30
 MB = 1_000_000
 QWEN = "Qwen/Qwen3.5-122B-A10B-FP8"
@@ -492,15 +493,15 @@ def test_cli_generate_only_with_yaml_spec(tmp_path):
     spec = tmp_path / "repos.yaml"
     spec.write_text("repos:\n  - repo_id: org/cli-model\n    num_shards: 2\n    total_size: 65536\n    gated: true\n"
                     "    config: {num_hidden_layers: 4}\n")
-    out = subprocess.run([sys.executable, "-m", "sparkprov.lab.hub", "--generate-only", "--spec", str(spec),
-                          "--root", str(tmp_path / "root")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "sparklab.hub", "--generate-only", "--spec", str(spec),
+                          "--root", str(tmp_path / "root")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     repo = ensure_generated(RepoSpec("org/cli-model", num_shards=2, total_size=65536, gated=True,
                                      config={"num_hidden_layers": 4}), tmp_path / "root")
     assert f"repo org/cli-model commit {repo.commit}" in out.stdout and "gated" in out.stdout
     assert json.loads(repo.file_path("config.json").read_text())["num_hidden_layers"] == 4
-    bad = subprocess.run([sys.executable, "-m", "sparkprov.lab.hub", "--bind", "0.0.0.0", "--generate-only"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "sparklab.hub", "--bind", "0.0.0.0", "--generate-only"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "refusing to bind" in bad.stderr
 
 
@@ -509,7 +510,7 @@ def test_lab_hub_serves_every_catalog_repo_gated_behind_the_lab_token(tmp_path, 
     values; the catalog's gated repos need the lab token (0600 in the state dir); a second call
     (the next lab.up, the demo) keeps the same hub running."""
     from sparkprov.catalog.load import load_catalog
-    from sparkprov.lab.hub import catalog_repos, ensure_lab_hub, lab_repos, lab_token
+    from sparklab.hub import catalog_repos, ensure_lab_hub, lab_repos, lab_token
 
     infos = load_catalog().repos()
     assert {s.repo_id for s in catalog_repos()} == {i.repo for i in infos}

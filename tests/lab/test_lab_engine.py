@@ -1,4 +1,4 @@
-"""The lab engine (sparkprov/lab/engine): a vLLM stand-in. Runs it as a subprocess on 127.0.0.1."""
+"""The lab engine (sparklab/engine): a vLLM stand-in. Runs it as a subprocess on 127.0.0.1."""
 # Engine: the stand-in itself (its behaviour as measured on the real vLLM: docs/real-vllm.md).
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkprov.lab.engine.testing import QWEN3_CONFIG, make_repo
+from sparklab.engine.testing import QWEN3_CONFIG, make_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,14 +46,14 @@ def env_for(hf_home, **extra):
 
 
 def run_cli(args, env, timeout=30, python=sys.executable):
-    return subprocess.run([python, "-m", "sparkprov.lab.engine", *args], env=env, cwd=ROOT,
+    return subprocess.run([python, "-m", "sparklab.engine", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
 class Engine:
     def __init__(self, hf_home, model="Qwen/Qwen3-0.6B", args=(), python=sys.executable, **env):
         self.port = free_port()
-        self.proc = subprocess.Popen([python, "-m", "sparkprov.lab.engine", "serve", model, "--host",
+        self.proc = subprocess.Popen([python, "-m", "sparklab.engine", "serve", model, "--host",
                                       "127.0.0.1", "--port", str(self.port), *args],
                                      env=env_for(hf_home, **env), cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
@@ -319,7 +319,7 @@ def ray_py():
     """A Python with Ray and the lab engine's packages, as the lab's Ray image has them: this one
     if it imports ray (or $LAB_ENGINE_RAY_PYTHON), else a venv in the lab's cache made once with the
     versions of the lab image's pip layer. Never a skip: a fresh machine installs it."""
-    from sparkprov.lab.prebuild import ensure_ray_venv
+    from sparklab.prebuild import ensure_ray_venv
 
     for py in (sys.executable, os.environ.get("LAB_ENGINE_RAY_PYTHON")):
         if py and os.path.exists(py) and subprocess.run([py, "-c", "import ray"],
@@ -399,7 +399,7 @@ def test_ray_pg_timeout_when_gpus_are_taken(ray_cluster, hf_home, ray_py):
 
 
 def test_gloo_interface_missing(hf_home):
-    from sparkprov.lab.engine import collective
+    from sparklab.engine import collective
     with pytest.raises(collective.GlooError, match="Unable to find address for: nosuch0"):
         collective.interface_ipv4("nosuch0")
 
@@ -472,7 +472,7 @@ class LoggedEngine:
         self.port = port or free_port()
         self.log = tmp_path / f"{name}.log"
         self.fh = open(self.log, "w")
-        self.proc = subprocess.Popen([python, "-m", "sparkprov.lab.engine", "serve", "Qwen/Qwen3-0.6B",
+        self.proc = subprocess.Popen([python, "-m", "sparklab.engine", "serve", "Qwen/Qwen3-0.6B",
                                       "--host", "127.0.0.1", "--port", str(self.port), *args],
                                      env=env_for(hf_home, **env), cwd=ROOT, stdout=self.fh,
                                      stderr=subprocess.STDOUT, text=True)
@@ -710,7 +710,7 @@ def test_native_multinode_bad_layouts_fail(hf_home):
 
 # ---------------------------------------------------------------- what an image's vLLM says about itself
 def test_version_and_help_all(hf_home):
-    from sparkprov.lab.engine import VERSION
+    from sparklab.engine import VERSION
     env = env_for(hf_home)
     r = run_cli(["--version"], env)
     assert r.returncode == 0 and r.stdout.strip() == VERSION
@@ -729,15 +729,14 @@ def test_version_and_help_all(hf_home):
 def test_an_old_vllm_knows_no_native_multinode(hf_home, tmp_path):
     # the lab image of an older vLLM carries its version in image_version next to the engine
     pkg = tmp_path / "pkg"
-    shutil.copytree(ROOT / "sparkprov" / "lab" / "engine", pkg / "sparkprov" / "lab" / "engine",
+    shutil.copytree(ROOT / "sparklab" / "engine", pkg / "sparklab" / "engine",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for d in (pkg / "sparkprov", pkg / "sparkprov" / "lab"):
-        (d / "__init__.py").write_text("")
-    (pkg / "sparkprov" / "lab" / "engine" / "image_version").write_text("0.10.2\n")
+    (pkg / "sparklab" / "__init__.py").write_text("")
+    (pkg / "sparklab" / "engine" / "image_version").write_text("0.10.2\n")
     env = env_for(hf_home, PYTHONPATH=str(pkg))
 
     def old(*args):
-        return subprocess.run([sys.executable, "-m", "sparkprov.lab.engine", *args], env=env, cwd=pkg,
+        return subprocess.run([sys.executable, "-m", "sparklab.engine", *args], env=env, cwd=pkg,
                               capture_output=True, text=True, timeout=30)
     r = old("--version")
     assert r.stdout.strip() == "0.10.2"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sparkprov.lab import faults, gb10, state
+from sparklab import faults, gb10, state
 
 pytestmark = pytest.mark.lab
 
@@ -309,7 +309,7 @@ def test_faults_sshd_dockerd_and_shaping(lab):
 
 
 def test_up_is_idempotent_and_inventory(lab):
-    from sparkprov.lab import up
+    from sparklab import up
     t0 = time.monotonic()
     res = up.up(2, images=False, quiet=True)
     assert res.changed == []
@@ -321,7 +321,7 @@ def test_up_is_idempotent_and_inventory(lab):
 
 
 def test_ollama_standin_holds_and_frees_memory(lab):
-    from sparkprov.lab import ollama
+    from sparklab import ollama
     h = "spark1"
     try:
         ollama.start_ollama(h, preload="llama3.1:8b", size_mb=200)
@@ -350,7 +350,7 @@ def test_ollama_standin_holds_and_frees_memory(lab):
 @pytest.mark.lab_teardown
 def test_down_leaves_nothing_behind(lab):
     from conftest import snapshot
-    from sparkprov.lab import hosts, net, up
+    from sparklab import hosts, net, up
     # simulate a crash first: spark1's anchor and sshd die without any clean-up
     rec = state.LabRecord.load()
     ns_before = {n: (os.stat(f"/proc/{h.anchor_pid}/ns/net").st_ino,

@@ -16,8 +16,8 @@ import urllib.request
 
 import pytest
 
-from sparkprov.lab import faults, image, state
-from sparkprov.lab.engine.testing import make_repo
+from sparklab import faults, image, state
+from sparklab.engine.testing import make_repo
 from tests.lab.conftest import require
 
 pytestmark = pytest.mark.lab
@@ -245,7 +245,7 @@ def test_ray_tp2_engine_dies_when_the_worker_node_reboots(lab, fabric, hf_store)
         assert gone, "the head kept answering /health after its Ray worker node went away:\n" + log[-2000:]
         print(f"ray TP2: reboot of spark2 began -> head /health gone after {gone[0]:.1f}s")
         assert "EngineCore encountered a fatal error." in log, log[-2000:]
-        assert lab.sh("spark1", f"{DOCKER} exec {RAY_NAME} pgrep -f 'sparkprov.lab.engine'").returncode != 0
+        assert lab.sh("spark1", f"{DOCKER} exec {RAY_NAME} pgrep -f 'sparklab.engine'").returncode != 0
     finally:
         for h in ADDR:
             lab.sh(h, f"{DOCKER} rm -f {RAY_NAME}")

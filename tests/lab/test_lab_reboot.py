@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from sparkprov.lab import faults
-from sparkprov.lab.state import FABRIC_IFACES
+from sparklab import faults
+from sparklab.state import FABRIC_IFACES
 from tests.lab.conftest import require
 
 pytestmark = pytest.mark.lab
@@ -51,8 +51,8 @@ def netplan_dir(lab):
 
 @pytest.fixture(scope="module")
 def smoke_image(lab):
-    from sparkprov.lab import image
-    from sparkprov.lab.state import LabRecord
+    from sparklab import image
+    from sparklab.state import LabRecord
     url = LabRecord.load().registry_url
     require([] if url else ["the lab registry (lab.up did not start it: docker-registry, make deps)"])
     image.ensure_images(url, [image.SMOKE_IMAGE])

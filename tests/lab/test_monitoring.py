@@ -35,7 +35,7 @@ recipes:
     title: lab-tiny with n-gram speculative decoding (tests/lab/test_monitoring.py)
     args:
       - --max-model-len: 2048
-      - --dtype: bfloat16
+      - --dtype: float32
       - --max-num-seqs: 16
       - --enforce-eager
       - --speculative-config: {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3, prompt_lookup_min: 2}
@@ -89,8 +89,8 @@ def changed(doc: dict) -> list[dict]:
 
 
 def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_returns_data(env):
-    from sparkprov.lab.image import PROMETHEUS_IMAGE, ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import PROMETHEUS_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     lab = env["lab"]
     t_start = time.monotonic()

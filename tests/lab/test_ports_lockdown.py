@@ -33,7 +33,7 @@ import pytest
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
-from sparkprov.lab.prebuild import RAY_VENV, ensure_ray_venv
+from sparklab.prebuild import RAY_VENV, ensure_ray_venv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
@@ -59,9 +59,9 @@ def cli(env, task, *args, timeout=900):
 @pytest.fixture(scope="module")
 def env(lab, tmp_path_factory):
     from sparkprov.cli.common import run_playbook
-    from sparkprov.lab.hub import ensure_lab_hub, lab_token
-    from sparkprov.lab.image import VLLM_CPU_IMAGE, ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
+    from sparklab.hub import ensure_lab_hub, lab_token
+    from sparklab.image import VLLM_CPU_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
     from sparkprov.plays.stage import StageOptions, run_stage
 
     hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
@@ -262,7 +262,7 @@ def test_native_tp2_internals_are_closed(env):
     assert_locked(env, NATIVE_MODEL, 8000)
     assert_ports_report(env, 8000)
     # a power cycle loses the kernel's rules; the boot loads them again before docker starts
-    from sparkprov.lab import boot
+    from sparklab import boot
 
     before = env["lab"].sh("spark2", f"nft list table inet sparkprov-{NATIVE_MODEL}").stdout
     res = boot.reboot("spark2")

@@ -57,7 +57,7 @@ def by(report: Report, host: str) -> dict[str, object]:
 def smoke_image(lab):
     """The lab's small smoke image in the lab registry (cached build); None: smoke test skipped."""
     try:
-        from sparkprov.lab import image, state
+        from sparklab import image, state
 
         rec = state.LabRecord.load()
         image.ensure_images(rec.registry_url or "http://10.77.0.1:5000", [image.SMOKE_IMAGE])
@@ -149,7 +149,7 @@ def test_second_run_changes_nothing_in_two_remote_calls(lab, converged, fresh):
 
 
 def test_mtu_changed_behind_our_back_is_repaired_and_reported(lab, converged, fresh):
-    from sparkprov.lab import faults
+    from sparklab import faults
 
     faults.reset_mtu("spark2", "enp1s0f1np1", 1500)
     try:
@@ -164,7 +164,7 @@ def test_mtu_changed_behind_our_back_is_repaired_and_reported(lab, converged, fr
 
 
 def test_too_old_driver_fails_that_host_and_the_other_completes(lab, converged, fresh):
-    from sparkprov.lab import gb10
+    from sparklab import gb10
 
     old = gb10.read_gpu_conf("spark2")["DRIVER_VERSION"]
     gb10.set_driver_version("spark2", "575.57.08")

@@ -65,7 +65,7 @@ def test_every_layout_of_every_recipe_is_accepted_by_the_real_vllm_parser():
 
     require(missing_prerequisites(("unshare", "chroot", "tar")))
     t0 = time.monotonic()
-    from sparkprov.lab.image import ensure_vllm_rootfs
+    from sparklab.image import ensure_vllm_rootfs
 
     root = ensure_vllm_rootfs()
     spec = importlib.util.spec_from_file_location("render_all", FIX / "render_all.py")
@@ -177,8 +177,8 @@ def test_dp2_and_two_replicas_behind_the_gateway(env, cleanup):  # noqa: F811 (t
     assert rc == 0, out
 
     # two single-node replicas of the same model behind the gateway: one endpoint, both serve
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
     from sparkprov.serving import gateway as gw
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [gw.IMAGE])

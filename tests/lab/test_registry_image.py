@@ -1,4 +1,4 @@
-"""The lab registry and the lab serving image (sparkprov.lab.registry, sparkprov.lab.image).
+"""The lab registry and the lab serving image (sparklab.registry, sparklab.image).
 
 Root only. The pull tests run a registry and a dockerd of their own in a temporary network
 namespace (loopback only) and remove both at the end; nothing leaves the machine. The first
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkprov.lab import image, registry
+from sparklab import image, registry
 from tests.lab.conftest import missing_prerequisites, require
 
 TOOLS = [registry.REGISTRY_BIN, "/usr/sbin/debootstrap", "/usr/sbin/dockerd", "/usr/bin/docker"]
@@ -46,7 +46,7 @@ IMAGES = ["vllm/vllm-openai:cu130-nightly", "nvcr.io/nvidia/vllm:25.12.post1-py3
           image.SMOKE_IMAGE, CUSTOM]
 
 # A stand-in for the lab engine, so these tests check the image machinery whether or not
-# sparkprov/lab/engine/ exists yet; test_real_engine_in_image uses the real one.
+# sparklab/engine/ exists yet; test_real_engine_in_image uses the real one.
 FAKE_MAIN = """\
 import sys
 import huggingface_hub
@@ -123,18 +123,18 @@ def ns_state(tmp_path_factory) -> Path:
 def ns_registry(netns, ns_state) -> str:
     """The lab registry (main listener on :5000, alias on :80) inside the namespace."""
     state = ns_state
-    _in_ns(netns, "import sys; from pathlib import Path; from sparkprov.lab.registry import "
+    _in_ns(netns, "import sys; from pathlib import Path; from sparklab.registry import "
            "ensure_registry; print(ensure_registry(Path(sys.argv[1]), '127.0.0.1', 5000))",
            str(state))
     yield NS_REG
     subprocess.run(["ip", "netns", "exec", netns, PY, "-c",
-                    "import sys; from pathlib import Path; from sparkprov.lab.registry import "
+                    "import sys; from pathlib import Path; from sparklab.registry import "
                     "stop_registry; stop_registry(Path(sys.argv[1]))", str(state)], cwd=REPO)
 
 
 def _push_in_ns(ns: str, engine_dir: Path, images: list[str]) -> tuple[dict, str, float]:
     t0 = time.monotonic()
-    r = subprocess.run(["ip", "netns", "exec", ns, PY, "-m", "sparkprov.lab.image",
+    r = subprocess.run(["ip", "netns", "exec", ns, PY, "-m", "sparklab.image",
                         "--registry", NS_REG, "--engine-dir", str(engine_dir), *images],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr
@@ -157,7 +157,7 @@ def ns_dockerd(netns, ns_registry, pushed):
     shutil.copyfile("/etc/hosts", d / "hosts")
     with open(d / "hosts", "a") as fh:
         fh.write("".join(line + "\n" for line in settings["etc_hosts"]))
-    from sparkprov.lab.hosts import cgroup_mount_lines
+    from sparklab.hosts import cgroup_mount_lines
 
     cg = cgroup_mount_lines()
     script = "\n".join([
@@ -170,7 +170,7 @@ def ns_dockerd(netns, ns_registry, pushed):
     # The lab's NVIDIA hook stand-in on dockerd's PATH makes `--gpus all` work (lab-notes).
     (d / "bin").mkdir()
     (d / "bin" / "nvidia-container-runtime-hook").symlink_to(
-        REPO / "sparkprov/lab/standins/nvidia-container-runtime-hook")
+        REPO / "sparklab/standins/nvidia-container-runtime-hook")
     env = {"PATH": f"{d}/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
     log = open(d / "dockerd.log", "wb")
     proc = subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-c", script],
@@ -340,7 +340,7 @@ def test_push_is_idempotent_with_real_entrypoints(netns, ns_registry, pushed, fa
     print(f"\n[timing] second ensure (nothing to push): {secs:.2f}s")
     assert again["images"] == pushed["images"]
     assert "pushed" not in log and "uploaded" not in log
-    cfgs = json.loads(_in_ns(netns, "import json, sys; from sparkprov.lab.image import "
+    cfgs = json.loads(_in_ns(netns, "import json, sys; from sparklab.image import "
                              "image_config; print(json.dumps({n: image_config(sys.argv[1], n) "
                              "for n in sys.argv[2:]}))", NS_REG, *IMAGES))
     openai = cfgs["vllm/vllm-openai:cu130-nightly"]["config"]
@@ -423,7 +423,7 @@ def test_docker_pull_through_mirror_and_alias(ns_dockerd, pushed, ns_state):
 
 
 @pytest.mark.skipif(not (image.ENGINE_DIR / "__main__.py").exists(),
-                    reason="sparkprov/lab/engine/ not written yet")
+                    reason="sparklab/engine/ not written yet")
 @heavy
 def test_real_engine_in_image(netns, ns_registry, ns_dockerd):
     name = "vllm/vllm-openai:sparkprov-engine-test"

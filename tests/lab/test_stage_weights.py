@@ -34,8 +34,8 @@ MiB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
-    from sparkprov.lab.hub.manage import default_root
+    from sparklab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparklab.hub.manage import default_root
 
     root = default_root()
     specs = [RepoSpec("stagetest/qwen-mini", num_shards=3, total_size=24 * MiB),
@@ -293,8 +293,8 @@ def test_host_to_host_fan_out_over_fabric(setup):
     # The host-to-host path stands on provision (fabric addresses, the SSH mesh pinned for them)
     # and the serving image in the lab registry: make sure both are there, as an owner would.
     from sparkprov.cli.common import run_playbook
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")
     prov = lab.write_inventory(setup["inv"].parent / "provision-inventory.yaml")

@@ -72,7 +72,7 @@ MANAGED = "sparkprov.managed=1"
 
 
 def lab_hub_token(lab) -> str:
-    from sparkprov.lab.hub import hub_status, lab_token
+    from sparklab.hub import hub_status, lab_token
 
     st = hub_status(lab.state_dir)
     assert st and st["url"] == LAB_HUB, f"the lab hub is not serving on {LAB_HUB} (invoke lab.up): {st}"

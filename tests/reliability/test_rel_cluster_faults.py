@@ -23,8 +23,8 @@ def served(lab, tmp_path_factory):
     env = cli_env(token_file(d / "hf-token", lab_hub_token(lab)))
     inv = write_inventory(lab, d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
     pb = serve_playbook(d / "cluster.yaml", "relfault")
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the serving images in the lab registry (lab.up does not push them)
     converge(inv)
@@ -44,7 +44,7 @@ def _up(served, timeout=420):
 
 
 def test_dockerd_killed_before_cluster_up_fails_naming_the_host_and_starts_nothing(lab, served):
-    from sparkprov.lab import dockerd, faults
+    from sparklab import dockerd, faults
 
     victim, healthy = "spark2", "spark1"
     assert "killed" in faults.kill_dockerd(victim)

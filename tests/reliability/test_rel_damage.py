@@ -86,8 +86,8 @@ DAMAGES = [
 
 @pytest.fixture(scope="module")
 def hub():
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
-    from sparkprov.lab.hub.manage import default_root
+    from sparklab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparklab.hub.manage import default_root
 
     root = default_root()
     repo = ensure_generated(RepoSpec(MODEL, num_shards=2, total_size=4 * MiB), root)

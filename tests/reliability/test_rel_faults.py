@@ -36,7 +36,7 @@ def inv(lab, tmp_path_factory):
 
 def _sshd_pids(host: str) -> list[int]:
     """The host's sshd: its listener and every session it serves (processes of that host only)."""
-    from sparkprov.lab.hosts import host_pids
+    from sparklab.hosts import host_pids
 
     out = []
     for pid in host_pids(host):
@@ -73,7 +73,7 @@ def _finish(proc: subprocess.Popen, seen: str, timeout: float = 300) -> str:
 
 
 def test_sshd_killed_mid_run_that_host_unreachable_others_finish_limit_rerun_completes(lab, inv):
-    from sparkprov.lab import faults
+    from sparklab import faults
 
     victim, other = "spark2", "spark1"
     lab.sh(victim, DAMAGE)
@@ -147,7 +147,7 @@ def test_fabric_link_cut_after_fabric_before_mesh_check_is_a_clear_failure(lab, 
     from sparkprov.data.inventory import load_inventory
     from sparkprov.data.playbook import load_playbook
     from sparkprov.engine.run import Runner, RunOptions
-    from sparkprov.lab import faults
+    from sparklab import faults
     from sparkprov.modules import fabric_mesh
 
     from ._lab import PLAYBOOK
@@ -178,7 +178,7 @@ def test_fabric_link_cut_after_fabric_before_mesh_check_is_a_clear_failure(lab, 
 
 
 def test_dockerd_killed_is_a_clear_failure_of_that_host_only(lab, inv):
-    from sparkprov.lab import dockerd, faults
+    from sparklab import dockerd, faults
 
     faults.kill_dockerd("spark2")
     try:
@@ -199,7 +199,7 @@ def test_dockerd_killed_is_a_clear_failure_of_that_host_only(lab, inv):
 def test_replaced_host_key_is_refused_also_with_accept_new_host_keys(lab, inv, tmp_path):
     """A man in the middle: spark2 answers with another host key (regenerated inside the host,
     sshd restarted). known_hosts is never touched; the other host completes."""
-    from sparkprov.lab import sshd
+    from sparklab import sshd
 
     known_before = lab.known_hosts.read_text()
     key = sshd.HOST_KEY

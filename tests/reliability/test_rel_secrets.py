@@ -109,7 +109,7 @@ class Sampler:
             self.found.append((what, pid, text, what.endswith("environ") and _in_container(pid)))
 
     def _loop(self) -> None:
-        from sparkprov.lab.hosts import host_pids
+        from sparklab.hosts import host_pids
 
         while not self._stop.is_set():
             ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
@@ -137,8 +137,8 @@ class Sampler:
 
 
 def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
-    from sparkprov.lab.hub import HubControl
-    from sparkprov.lab.state import STATE_DIR
+    from sparklab.hub import HubControl
+    from sparklab.state import STATE_DIR
 
     hf_token = lab_hub_token(lab)
     password = lab.password
@@ -146,8 +146,8 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
     env = cli_env(tok)
     inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
     pb = serve_playbook(tmp_path / "cluster.yaml", "relsecret")
-    from sparkprov.lab.image import ensure_images
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the serving images in the lab registry (lab.up does not push them)
     converge(inv)

@@ -34,8 +34,8 @@ RATE = "40mbit"                            # ~5 MB/s on the rail: the fan-out ta
 
 @pytest.fixture(scope="module")
 def hub():
-    from sparkprov.lab.hub import RepoSpec, ensure_generated, start_in_thread
-    from sparkprov.lab.hub.manage import default_root
+    from sparklab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparklab.hub.manage import default_root
 
     root = default_root()
     repo = ensure_generated(RepoSpec(MODEL, num_shards=6, total_size=TOTAL), root)
@@ -67,7 +67,7 @@ def _tx(lab, host: str, iface: str) -> int:
 
 
 def _rsyncs(lab, host: str) -> list[int]:
-    from sparkprov.lab.hosts import host_pids
+    from sparklab.hosts import host_pids
 
     out = []
     for pid in host_pids(host):
@@ -80,7 +80,7 @@ def _rsyncs(lab, host: str) -> list[int]:
 
 
 def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab, hub, tmp_path):
-    from sparkprov.lab import faults
+    from sparklab import faults
 
     server, repo = hub
     inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {server.url}\n")

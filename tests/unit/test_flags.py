@@ -104,7 +104,7 @@ def test_g4_deprecated_model_flag_warns():
 
 def test_parse_help_reads_the_lab_engines_help_all_and_it_knows_the_catalogs_flags(tmp_path):
     # the lab's vLLM stand-in answers `vllm serve --help=all` the way vLLM does (argparse format)
-    from sparkprov.lab.engine import cli as lab_cli
+    from sparklab.engine import cli as lab_cli
 
     _top, serve = lab_cli.build_parser()
     text = lab_cli.serve_help(serve, "all")

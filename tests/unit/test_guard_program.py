@@ -339,7 +339,7 @@ def test_kernel_log_reads_only_what_was_appended_after_it_opened(tmp_path):
 
 
 def test_lab_memory_pressure_meminfo_is_a_spark_near_exhaustion():
-    from sparkprov.lab.faults import pressure_meminfo
+    from sparklab.faults import pressure_meminfo
 
     real = "MemTotal:       24683308 kB\nMemFree:        22000000 kB\nMemAvailable:   23000000 kB\nCached:  1 kB\n"
     fake = g.parse_meminfo(pressure_meminfo(real))

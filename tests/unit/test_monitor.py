@@ -42,9 +42,9 @@ SECRET = "sk-sparkprov-test-0123456789abcdef-must-never-leak"
 def lab_metric_names() -> set[str]:
     """The sample names of the lab engine's /metrics, with speculative decoding on (its
     spec_decode counters appear only then, as in vLLM), after one request's worth of counts."""
-    from sparkprov.lab.engine import cli as lab_cli
-    from sparkprov.lab.engine.engine import Config
-    from sparkprov.lab.engine.server import Server
+    from sparklab.engine import cli as lab_cli
+    from sparklab.engine.engine import Config
+    from sparklab.engine.server import Server
 
     log = logging.getLogger("test_monitor")
     args, _ = lab_cli.parse(["serve", "org/model", "--host", "127.0.0.1", "--port", "0", "--speculative-config",

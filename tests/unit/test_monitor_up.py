@@ -199,11 +199,11 @@ def test_the_up_book_reads_rails_everywhere_and_keys_with_no_log_before_promethe
 
 
 def test_the_lab_runs_debians_prometheus_under_the_name_its_inventory_gives():
-    """The lab image (sparkprov/lab/image.py): Debian's package, the binary as the entrypoint as in
+    """The lab image (sparklab/image.py): Debian's package, the binary as the entrypoint as in
     upstream's image (so monitor up's arguments run both); the lab's generated inventory names it."""
-    from sparkprov.lab import image
-    from sparkprov.lab.state import HostRecord, LabRecord
-    from sparkprov.lab.up import inventory_text
+    from sparklab import image
+    from sparklab.state import HostRecord, LabRecord
+    from sparklab.up import inventory_text
 
     assert image.image_kind(image.parse_ref(image.PROMETHEUS_IMAGE)) == "prometheus"
     assert image.PROMETHEUS_PACKAGES == ("prometheus",)

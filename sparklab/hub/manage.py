@@ -37,8 +37,8 @@ def catalog_repos() -> list[RepoSpec]:
 
 
 def lab_tiny_repo() -> RepoSpec:
-    """The lab's real model, as trained on this machine (built once: sparkprov.lab.tinymodel)."""
-    from sparkprov.lab.tinymodel import REPO_ID, ensure_tiny_model
+    """The lab's real model, as trained on this machine (built once: sparklab.tinymodel)."""
+    from sparklab.tinymodel import REPO_ID, ensure_tiny_model
 
     return RepoSpec(REPO_ID, num_shards=1, files_dir=str(ensure_tiny_model()))
 
@@ -81,7 +81,7 @@ def ensure_lab_hub(state_dir: Path, bind_ip: str, port: int = 8080) -> str:
 
 def default_root() -> Path:
     """Where generated repos are cached: hub/ of the lab's cache (state.cache_root, read at each call)."""
-    from sparkprov.lab.state import cache_root
+    from sparklab.state import cache_root
 
     return cache_root() / "hub"
 
@@ -90,12 +90,18 @@ def _hub_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "hub"
 
 
+# How a hub process is recognised by its argv: `python -m sparklab.hub`, or the module's name
+# before the lab left the sparkprov package, so that a hub started by an older checkout and still
+# running is stopped or reused, not left holding the port.
+HUB_MODULES = (b"sparklab.hub", b"sparkprov.lab.hub")
+
+
 def _pid_is_hub(pid: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"sparkprov.lab.hub" in cmdline
+    return any(m in cmdline for m in HUB_MODULES)
 
 
 def _read_state(hub_dir: Path) -> dict | None:
@@ -174,15 +180,16 @@ def ensure_hub(
     elif token_path.exists():
         token_path.unlink()
 
-    argv = [sys.executable, "-m", "sparkprov.lab.hub", "--bind", bind_ip, "--port", str(port),
+    argv = [sys.executable, "-m", "sparklab.hub", "--bind", bind_ip, "--port", str(port),
             "--root", str(root), "--spec", str(spec_path)]
     if token:
         argv += ["--token-file", str(token_path)]
     if throttle_bps:
         argv += ["--throttle", str(throttle_bps)]
     env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # the directory holding the sparklab package (the checkout: the lab is in no installed wheel)
+    lab_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = lab_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = open(hub_dir / "hub.log", "ab")
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""`invoke lab.*`: the simulated Spark lab (run as root)."""
+"""`invoke lab.*`: the simulated Spark lab (run as root); the repo's tasks.py adds this collection."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ from invoke import Collection, task
 
 from sparkprov.cli.common import user_errors
 from sparkprov.cli.options import choice_option, int_option, text_option
-from sparkprov.lab import faults as _faults
-from sparkprov.lab import up as _up
+from sparklab import faults as _faults
+from sparklab import up as _up
 
 
 @task(help={"hosts": "number of simulated Sparks (2: point-to-point fabric cables; "

@@ -29,7 +29,7 @@ RLIMIT_LOG = "/var/log/sparklab-runc.log"
 RUNC = "/usr/sbin/runc"
 RLIMIT_RUNTIME_SCRIPT = f"""#!/usr/bin/python3
 # sparkprov lab: runc with each container rlimit capped at the hard limit this dockerd has
-# (root here may not raise hard limits: no CAP_SYS_RESOURCE). See sparkprov/lab/dockerd.py.
+# (root here may not raise hard limits: no CAP_SYS_RESOURCE). See sparklab/dockerd.py.
 import json, os, resource, sys, time
 args = sys.argv[1:]
 bundle = None
@@ -97,7 +97,7 @@ def cgroup_parent(name: str) -> str:
 
 def daemon_json(settings: dict | None = None) -> str:
     """/etc/docker/daemon.json of a host: the lab registry as mirror and insecure registry
-    (`settings`: the "daemon" part of sparkprov.lab.registry.client_settings, if given)."""
+    (`settings`: the "daemon" part of sparklab.registry.client_settings, if given)."""
     reg = f"http://{BRIDGE_IP}:{REGISTRY_PORT}"
     conf = {"registry-mirrors": [reg], "insecure-registries": [f"{BRIDGE_IP}:{REGISTRY_PORT}"]}
     conf.update(settings or {})

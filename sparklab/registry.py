@@ -212,7 +212,7 @@ def client_settings(registry_url: str, hostnames: list[str]) -> dict:
     """What a lab host's dockerd needs to pull every lab image from this registry.
 
     ``hostnames``: registries other than Docker Hub that image names use (from
-    :func:`sparkprov.lab.image.registry_hostnames`), e.g. ``["nvcr.io"]``.
+    :func:`sparklab.image.registry_hostnames`), e.g. ``["nvcr.io"]``.
     Returns ``{"daemon": {...daemon.json keys...}, "etc_hosts": ["10.77.0.1 nvcr.io", ...]}``.
     """
     host = registry_url.split("://", 1)[1].rsplit(":", 1)[0]

@@ -9,7 +9,7 @@ waits for it rather than building it a second time, and a build this run cannot 
 a bad wheel) is left to the test that needs it, which fails naming the cause. So each step here is
 best effort: its failure is logged and the next step runs.
 
-    python -m sparkprov.lab.prebuild
+    python -m sparklab.prebuild
 """
 from __future__ import annotations
 

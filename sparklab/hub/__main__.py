@@ -1,4 +1,4 @@
-"""python -m sparkprov.lab.hub --bind 10.77.0.1 --port 8080 --spec repos.yaml [--token-file F] [--throttle 50M]"""
+"""python -m sparklab.hub --bind 10.77.0.1 --port 8080 --spec repos.yaml [--token-file F] [--throttle 50M]"""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def parse_rate(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sparkprov.lab.hub", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m sparklab.hub", description=__doc__)
     p.add_argument("--bind", default="127.0.0.1", help="loopback or lab bridge address (10.77.0.0/24)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--root", type=Path, default=None, help="cache of generated repos (default: hub/ of the lab's cache)")

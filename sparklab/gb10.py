@@ -1,5 +1,5 @@
 """GB10 stand-ins: what a DGX Spark has that this machine lacks (GPU tools, RoCE names,
-release file, container toolkit). The files live in sparkprov/lab/standins/ (also used by
+release file, container toolkit). The files live in sparklab/standins/ (also used by
 vagrant/), and go into each host's private /usr/local/bin and /etc."""
 from __future__ import annotations
 

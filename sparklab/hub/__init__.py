@@ -1,6 +1,6 @@
 """The lab's Hugging Face Hub: generated model repos served over the Hub's HTTP protocol.
 
-    from sparkprov.lab.hub import ensure_hub, ensure_lab_hub, lab_token, stop_hub, HubControl, RepoSpec
+    from sparklab.hub import ensure_hub, ensure_lab_hub, lab_token, stop_hub, HubControl, RepoSpec
     url = ensure_lab_hub(state_dir, "10.77.0.1", 8080)   # what lab.up runs: every catalog repo, small
     url = ensure_hub(state_dir, "10.77.0.1", 8080, repos=["Qwen/Qwen3.5-122B-A10B-FP8", ...], token=tok)
     # clients: HF_ENDPOINT=url HF_HUB_DISABLE_XET=1 (hf download, snapshot_download, ...)

@@ -59,7 +59,7 @@ class RepoSpec:
     config: dict = field(default_factory=dict)
     dtype: str = ""  # tensor dtype of the weights; default BF16, F8_E4M3 for "*FP8*" repos
     extra_files: int = 0  # small files under extras/ (tree pagination, folders)
-    # A directory of real model files (a trained model: sparkprov.lab.tinymodel) published as they
+    # A directory of real model files (a trained model: sparklab.tinymodel) published as they
     # are instead of generated ones; the directory's name changes with its content.
     files_dir: str = ""
 

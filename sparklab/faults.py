@@ -307,7 +307,7 @@ ACTIONS = {
 def reboot(host: str, down_seconds: float = 2.0) -> str:
     """Power-cycle the host: every process killed, live network settings reset, then booted
     from what is persisted (netplan, sshd, dockerd; containers by their restart policy).
-    See sparkprov.lab.boot."""
+    See sparklab.boot."""
     from . import boot
     return boot.describe(host, boot.reboot(host, down_seconds))
 

@@ -25,8 +25,8 @@ def _step(n: int, text: str) -> None:
 
 def _hub_token() -> str:
     """The lab hub (as lab.up left it: every catalog repo; nothing restarted) and its token."""
-    from sparkprov.lab.hub import ensure_lab_hub, lab_token
-    from sparkprov.lab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
+    from sparklab.hub import ensure_lab_hub, lab_token
+    from sparklab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
 
     ensure_lab_hub(STATE_DIR, BRIDGE_IP, HUB_PORT)
     return lab_token(STATE_DIR)
@@ -37,15 +37,17 @@ HOSTS = ["spark1", "spark2"]
 
 
 def main() -> int:
+    from invoke import Context
+
     from sparkprov.cli import cluster as cluster_cli
     from sparkprov.cli.common import REPO, run_playbook
     from sparkprov.cli.stage import stage_weights
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.run import make_transport
-    from sparkprov.lab import state, up as lab_up
-    from sparkprov.lab.image import ensure_images
+    from sparklab import state, up as lab_up
+    from sparklab.image import ensure_images
     from sparkprov.serving.gateway import IMAGE as GATEWAY_IMAGE
-    from sparkprov.lab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     t0 = time.monotonic()
     _step(1, "lab.up: two simulated Sparks, registry with the serving images (the real vLLM's too), hub")
@@ -64,11 +66,11 @@ def main() -> int:
         return code
 
     _step(3, f"stage-weights {MODEL}")
-    stage_weights(None, MODEL, inventory=inv_path)
+    stage_weights(Context(), MODEL, inventory=inv_path)
 
     _step(4, f"cluster-up --model {MODEL} --tp 2 --executor native (the real vLLM, one rank per Spark)")
     try:
-        cluster_cli.cluster_up(None, model=MODEL, tp=2, executor="native", hosts=",".join(HOSTS), inventory=inv_path)
+        cluster_cli.cluster_up(Context(), model=MODEL, tp=2, executor="native", hosts=",".join(HOSTS), inventory=inv_path)
     except SystemExit as exc:  # cluster-up ends through finish(): only a failure stops the demo
         if exc.code:
             print("demo: cluster-up failed", file=sys.stderr)

@@ -37,10 +37,10 @@ def _optional(modname: str, attr: str):
     """An attribute of a shared-service module other engineers own, or None (with a note)."""
     import importlib
     try:
-        mod = importlib.import_module(f"sparkprov.lab.{modname}")
+        mod = importlib.import_module(f"sparklab.{modname}")
         return getattr(mod, attr)
     except (ImportError, AttributeError):
-        _say(f"note: sparkprov.lab.{modname}.{attr} is not available yet; skipped")
+        _say(f"note: sparklab.{modname}.{attr} is not available yet; skipped")
         return None
 
 
@@ -302,7 +302,7 @@ def down(purge: bool = False, *, quiet: bool = False) -> list[str]:
         for modname, attr in (("registry", "stop_registry"), ("hub", "stop_hub")):
             try:
                 import importlib
-                stop = getattr(importlib.import_module(f"sparkprov.lab.{modname}"), attr)
+                stop = getattr(importlib.import_module(f"sparklab.{modname}"), attr)
             except (ImportError, AttributeError):
                 continue
             try:

@@ -1,13 +1,13 @@
 """The lab engine: a stand-in for vLLM that behaves like vLLM wherever sparkprov touches it.
 
-Run as ``python3 -m sparkprov.lab.engine serve MODEL [flags]`` (the lab image's ``vllm``
+Run as ``python3 -m sparklab.engine serve MODEL [flags]`` (the lab image's ``vllm``
 wrapper does exactly that). Standard library only, plus ``ray`` for tensor parallelism with
 Ray (an image without Ray fails there as vLLM does).
 sparkprov's product code never imports this package.
 
 VERSION is the vLLM version this engine claims (``vllm --version``, ``/version``, the start-up
 log). A lab image carries its catalog image's version in the file ``image_version`` next to this
-one (see sparkprov.lab.image); without it the engine claims DEFAULT_VERSION. Which flags the
+one (see sparklab.image); without it the engine claims DEFAULT_VERSION. Which flags the
 engine accepts follows the version (cli.FLAG_SINCE), as with the real vLLM.
 
 Failure behaviour (as measured on the real vLLM)
