@@ -34,7 +34,6 @@ class ImageFlags(TypedDict):
 
 
 IMAGE_FLAGS: Export[ImageFlags] = Export("image_flags", ImageFlags, "the images' IDs and digests, where their options are cached")
-EXPORT = IMAGE_FLAGS.key  # the key, for readers in serving's core that still index the exports by it (cli/catalog.py)
 
 
 class ImageFlags(Module):

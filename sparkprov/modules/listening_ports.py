@@ -24,7 +24,6 @@ def fabric_addresses(fabric: dict) -> list[str]:
 
 PORTS: Export[list[dict[str, Any]]] = Export("ports", list, "every listening port: process, deployment, reach, flag "
                                                             "(serving/ports.py report)")
-EXPORT = PORTS.key  # the key, for readers in serving's core that still index the exports by it
 
 
 class ListeningPorts(Module):
