@@ -37,6 +37,8 @@ HOSTS = ["spark1", "spark2"]
 
 
 def main() -> int:
+    from invoke import Context
+
     from sparkprov.cli import cluster as cluster_cli
     from sparkprov.cli.common import REPO, run_playbook
     from sparkprov.cli.stage import stage_weights
@@ -64,11 +66,11 @@ def main() -> int:
         return code
 
     _step(3, f"stage-weights {MODEL}")
-    stage_weights(None, MODEL, inventory=inv_path)
+    stage_weights(Context(), MODEL, inventory=inv_path)
 
     _step(4, f"cluster-up --model {MODEL} --tp 2 --executor native (the real vLLM, one rank per Spark)")
     try:
-        cluster_cli.cluster_up(None, model=MODEL, tp=2, executor="native", hosts=",".join(HOSTS), inventory=inv_path)
+        cluster_cli.cluster_up(Context(), model=MODEL, tp=2, executor="native", hosts=",".join(HOSTS), inventory=inv_path)
     except SystemExit as exc:  # cluster-up ends through finish(): only a failure stops the demo
         if exc.code:
             print("demo: cluster-up failed", file=sys.stderr)

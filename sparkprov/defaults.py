@@ -18,6 +18,7 @@ RAY_PORT = 6379                                 # Ray head's GCS port
 MASTER_PORT = 29501                             # vLLM native multi-node rendezvous (--master-port)
 RAY_VERSION = "2.60.0"  # baked into a derived image when a deployment's image ships no Ray (never pip at start)
 RAY_DERIVED_PREFIX = "sparkprov/ray-"  # those derived images: sparkprov/ray-VERSION:BASE-HASH
+DEFAULT_FORKS = 32                              # --forks: hosts worked on at once
 
 HOST_VAR_DEFAULTS: dict[str, Any] = {
     "model_store": MODEL_STORE,

@@ -1,12 +1,24 @@
-"""`invoke bench DEPLOYMENT`: vLLM's benchmark client against a running deployment, as a play on the
-engine (sparkprov/plays/serve.py bench_book, the module sparkprov/modules/serve_bench.py), so it
-has --check, --json, --limit, --forks, the recap and the exit codes of every command. The runs
-are stored, plotted and compared here (sparkprov/serving/bench.py).
+"""`invoke bench DEPLOYMENT`: vLLM's benchmark client against a running deployment. Parses and
+prints; sparkprov/plays/bench.py runs the play (so it has --check, --json, --limit, --forks, the
+recap and the exit codes of every command) and stores, plots and compares the runs.
+
+data, plays, serving, outputs (tempfile) and rich load inside the functions, not at the top: tasks.py imports every cli
+module, and `invoke --list` stays fast.
 """
 
 from __future__ import annotations
 
+import json as _json
+import re
 import sys
+
+from invoke import task
+
+from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
+from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, int_option, parse_forks,
+                                   positional, text_option)
+from sparkprov.defaults import DEFAULT_FORKS
+from sparkprov.errors import SparkprovError
 
 HELP = {
     "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
@@ -33,6 +45,7 @@ HELP = {
 DEPLOYMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 
 
+@task(help=HELP)
 def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prompts=None, results=None,
           compare=False, timeout=None, check=False, json=False, hosts=None, inventory=None, limit=None, forks=None,
           accept_new_host_keys=False, profile=None, export=None):
@@ -40,16 +53,10 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
     stored as JSON under its recipe hash and image with its provenance (image digest, model commit,
     driver, kernel, layout), plotted (PNG), compared with --compare; --export writes a stored run
     as NVIDIA's performance.yaml."""
-    import re
-
-    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import OptionError, parse_forks, positional, text_option
-    from sparkprov.outputs import check_output_dir, check_output_file
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.engine.run import DEFAULT_FORKS
-    from sparkprov.plays import serve as plays
-    from sparkprov.serving import bench as sb
+    from sparkprov.outputs import check_output_dir, check_output_file
+    from sparkprov.plays.bench import run_bench
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
@@ -67,34 +74,21 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         report = Report(out, quiet=json)
-        runner = plays.run_book(inv, plays.bench_book(targets, **args), targets,
-                                engine_options(check=check, forks=forks, accept_new_host_keys=accept_new_host_keys), report)
-        served = [h for h in targets if (runner.exports.get(h) or {}).get("bench_target")]
-        members = sorted((h for h in targets if (runner.exports.get(h) or {}).get("bench_member")),
-                         key=lambda h: _rank(runner.exports[h]["bench_member"].get("rank")))
-        runs = []
-        for h in targets:
-            rec = (runner.exports.get(h) or {}).get("bench")
-            if not rec:
-                continue
-            rec = sb.with_hosts(rec, members)
-            old = sb.previous(store_at, rec) if compare else None
-            path = sb.store(store_at, rec)
-            png = sb.plot(rec, path.with_suffix(".png"))
-            runs.append({**rec, "path": str(path), "plot": str(png),
-                         "compare": sb.compare(rec, old) if old else None, "compared": bool(compare)})
-    if not served and report.exit_code() == 0:
+        found = run_bench(inv, targets, args, engine_options(check=check, forks=forks,
+                                                             accept_new_host_keys=accept_new_host_keys),
+                          report, results=store_at, compare=compare)
+    if not found.served and report.exit_code() == 0:
         print(f"sparkprov: no host of {', '.join(targets)} serves {deployment} "
               "(fix: invoke status shows what runs; invoke cluster-up starts it)", file=sys.stderr)
         finish(2)
     if json:
-        print_report(report, True, bench={"deployment": deployment, "check": bool(check), "runs": runs,
-                                          "served_on": served})
+        print_report(report, True, bench={"deployment": deployment, "check": bool(check), "runs": found.runs,
+                                          "served_on": found.served})
     else:
-        for r in runs:
+        for r in found.runs:
             print_run(r)
-        if check and served:
-            print(f"would run vllm bench serve for {deployment} on {', '.join(served)}; nothing ran")
+        if check and found.served:
+            print(f"would run vllm bench serve for {deployment} on {', '.join(found.served)}; nothing ran")
         report.recap()
     finish(report.exit_code())
 
@@ -102,7 +96,6 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
 def bench_args(deployment: str, *, concurrency=None, input_len=None, output_len=None, prompts=None, timeout=None,
                profile=None) -> dict:
     """The serve_bench arguments from the options: a named profile's values, unless an option gives its own."""
-    from sparkprov.cli.options import choice_option, csv_option, float_option, int_option
     from sparkprov.serving import bench as sb
 
     profile = choice_option("profile", profile, sorted(sb.PROFILES))
@@ -118,18 +111,8 @@ def bench_args(deployment: str, *, concurrency=None, input_len=None, output_len=
             "profile": profile}
 
 
-def _rank(value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 1 << 30  # unknown ranks after the known ones
-
-
 def export_run(deployment: str, results, out, check: bool) -> None:
     """The newest stored run of the deployment, as NVIDIA's performance.yaml (written atomically)."""
-    import json as _json
-
-    from sparkprov.errors import SparkprovError
     from sparkprov.outputs import write_text_atomic
     from sparkprov.serving import bench as sb
 

@@ -167,7 +167,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         if not check and (cleaned or any(r.module == "vllm_container" and r.status == "changed"
                                          for r in report.results)):
             # a running gateway routes to what serves now (a run that changed nothing leaves it be)
-            from sparkprov.cli.gateway import refresh
+            from sparkprov.plays.gateway import refresh
             summary["gateway"] = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
     print_report(report, json, cluster=summary)
     if not json:
@@ -252,7 +252,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
         removed = {h: (runner.exports.get(h) or {}).get("removed", []) for h in targets}
         gateway = None
         if not check and any(removed.values()):
-            from sparkprov.cli.gateway import refresh
+            from sparkprov.plays.gateway import refresh
             gateway = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
     print_report(report, json, removed=removed, gateway=gateway)
     if gateway and not json:

@@ -3,6 +3,7 @@ playbook, printing the recap or the JSON, and turning errors into one line and a
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -11,9 +12,27 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
+from sparkprov.cli.options import csv_option, hosts_option, parse_forks
+from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import InputError, SparkprovError
 
 REPO = Path(__file__).resolve().parents[2]
+
+# The options the playbook commands share (provision, play, facts): one wording for each.
+COMMON_HELP = {
+    "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
+    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
+    "playbook": "Playbook file to run",
+    "check": "Check mode: show what would change, change nothing",
+    "diff": "Show before/after for files and settings",
+    "json": "Print one JSON document instead of the recap",
+    "limit": "Further limit the selected hosts (pattern, e.g. 'spark2' or '!spark1')",
+    "tags": "Only run tasks with these tags (comma-separated)",
+    "skip_tags": "Skip tasks with these tags (comma-separated)",
+    "forks": "How many hosts to work on at once (default 32)",
+    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
+    "verbose": "Say where the engine splits a play's one apply call, and why",
+}
 
 
 def inventory_path(option: str | None) -> str:
@@ -56,7 +75,6 @@ def select_hosts(inventory, hosts: str | None, limit: str | None) -> list[str]:
     """--hosts chooses the targets (not given: all); --limit narrows them further. A pattern that
     is given but empty, or selects no host, is an error: `--hosts "$UNSET"` must never mean
     "every host in the inventory"."""
-    from sparkprov.cli.options import hosts_option
     from sparkprov.data.inventory import check_host_files, implicit_localhost
 
     hosts = hosts_option("hosts", hosts)
@@ -92,9 +110,7 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     from sparkprov.data.inventory import load_inventory
     from sparkprov.data.playbook import load_playbook
     from sparkprov.engine.report import Report
-    from sparkprov.engine.run import DEFAULT_FORKS, Runner, RunOptions
-
-    from sparkprov.cli.options import csv_option, parse_forks
+    from sparkprov.engine.run import Runner, RunOptions
 
     with user_errors():
         # options first: a bad value is reported before any file is read
@@ -126,8 +142,6 @@ def _check_tags(book, option: str, tags: list[str]) -> None:
     known = {t for play in book.plays for task in play.tasks + play.handlers for t in task.tags} | {"always"}
     for tag in tags:
         if tag not in known:
-            import difflib
-
             close = difflib.get_close_matches(tag, sorted(known), n=1)
             raise InputError(f"{option} {tag!r}: no task of {book.path} has this tag",
                              fix=f"did you mean {close[0]!r}?" if close else f"tags there: {', '.join(sorted(known))}")
@@ -154,10 +168,8 @@ def print_json(data) -> None:
 
 
 def engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
-    """The engine's options for the serving commands' plays: every later play's facts are read
-    with the first gather (gather_ahead), so a run with nothing to do costs one call per host."""
-    from sparkprov.cli.options import parse_forks
-    from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
+    """The engine's options for the serving commands' plays (plays/book.py serving_options), --forks parsed."""
+    from sparkprov.plays.book import serving_options
 
-    return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
-                      forks=parse_forks(forks, DEFAULT_FORKS), gather_ahead=True)
+    return serving_options(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
+                           forks=parse_forks(forks, DEFAULT_FORKS))

@@ -1,31 +1,37 @@
-"""`invoke facts`: what each host looks like, as a table or JSON."""
+"""`invoke facts`: what each host looks like, as a table or JSON. Parses and prints;
+sparkprov/plays/facts.py gathers them.
+
+data, plays and rich load inside the functions, not at the top: tasks.py imports every cli module,
+and `invoke --list` stays fast.
+"""
 
 from __future__ import annotations
 
 import sys
 
-from sparkprov.cli.common import finish, inventory_path, print_json, select_hosts, user_errors
+from invoke import task
+
+from sparkprov.cli.common import COMMON_HELP, finish, inventory_path, print_json, select_hosts, user_errors
+from sparkprov.cli.options import parse_forks
+from sparkprov.defaults import DEFAULT_FORKS
 
 
-def show_facts(*, hosts, inventory, as_json, limit, forks, accept_new_host_keys) -> None:
+@task(help={k: COMMON_HELP[k] for k in ("hosts", "inventory", "json", "limit", "forks", "accept_new_host_keys")})
+def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, accept_new_host_keys=False):
+    """Show each host's facts: identity, GPU, driver, CUDA, memory, fabric, docker."""
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.gather import gather_facts
-    from sparkprov.facts.profile import host_profile
-
-    from sparkprov.cli.options import parse_forks
-    from sparkprov.engine.run import DEFAULT_FORKS
+    from sparkprov.plays.facts import read_facts
 
     with user_errors():
         forks = parse_forks(forks, DEFAULT_FORKS)
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
-        result = gather_facts(inv, targets, host_profile(), forks=forks,
-                              accept_new_host_keys=accept_new_host_keys)
-    if as_json:
+        result, code = read_facts(inv, targets, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    if json:
         print_json(result)
     else:
         _print_tables(result)
-    finish(0 if all(r["ok"] for r in result.values()) else 4 if any(r.get("unreachable") for r in result.values()) else 2)
+    finish(code)
 
 
 def _flatten(value, prefix=""):

@@ -12,8 +12,11 @@ dashes both fine) and the raw value; None means "not given" and returns `default
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
 import re
+import sys
 from typing import Iterable, Sequence
 
 from sparkprov.errors import InputError
@@ -177,7 +180,7 @@ def revision_option(name: str, value) -> str | None:
 
 def image_option(name: str, value, *, example: str) -> str | None:
     """An image reference: registry/repo[:tag][@sha256:...], as recipes write it."""
-    from sparkprov.catalog.load import IMAGE_RE
+    from sparkprov.catalog.load import IMAGE_RE  # the catalog (pydantic) here: `invoke --list` imports this module
 
     image = text_option(name, value, max_len=512)
     if image is not None and not IMAGE_RE.match(image):
@@ -187,8 +190,6 @@ def image_option(name: str, value, *, example: str) -> str | None:
 
 def address_option(name: str, value, *, example: str) -> str | None:
     """An IP address (v4 or v6), as a listener binds it."""
-    import ipaddress
-
     address = text_option(name, value, max_len=64)
     if address is not None:
         try:
@@ -213,9 +214,6 @@ def positional(task: str, name: str, value) -> str:
     first, so `invoke stage-weights --help` arrives here as the model '--help': that is shown
     the task's help, as `invoke --help stage-weights` does; any other option in its place is one
     line saying where the argument goes."""
-    import os
-    import sys
-
     if value in ("--help", "-h") and task in sys.argv:
         at = sys.argv.index(task)
         os.execv(sys.executable, [sys.executable, "-m", "invoke", *sys.argv[1:at], "--help", task])

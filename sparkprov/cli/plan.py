@@ -5,6 +5,9 @@ No host is contacted: the Sparks are the inventory's hosts (their vars host_memo
 max_gpu_memory_utilization, other_services_gib, min_headroom_gib where set) or, without --hosts,
 N identical Sparks with the GB10 constants of catalog/memory.py. Bench results are the JSON files
 `invoke bench` stored on this machine.
+
+catalog and data load inside the functions, not at the top: tasks.py imports every cli module, and
+`invoke --list` stays fast.
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from __future__ import annotations
 import json as _json
 from pathlib import Path
 
+from invoke import task
 from invoke.exceptions import Exit
 
+from sparkprov.cli.common import inventory_path, split_csv, user_errors
+from sparkprov.cli.options import hosts_option, int_option, positional, text_option
 from sparkprov.errors import InputError
+from sparkprov.inputfiles import read_text_checked
 
 HELP = {
     "model": "the catalog alias (see `invoke models`)",
@@ -32,12 +39,11 @@ MAX_BENCH_FILES = 5000  # a results folder larger than this is read in part (new
 MAX_BENCH_BYTES = 4 * 2**20
 
 
+@task(help=HELP, iterable=["recipes"])
 def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False):
     """Every layout of a model on the Sparks (tp x pp, replicas): memory per node, and the one to pick and why."""
     from sparkprov.catalog.layout_plan import catalog_rules, figures_of, latest_bench, pick, plan_layouts
     from sparkprov.catalog.load import load_catalog
-    from sparkprov.cli.common import user_errors
-    from sparkprov.cli.options import hosts_option, int_option, positional, text_option
 
     with user_errors():
         positional("plan", "model", model)
@@ -89,7 +95,6 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
     if hosts is None:
         return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read"
     from sparkprov.catalog.render import HostServeContext
-    from sparkprov.cli.common import inventory_path, split_csv
     from sparkprov.data.inventory import load_inventory
 
     inv = load_inventory(inventory_path(inventory))
@@ -106,8 +111,6 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
 
 def _bench_records(results: str) -> list[dict]:
     """The runs `invoke bench` stored (RESULTS/DEPLOYMENT/RECIPE_HASH/*.json); unreadable files are skipped."""
-    from sparkprov.inputfiles import read_text_checked
-
     root = Path(results).expanduser()
     if not root.is_dir():
         return []

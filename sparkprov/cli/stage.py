@@ -1,11 +1,21 @@
 """`invoke stage-weights MODEL`: put a model's weights into the store of every serving host.
 
-Plays on the engine (sparkprov/staging/plays.py): store check, download once, send, publish.
+Parses and prints; sparkprov/plays/stage.py runs the plays: store check, download once, send, publish.
+
+data, engine and plays load inside the functions, not at the top: tasks.py imports every cli module,
+and `invoke --list` stays fast.
 """
 
 from __future__ import annotations
 
 import sys
+
+from invoke import task
+
+from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+from sparkprov.cli.options import (OptionError, csv_option, float_option, int_option, parse_forks, positional,
+                                   revision_option)
+from sparkprov.defaults import DEFAULT_FORKS
 
 # a repo path pattern: fnmatch's * ? [ ] and the characters of hub file names
 PATH_PATTERN = r"[A-Za-z0-9._*?\[\]/+=@-]+"
@@ -35,20 +45,21 @@ STAGE_HELP = {
 }
 
 
+# streams and progress_interval default to None so that Invoke hands their text over as typed
+# (an int or float default makes Invoke cast it itself, and `--streams abc` ends in a traceback);
+# sparkprov.cli.options parses and range-checks them.
+@task(help=STAGE_HELP)
 def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False, rehash=False, json=False, source=None,
                   streams=None, image=None, accept_new_host_keys=False, progress_interval=None, forks=None,
                   revision=None, include=None, exclude=None):
-    """Stage a model's weights (and the recipe's extra files) into the model store of every host:
-    download once, stream each weight over the fabric while it downloads, verify sha256 everywhere."""
-    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+    """Stage a model's weights into every host's store: download once, fan out over the fabric, verify."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.cli.options import csv_option, float_option, int_option, parse_forks, revision_option
-    from sparkprov.engine.run import DEFAULT_FORKS
     from sparkprov.plays.stage import StageOptions, run_stage
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
+        positional("stage-weights", "model", model)
         streams = int_option("streams", streams, 1, 64, default=4)
         forks = parse_forks(forks, DEFAULT_FORKS)
         float_option("progress-interval", progress_interval, 0, 3600, default=5.0, unit="seconds")
@@ -74,8 +85,6 @@ def stage_weights(c, model, hosts=None, inventory=None, limit=None, check=False,
 def model_argument(model) -> str:
     """The MODEL argument: an alias, or ORG/NAME[@REVISION] whose revision is checked as
     --revision's is (it went to the hub unchecked)."""
-    from sparkprov.cli.options import OptionError, positional, revision_option
-
     positional("stage-weights", "model", model)
     repo, at, rev = model.partition("@")
     if at and (not rev or "/" not in repo):

@@ -1,11 +1,22 @@
 """`invoke store`: what each host's model store holds, verified on demand, pruned of what no
-deployment uses. A play on the engine (sparkprov/plays/store.py, the module sparkprov/modules/store.py),
-so it has --check, --json, --limit, --forks, the recap and the exit codes of every command.
+deployment uses. Parses and prints; sparkprov/plays/store.py runs the play (the module
+sparkprov/modules/store.py), so it has --check, --json, --limit, --forks, the recap and the exit codes
+of every command.
+
+data, plays, catalog, staging and rich load inside the functions, not at the top: tasks.py imports
+every cli module, and `invoke --list` stays fast.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+
+from invoke import task
+
+from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
+from sparkprov.cli.options import OptionError, csv_option, parse_forks, text_option
+from sparkprov.defaults import DEFAULT_FORKS
 
 REPO_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
 
@@ -26,16 +37,13 @@ HELP = {
 }
 
 
+@task(help=HELP)
 def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=False, compile_cache=False,
           verify=None, check=False, json=False, forks=None, accept_new_host_keys=False):
-    """Per host: each model in the store (revision@commit, size, verified files, in use by); prune what no
-    deployment uses (--prune, --prune-unused, --compile-cache; --check first); --verify MODEL hashes again."""
-    from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import OptionError, csv_option, parse_forks, text_option
+    """Per host: each model in the store (revision, size, verified, in use by); --verify MODEL; prune what no deployment uses."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.engine.run import DEFAULT_FORKS
-    from sparkprov.plays.store import run_store
+    from sparkprov.plays.store import run_store, store_args
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
@@ -50,11 +58,8 @@ def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=Fa
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
         report = Report(out, quiet=json)
-        pruning = bool(repos or prune_unused or compile_cache)
-        args = {"action": "prune" if pruning else "list", "prune": repos, "unused": bool(prune_unused),
-                "compile_cache": bool(compile_cache)}
-        if verify is not None:
-            args = {"action": "verify", "verify": verify_repos(verify)}
+        args = store_args(prune=repos, prune_unused=prune_unused, compile_cache=compile_cache,
+                          verify=verify_repos(verify) if verify is not None else None)
         found = run_store(inv, targets, args, report, check=check, forks=forks,
                           accept_new_host_keys=accept_new_host_keys)
     if json:
@@ -67,10 +72,7 @@ def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=Fa
 
 def verify_repos(model: str) -> list[str]:
     """--verify: 'all' (every repo: []), ORG/NAME (every revision of it), or a catalog alias (its model and extra repos)."""
-    import re
-
     from sparkprov.catalog.load import load_catalog
-    from sparkprov.cli.options import OptionError
 
     if model == "all":
         return []

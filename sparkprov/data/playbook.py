@@ -12,13 +12,14 @@
         - name: restart something
           command: {argv: [...]}
 
-Everything is validated on load, module arguments included, before any host is touched.
+Everything is validated on load, module arguments included, before any host is touched. What a
+file loads into is what the engine runs (sparkprov/engine/playbook.py: Playbook, Play, Task), as
+the commands' playbooks built in code are (sparkprov/plays/).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sparkprov import modules
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.engine.args import render_args  # noqa: F401 (callers validate a task's arguments here)
 from sparkprov.engine.expr import ExprError, check_condition, has_template
+from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.validate import check_condition_safe, template_problems
 from sparkprov.errors import InputError
 
@@ -61,45 +63,6 @@ class _PlayFile(BaseModel):
     tasks: list[Any] = Field(default_factory=list)
     handlers: list[Any] = Field(default_factory=list)
     any_errors_fatal: bool = False
-
-
-@dataclass
-class Task:
-    name: str
-    module: str
-    args: dict[str, Any]
-    tags: list[str]
-    when: str | bool | None
-    notify: list[str]
-    check_mode: bool | None
-    no_log: bool
-    become: bool | None
-    ignore_errors: bool
-    where: tuple[str, int | None, int | None]  # file, line, column of the task
-    when_where: tuple[str, int | None, int | None] | None = None  # of its `when:` value
-
-    def error(self, message: str, fix: str | None = None) -> InputError:
-        file, line, col = self.where
-        return InputError(message, file=file, line=line, column=col, fix=fix)
-
-
-@dataclass
-class Play:
-    name: str
-    hosts: str | list[str]
-    become: bool
-    vars: dict[str, Any]
-    tasks: list[Task]
-    handlers: list[Task]
-    where: tuple[str, int | None, int | None]
-    # a host that fails stops every host of the play (a cluster is all its nodes or nothing)
-    any_errors_fatal: bool = False
-
-
-@dataclass
-class Playbook:
-    path: str
-    plays: list[Play] = field(default_factory=list)
 
 
 def _parse_task(raw: Any, pos: Positions, path: tuple, play_tags: list[str]) -> Task:

@@ -3,16 +3,15 @@ by the module's Args model. Errors point at the task's place in its playbook."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from sparkprov import modules
 from sparkprov.engine.expr import Undefined, render
+from sparkprov.engine.playbook import Task
 from sparkprov.yamlpos import Positions, validation_error
 
-if TYPE_CHECKING:
-    from sparkprov.data.playbook import Task
 
 
 def render_args(task: Task, variables: dict[str, Any]) -> Any:

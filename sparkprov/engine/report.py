@@ -113,6 +113,11 @@ class Report:
             return 4
         return 0
 
+    def first_failure(self) -> str:
+        """The message of the run's first failed or unreachable task ("" when none): the one line a
+        command prints when its plays did not get where it wanted."""
+        return next((r.msg for r in self.results if r.status in ("failed", "unreachable")), "")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.exit_code() == 0,

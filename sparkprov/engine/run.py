@@ -25,8 +25,10 @@ from sparkprov import modules
 from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
 from sparkprov.engine.gather import build_gather, parse_gather
+from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.report import CENSORED, Report, TaskResult
 from sparkprov.engine.validate import validate_playbook_expressions
+from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
 from sparkprov.inputfiles import MAX_SECRET, read_text_checked
@@ -37,9 +39,6 @@ from sparkprov.transport.shell import quote
 
 if TYPE_CHECKING:
     from sparkprov.data.inventory import Host, Inventory
-    from sparkprov.data.playbook import Play, Playbook, Task
-
-DEFAULT_FORKS = 32
 
 
 @dataclass

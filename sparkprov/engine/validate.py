@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from sparkprov.engine.expr import _CONSTS, _TEMPLATE, ExprError
+from sparkprov.engine.playbook import Playbook, Task
 from sparkprov.errors import InputError
 
-if TYPE_CHECKING:
-    from sparkprov.data.playbook import Playbook, Task
 
 # What Runner._variables adds to every host's variables: HostInfo's keys (facts/base.py; the os_*
 # and dgx_* ones only where the host has the release files, so a `when:` may test them) and the

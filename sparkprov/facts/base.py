@@ -8,6 +8,7 @@ need root run through `__sp_root`, which the script defines from what sudo allow
 
 from __future__ import annotations
 
+import re
 from dataclasses import astuple, dataclass
 from typing import Any, ClassVar
 
@@ -92,3 +93,13 @@ class HostInfo(Fact):
         if "user" not in info:
             raise FactError(f"host info unreadable: {err.strip() or out.strip()}")
         return info
+
+
+def key_values(text: str) -> dict[str, str]:
+    """`key=value` lines of a fact's script (keys in lowercase and _), other lines passed over."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and re.fullmatch(r"[a-z_]+", k):
+            out[k] = v
+    return out

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from sparkprov.facts.base import Fact, HostInfo
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.facts.hardware import CudaToolkit, KernelCmdline, MemInfo, NvidiaSmi
+from sparkprov.facts.runtimes import DockerState, OllamaState
 
 
 def host_profile() -> dict[str, Fact]:
-    """Section name -> fact. Modules that read hardware add theirs here."""
-    profile: dict[str, Fact] = {"host": HostInfo()}
-    try:
-        from sparkprov.facts.hardware import hardware_profile
-    except ImportError:  # hardware facts arrive with the provision modules
-        return profile
-    profile.update(hardware_profile())
-    return profile
+    """Section name -> fact; none needs root."""
+    return {"host": HostInfo(), "gpu": NvidiaSmi(), "memory": MemInfo(), "kernel": KernelCmdline(),
+            "fabric": FabricInfo(), "docker": DockerState(), "ollama": OllamaState(), "cuda_toolkit": CudaToolkit()}

@@ -1,5 +1,5 @@
 """Pieces the provision modules share: settings from args or inventory vars, atomic file
-writes with ownership, the cluster order of hosts, exports of the hosts of a play."""
+writes with ownership, the cluster order of hosts. (What the hosts of a play exported: Export.of_play.)"""
 
 from __future__ import annotations
 
@@ -43,11 +43,3 @@ def cluster_order(host: HostContext) -> list[str]:
         if m not in seen:
             seen.append(m)
     return seen
-
-
-def play_exports(host: HostContext, key: str) -> dict[str, Any]:
-    """host -> exports[key] for the hosts of this play that exported it. While the engine
-    gathers facts at the start of a play it does not pass the play's hosts yet: then every host
-    of the run that exported `key` counts (the same set unless a host failed on the way)."""
-    hosts = host.play_hosts or list(host.exports)
-    return {h: host.exports.get(h, {}).get(key) for h in hosts if host.exports.get(h, {}).get(key) is not None}

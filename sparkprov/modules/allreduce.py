@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.serving import ImageId
 from sparkprov.transport.shell import cmd, heredoc_bytes
 
@@ -36,6 +36,15 @@ class Args(ModuleArgs):
     iters: int = Field(default=20, ge=1, le=10000)
     port: int = Field(default=29500, ge=1, le=65535)
     timeout: float = Field(default=600, gt=0, le=86400)
+
+
+AllreduceResult = TypedDict("AllreduceResult", {"backend": str, "busbw_gbs": float, "algbw_gbs": float, "bytes": int,
+                                                "peak_busbw_gbs": float, "threshold_gbs": float,
+                                                "ranks": "list[dict[str, Any]]", "pass": bool})
+
+ALLREDUCE_ADDR: Export[str] = Export("allreduce_addr", str, "this rank's fabric address (rank 0's: the rendezvous)")
+ALLREDUCE: Export[AllreduceResult] = Export("allreduce", AllreduceResult,
+                                            "rank 0: the largest message's bus bandwidth against the threshold")
 
 
 class Allreduce(Module):
@@ -58,9 +67,9 @@ class Allreduce(Module):
             if fails:
                 return Plan.fail(" | ".join(fails))
             return Plan(msg=f"rank {args.hosts.index(h)} on {fab['nccl_socket_ifname']} ({fab['node_ip']})",
-                        exports={"allreduce_addr": fab["node_ip"]})
+                        exports=ALLREDUCE_ADDR(fab["node_ip"]))
         rank = args.hosts.index(h)
-        master = (host.exports.get(args.hosts[0]) or {}).get("allreduce_addr")
+        master = ALLREDUCE_ADDR.read(host.exports, args.hosts[0])
         if not master:
             return Plan.fail(f"{h}: rank 0 ({args.hosts[0]}) has no fabric address (its check failed)")
         path = "$HOME/.cache/sparkprov/allreduce_bench.py"
@@ -105,10 +114,10 @@ def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | 
     if rank != 0:
         return None  # rank 0 reports the result
     big = doc["largest"]
-    change.exports = {"allreduce": {"backend": doc["backend"], "busbw_gbs": big["busbw_gbs"],
-                                    "algbw_gbs": big["algbw_gbs"], "bytes": big["bytes"],
-                                    "peak_busbw_gbs": doc["peak_busbw_gbs"], "threshold_gbs": args.threshold,
-                                    "ranks": doc["ranks"], "pass": big["busbw_gbs"] >= args.threshold}}
+    change.exports = ALLREDUCE({"backend": doc["backend"], "busbw_gbs": big["busbw_gbs"],
+                                "algbw_gbs": big["algbw_gbs"], "bytes": big["bytes"],
+                                "peak_busbw_gbs": doc["peak_busbw_gbs"], "threshold_gbs": args.threshold,
+                                "ranks": doc["ranks"], "pass": big["busbw_gbs"] >= args.threshold})
     change.summary = (f"{doc['backend']} over " + ", ".join(f"{r['ifname'] or '?'} ({r.get('address') or '?'})"
                                                             for r in doc["ranks"])
                       + f": busbw {big['busbw_gbs']:.2f} GB/s (algbw {big['algbw_gbs']:.2f}) at "

@@ -10,8 +10,9 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,6 +89,57 @@ class Plan:
     @property
     def changed(self) -> bool:
         return bool(self.changes)
+
+
+T = TypeVar("T")
+
+Exports = Mapping[str, Mapping[str, Any]]  # host name -> what its tasks exported, key -> value
+
+
+class Export(Generic[T]):
+    """One value a module exports for other hosts and plays, declared beside the module that
+    produces it: its key in the run's exports and its type (a TypedDict, or a mapping of them).
+    The producer writes it with `X(value)` (the dict Plan.exports and Change.exports take),
+    every reader goes through `X.read(exports, host)`, so renaming or retyping it is one edit and
+    a reader of an export nobody declares fails at import. The value is stored as the plain
+    dict or list it is, so a reader that still indexes exports[host][key] keeps working."""
+
+    declared: ClassVar[dict[str, "Export[Any]"]] = {}  # key -> its declaration, every module's
+
+    def __init__(self, key: str, type_: type[T] | Any, doc: str = ""):
+        # the declaring module, so that a second declaration of a key (a typo in another module) fails
+        # at import while reloading the same module does not
+        owner = sys._getframe(1).f_globals.get("__name__", "")
+        other = Export.declared.get(key)
+        if other is not None and other.owner != owner:
+            raise ValueError(f"export {key!r} is declared in {other.owner} and again in {owner}")
+        self.key, self.type, self.doc, self.owner = key, type_, doc, owner
+        Export.declared[key] = self
+
+    def __repr__(self) -> str:
+        return f"Export({self.key!r} of {self.owner})"
+
+    def __call__(self, value: T) -> dict[str, T]:
+        """The entry for Plan(exports=...) or Change.exports; several: {**A(a), **B(b)}."""
+        return {self.key: value}
+
+    def read(self, exports: Exports, host: str) -> T | None:
+        """What `host` exported under this declaration in the run so far (None: nothing)."""
+        return (exports.get(host) or {}).get(self.key)
+
+    def of(self, exported: Mapping[str, Any]) -> T | None:
+        """This value from one host's exports."""
+        return exported.get(self.key)
+
+    def by_host(self, exports: Exports, hosts: list[str] | None = None) -> dict[str, T]:
+        """host -> value, for the hosts (default: every host of the run) that exported it."""
+        found = {h: (exports.get(h) or {}).get(self.key) for h in (exports if hosts is None else hosts)}
+        return {h: v for h, v in found.items() if v is not None}
+
+    def of_play(self, host: "HostContext") -> dict[str, T]:
+        """host -> value for the hosts of the planning host's play that exported it (while the
+        engine plans one host at a time, for the hosts planned so far)."""
+        return self.by_host(host.exports, host.play_hosts or list(host.exports))
 
 
 class HostContext:

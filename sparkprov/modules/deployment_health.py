@@ -6,28 +6,30 @@ Reads what serve_status exported from every host in the play before; degraded fa
 
 from __future__ import annotations
 
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, Exports, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
+from sparkprov.modules.serve_status import SERVING_STATUS
+from typing import TypedDict
 
 
 class Args(ModuleArgs):
     pass
 
 
-def deployments_led_by(name: str, exports: dict) -> dict[str, dict]:
+def deployments_led_by(name: str, exports: Exports) -> dict[str, dict]:
     """deployment -> its rank-0 container's record, for those whose rank 0 is on host `name`."""
-    mine = ((exports.get(name) or {}).get("serving_status") or {}).get("containers") or []
+    mine = (SERVING_STATUS.read(exports, name) or {}).get("containers") or []
     return {c["labels"].get("sparkprov.deployment"): c for c in mine
             if c["labels"].get("sparkprov.role") in SERVING_ROLES and c["labels"].get("sparkprov.deployment")}
 
 
-def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
+def health(dep: str, lead: dict, name: str, exports: Exports) -> dict:
     """Expected vs joined nodes and GPUs, and what is wrong (empty: healthy)."""
     labels = lead["labels"]
     nodes = int(labels.get("sparkprov.nodes") or labels.get("sparkprov.tp") or 1)
     members = []
-    for h, ex in exports.items():
-        for c in ((ex or {}).get("serving_status") or {}).get("containers") or []:
+    for h, st in SERVING_STATUS.by_host(exports).items():
+        for c in st.get("containers") or []:
             if c["labels"].get("sparkprov.deployment") == dep:
                 members.append((h, c))
     running = [(h, c) for h, c in members if c["status"] == "running"]
@@ -61,6 +63,17 @@ def health(dep: str, lead: dict, name: str, exports: dict) -> dict:
             "problems": problems}
 
 
+class Health(TypedDict):
+    expected_nodes: int
+    joined_nodes: int
+    gpus: float
+    problems: list[str]   # empty: healthy
+
+
+DEPLOYMENT_HEALTH: Export[dict[str, Health]] = Export("deployment_health", dict,
+                                                      "deployment -> its health, for those led from this host")
+
+
 class DeploymentHealth(Module):
     name = "deployment_health"
     Args = Args
@@ -72,8 +85,8 @@ class DeploymentHealth(Module):
         bad = {d: r for d, r in report.items() if r["problems"]}
         if bad:
             return Plan.fail("; ".join(f"{d} DEGRADED: " + ", ".join(r["problems"]) for d, r in bad.items()),
-                             exports={"deployment_health": report})
+                             exports=DEPLOYMENT_HEALTH(report))
         if not report:
-            return Plan(msg="no deployment led from here", exports={"deployment_health": report})
+            return Plan(msg="no deployment led from here", exports=DEPLOYMENT_HEALTH(report))
         return Plan(msg="; ".join(f"{d}: {r['joined_nodes']}/{r['expected_nodes']} nodes, healthy"
-                                  for d, r in report.items()), exports={"deployment_health": report})
+                                  for d, r in report.items()), exports=DEPLOYMENT_HEALTH(report))

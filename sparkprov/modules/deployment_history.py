@@ -9,7 +9,7 @@ the ready step judges it) unless a record of the same start (the same containers
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
@@ -17,15 +17,13 @@ from sparkprov.defaults import host_setting
 from sparkprov.facts.history import DeploymentImages, HistoryFile
 from sparkprov.facts.serving import ServeReady
 from sparkprov.modules._serving import ServeArgs
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.modules.vllm_ready import VllmReady
 from sparkprov.serving import history, node
 from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import repo_dir
 from sparkprov.transport.shell import quote
 
-NODE_EXPORT = "history_node"
-EXPORT = "history"
 
 
 class Args(ServeArgs):
@@ -40,6 +38,17 @@ def spec_of(dep) -> dict[str, Any]:
     """The spec a record keeps: the deployment as cluster-up was asked for it (not the Ray image
     derived from its image on the way)."""
     return dep.model_dump(exclude={"image"})
+
+
+class HistoryRead(TypedDict):
+    records: list[dict[str, Any]]   # serving/history.py records, oldest first
+    record: dict[str, Any]          # this start's
+
+
+HISTORY_NODE: Export[dict[str, dict[str, Any]]] = Export("history_node", dict,
+                                                         "deployment -> what this node runs of it (history.node_entry)")
+HISTORY: Export[dict[str, HistoryRead]] = Export("history", dict, "rank 0: deployment -> its history and this start's record")
+EXPORT = HISTORY.key  # the key, for readers in serving's core that still index the exports by it (plays/upgrade.py)
 
 
 class DeploymentHistory(Module):
@@ -64,14 +73,14 @@ class DeploymentHistory(Module):
             mine = [c for c in img["containers"] if c["name"] == node.container_name(dep, h)]
             entry = history.node_entry(h, mine, img["digests"])
             return Plan(msg=f"{entry['container'] or 'no container'}: {entry['digest'] or entry['image_id'] or '-'}",
-                        exports={NODE_EXPORT: {dep.name: entry}})
+                        exports=HISTORY_NODE({dep.name: entry}))
         records = history.parse(facts.history["text"])
-        nodes = {n: ((host.exports.get(n) or {}).get(NODE_EXPORT) or {}).get(dep.name) or {"host": n, "status": "unread"}
+        nodes = {n: (HISTORY_NODE.read(host.exports, n) or {}).get(dep.name) or {"host": n, "status": "unread"}
                  for n in dep.hosts}
         done = next((r for r in reversed(records) if history.same_start(r, nodes)), None)
         if done is not None:
             return Plan(msg=f"start #{done['n']} recorded ({done['result']})",
-                        exports={EXPORT: {dep.name: {"records": records, "record": done}}})
+                        exports=HISTORY({dep.name: {"records": records, "record": done}}))
         recipe = node.catalog_for(dep).get(dep.model)
         repo, revision = next(iter(node.repos(dep)), (None, None))
         model = {"alias": dep.model, "repo": repo or recipe.model.local_dir, "revision": revision,
@@ -91,4 +100,4 @@ class DeploymentHistory(Module):
         return Plan([Change(f"record start #{rec['n']} of {dep.name} ({rec['kind']}, {rec['result']})", script,
                             Diff(f"{h}: {path}", "", line + "\n"), touches=[facts.fact("history")],
                             verify=False)],
-                    exports={EXPORT: {dep.name: {"records": records + [rec], "record": rec}}})
+                    exports=HISTORY({dep.name: {"records": records + [rec], "record": rec}}))

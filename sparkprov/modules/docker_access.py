@@ -19,11 +19,12 @@ import re
 
 from pydantic import field_validator
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.accounts import GroupInfo, UserInfo
-from sparkprov.facts.hardware import DockerDaemon, DockerState, GpuSmokeRecord
+from sparkprov.facts.runtimes import DockerDaemon, DockerState, GpuSmokeRecord
 from sparkprov.modules.gpu_smoke import smoke_setting as _smoke
 from sparkprov.transport.shell import cmd
+from typing import Any, TypedDict
 
 TOOLKIT_FIX = ("sudo apt install nvidia-container-toolkit && sudo nvidia-ctk runtime configure --runtime=docker "
                "&& sudo systemctl restart docker")
@@ -41,6 +42,16 @@ class Args(ModuleArgs):
         if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
             raise ValueError(f"{v!r} is not a valid group name")
         return v
+
+
+class Docker(TypedDict):
+    server_version: str | None
+    runtimes: list[str]
+    toolkit: dict[str, Any]   # the NVIDIA container toolkit: package, ctk, hook
+    smoke: None
+
+
+DOCKER: Export[Docker] = Export("docker", Docker, "the docker daemon the login user reaches, and its runtimes")
 
 
 class DockerAccessModule(Module):
@@ -104,8 +115,7 @@ class DockerAccessModule(Module):
             return Plan.fail(f"{h}: {user} is in group {group}, yet `docker info` fails in a new session: "
                              f"{state['error']}. Fix: check the owner of the docker socket "
                              f"({sock['path'] + ' ' + sock['owner'] + ':' + sock['group'] if sock else 'not found'})")
-        exports = {"server_version": state["server_version"], "runtimes": state["runtimes"],
-                   "toolkit": tk, "smoke": None}
+        found = Docker(server_version=state["server_version"], runtimes=state["runtimes"], toolkit=tk, smoke=None)
         parts = [f"docker {state['server_version']} running; {user} reaches it in a new session (group {group})",
                  "NVIDIA container toolkit " + (tk["ctk"] or tk["package"] or "hook " + (tk["hook"] or ""))]
         if image:
@@ -113,4 +123,4 @@ class DockerAccessModule(Module):
         else:
             parts.append("GPU smoke test skipped: no smoke_image set (e.g. nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04 "
                          "with smoke_command [nvidia-smi])")
-        return Plan(msg="; ".join(parts), exports={"docker": exports})
+        return Plan(msg="; ".join(parts), exports=DOCKER(found))

@@ -12,12 +12,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from sparkprov.modules.base import FactView, HostContext, ModuleArgs, Module, Plan, Change
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ImageId
 from sparkprov.modules._serving import preflight_export
 from sparkprov.transport.shell import cmd
 
-EXPORT = "images"
 
 
 class Args(ModuleArgs):
@@ -26,6 +25,9 @@ class Args(ModuleArgs):
     peers: list[str] = Field(default_factory=list)  # hosts to copy from (their fabric addresses)
     deployment: str = ""                             # whose preflight exported the peers' addresses
     timeout: float = Field(default=3600, gt=0, le=86400)
+
+
+IMAGE_IDS: Export[dict[str, str]] = Export("images", dict, "image reference -> its ID on this host")
 
 
 class DockerImage(Module):
@@ -41,7 +43,7 @@ class DockerImage(Module):
         if got.get("error"):
             return Plan.fail(f"{host.name}: docker cannot inspect {args.image}: {got['error']}")
         if got.get("id"):
-            return Plan(msg=f"{args.image} {got['id'][7:19]}", exports={EXPORT: {args.image: got["id"]}})
+            return Plan(msg=f"{args.image} {got['id'][7:19]}", exports=IMAGE_IDS({args.image: got["id"]}))
         tries: list[str] = []
         how: list[str] = []
         if args.source in ("auto", "registry"):

@@ -18,12 +18,13 @@ start on two Sparks (eugr/spark-vllm-docker#392). Two phases, each its own play 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, RdmaFirmware, firmware_summary
-from sparkprov.modules._provision import play_exports, write_file_script
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.fabric import RdmaFirmware, firmware_summary
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi
+from sparkprov.modules._provision import write_file_script
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 
 VERSIONS_PATH = "/var/lib/sparkprov/versions.json"
 # ConnectX-7 firmware: NCCL over RoCE runs on it, and an NVIDIA system update can move it with the
@@ -85,6 +86,18 @@ def differences(seen: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+class Versions(TypedDict):
+    kernel: str | None
+    driver: str | None
+    cuda: str | None
+    firmware: str | None   # the ConnectX-7 firmware
+
+
+VERSIONS: Export[Versions] = Export("versions", Versions, "the node's kernel, driver, CUDA and ConnectX-7 firmware")
+VERSIONS_REFUSED: Export[list[str]] = Export("versions_refused", list,
+                                            "a KNOWN_BAD version here that the compare play refuses, one line each")
+
+
 class DriftModule(Module):
     name = "drift"
     Args = Args
@@ -100,11 +113,11 @@ class DriftModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         if args.phase == "compare":
-            seen = play_exports(host, "versions")
+            seen = VERSIONS.of_play(host)
             if host.name not in seen:
                 return Plan.skip("no versions recorded for this host (the record phase did not run)")
             diffs = differences(seen)
-            refused = [r for rs in play_exports(host, "versions_refused").values() for r in rs]
+            refused = [r for rs in VERSIONS_REFUSED.of_play(host).values() for r in rs]
             if (diffs or refused) and args.strict:
                 return Plan.fail("; ".join(([f"the nodes run different versions: {'; '.join(diffs)} (fix: update every "
                                              "node to one kernel, driver, CUDA and ConnectX-7 firmware, then invoke "
@@ -115,7 +128,7 @@ class DriftModule(Module):
         versions = versions_of(host.info, facts.smi, facts.rdma)
         fails, warns = known_bad(versions, facts.cmdline.get("params") or {}, multinode=args.multinode)
         # the refusal waits for the compare play, which names every node's versions with it
-        exports = {"versions": versions, "versions_refused": [f"{host.name}: {f}" for f in fails]}
+        exports = {**VERSIONS(versions), **VERSIONS_REFUSED([f"{host.name}: {f}" for f in fails])}
         if not args.record:
             return Plan(msg=versions_line(versions), warnings=warns, exports=exports)
         text = json.dumps(versions, indent=2, sort_keys=True) + "\n"

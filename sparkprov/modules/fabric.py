@@ -23,13 +23,13 @@ converged}. fabric_mesh verifies it across hosts in a later play.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import Field, field_validator
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import Ibdev2netdev, NetState, iface_order, nccl_settings
+from sparkprov.facts.fabric import Ibdev2netdev, NetState, iface_order, nccl_settings
 from sparkprov.modules._provision import cluster_order, setting, write_file_script
 from sparkprov.transport.shell import cmd, quote
 
@@ -113,6 +113,29 @@ def _rail_text(iface: str, link: dict | None) -> str:
         return f"{iface}: absent\n"
     addrs = " ".join(f"{a['address']}/{a['prefix']}" for a in link["ipv4"]) or "no IPv4"
     return f"{iface}: mtu {link['mtu']} {'up' if link['admin_up'] else 'down'} {addrs}\n"
+
+
+class Rail(TypedDict):
+    iface: str
+    address: str
+    prefix: int
+    subnet: str
+    hca: str | None
+    mtu: int
+    up: bool
+
+
+class Fabric(TypedDict):
+    rails: list[Rail]
+    node_ip: str | None             # nccl_settings: the first rail's address and interface, every RoCE device
+    nccl_socket_ifname: str | None
+    gloo_socket_ifname: str | None
+    ucx_net_devices: str | None
+    nccl_ib_hca: str | None
+    converged: bool                 # False: check mode found a change still to make
+
+
+FABRIC: Export[Fabric] = Export("fabric", Fabric, "the host's fabric rails as configured, and NCCL's bindings")
 
 
 class FabricModule(Module):
@@ -233,7 +256,7 @@ class FabricModule(Module):
             warnings.append(f"{h}: netplan is not installed: the rails are configured live and {args.netplan_file} "
                             "is written, but nothing applies it at boot")
         rails_out = [{k: d[k] for k in ("iface", "address", "prefix", "subnet", "hca", "mtu", "up")} for d in desired]
-        exports = {"fabric": {"rails": rails_out, **nccl_settings(rails_out), "converged": not changes}}
+        exports = FABRIC({"rails": rails_out, **nccl_settings(rails_out), "converged": not changes})
         msg = "; ".join(f"{d['iface']} ({d['hca'] or 'no RoCE device'}) {d['address']}/{d['prefix']} mtu {args.mtu}"
                         for d in desired)
         return Plan(changes, msg=msg, warnings=warnings, exports=exports)

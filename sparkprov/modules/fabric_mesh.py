@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field
 
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import PROOF_RECORD, MeshProbe
-from sparkprov.modules._provision import play_exports, write_file_script
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.fabric import MeshProbe, PROOF_RECORD
+from sparkprov.modules._provision import write_file_script
+from sparkprov.modules.fabric import FABRIC
+from sparkprov.modules.ssh_keypair import SSH_KEY
+from sparkprov.modules.ssh_mesh import SSH_MESH
 
 
 class Args(ModuleArgs):
@@ -48,18 +51,18 @@ def proof_key(host: HostContext, targets: list[str]) -> str:
     known_hosts, config as converged) and fabric (addresses) of this host and every peer.
     "" when any of them is missing: then the logins always run."""
     parts = {"user": host.user, "targets": targets}
-    for h in sorted(play_exports(host, "fabric")):
-        ex = host.exports.get(h, {})
-        ssh, mesh = ex.get("ssh") or {}, ex.get("ssh_mesh") or {}
+    fabrics = FABRIC.of_play(host)
+    for h in sorted(fabrics):
+        ssh, mesh = SSH_KEY.read(host.exports, h) or {}, SSH_MESH.read(host.exports, h) or {}
         if not ssh.get("pub") or not mesh.get("digest"):
             return ""
         parts[h] = {"pub": ssh["pub"], "host_keys": ssh.get("host_keys"), "mesh": mesh["digest"],
-                    "rails": [r["address"] for r in ex["fabric"]["rails"]]}
+                    "rails": [r["address"] for r in fabrics[h]["rails"]]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _probe(args: Args, host: HostContext) -> MeshProbe | None:
-    fabrics = play_exports(host, "fabric")
+    fabrics = FABRIC.of_play(host)
     mine = fabrics.get(host.name)
     if not mine or len(fabrics) < 2 or _pending(args, host):
         return None
@@ -106,8 +109,16 @@ def pings_the_pair(me: int, k: int, n: int) -> bool:
 def _pending(args: Args, host: HostContext) -> list[str]:
     if not host.check:
         return []
-    keys = ["fabric"] + (["ssh_mesh"] if args.ssh else [])
-    return sorted({h for k in keys for h, v in play_exports(host, k).items() if not v.get("converged", True)})
+    read = [FABRIC] + ([SSH_MESH] if args.ssh else [])
+    return sorted({h for x in read for h, v in x.of_play(host).items() if not v.get("converged", True)})
+
+
+Nccl = TypedDict("Nccl", {"node_ip": "str | None", "NCCL_SOCKET_IFNAME": "str | None",
+                          "GLOO_SOCKET_IFNAME": "str | None", "UCX_NET_DEVICES": "str | None",
+                          "NCCL_IB_HCA": "str | None"})
+
+NCCL: Export[Nccl] = Export("nccl", Nccl, "the environment NCCL, Gloo and UCX need on this node (provision's output)")
+FABRIC_VERIFIED: Export[bool] = Export("fabric_verified", bool, "every rail of every link passed the jumbo pings")
 
 
 class FabricMeshModule(Module):
@@ -121,15 +132,15 @@ class FabricMeshModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
-        fabrics = play_exports(host, "fabric")
+        fabrics = FABRIC.of_play(host)
         mine = fabrics.get(h)
         if not mine:
             return Plan.skip("no fabric configured on this host")
-        nccl = {"node_ip": mine["node_ip"], "NCCL_SOCKET_IFNAME": mine["nccl_socket_ifname"],
+        nccl: Nccl = {"node_ip": mine["node_ip"], "NCCL_SOCKET_IFNAME": mine["nccl_socket_ifname"],
                 "GLOO_SOCKET_IFNAME": mine["gloo_socket_ifname"], "UCX_NET_DEVICES": mine["ucx_net_devices"],
                 "NCCL_IB_HCA": mine["nccl_ib_hca"]}
         if len(fabrics) < 2:
-            return Plan.skip("single host: no peer to verify", exports={"nccl": nccl})
+            return Plan.skip("single host: no peer to verify", exports=NCCL(nccl))
         problems = []
         for i, rail in enumerate(mine["rails"]):
             for peer, fab in sorted(fabrics.items()):
@@ -172,7 +183,7 @@ class FabricMeshModule(Module):
                   f"theirs to {h})" if by else "")
         msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {checked} peer(s){others} on "
                f"{len(mine['rails'])} rail(s)" + loss_note + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
-        exports = {"nccl": nccl, "fabric_verified": True}
+        exports = {**NCCL(nccl), **FABRIC_VERIFIED(True)}
         mesh = facts.fact("probe")
         if mesh.proof_key and not proven and probe["ssh"]:
             record = host.path(PROOF_RECORD)

@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import Field
 
-from sparkprov.facts.hardware import Ibdev2netdev
+from sparkprov.facts.fabric import Ibdev2netdev
 from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
                                   ib_hca_problems, judge_rail)
-from sparkprov.modules._provision import play_exports, setting, write_file_script
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules._provision import setting, write_file_script
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules.fabric_mesh import ring
+from sparkprov.modules.fabric import FABRIC
+from sparkprov.modules.ssh_mesh import SSH_MESH
 
 # A figure within this share of the recorded one is the same link: the record is rewritten only when
 # a verdict changes or a figure moves further, so that a provision over unchanged links changes
@@ -67,7 +69,7 @@ def peer_of(host: HostContext, fabrics: dict[str, Any]) -> str:
 def _pending(host: HostContext) -> list[str]:
     if not host.check:
         return []
-    return sorted({h for k in ("fabric", "ssh_mesh") for h, v in play_exports(host, k).items()
+    return sorted({h for x in (FABRIC, SSH_MESH) for h, v in x.of_play(host).items()
                    if not v.get("converged", True)})
 
 
@@ -115,6 +117,15 @@ def record_script(text: str) -> str:
     return write_file_script(QUAL_PATH, text.encode(), mode="0644", umask="022")
 
 
+class Qualification(TypedDict):
+    ok: bool
+    rails: list[dict[str, Any]]   # facts/rail.py judge_rail: iface, peer, gbps, mtu, status, problem
+
+
+FABRIC_QUALIFICATION: Export[Qualification] = Export("fabric_qualification", Qualification,
+                                                     "each rail's measured throughput, judged against the floor")
+
+
 class FabricQualifyModule(Module):
     name = "fabric_qualify"
     Args = Args
@@ -122,7 +133,7 @@ class FabricQualifyModule(Module):
            "NCCL_IB_HCA; record it; fail a degraded rail naming the figure, the floor and the fix.")
 
     def needs(self, args: Args, host: HostContext):
-        fabrics = play_exports(host, "fabric")
+        fabrics = FABRIC.of_play(host)
         mine = fabrics.get(host.name)
         if not mine or len(fabrics) < 2 or _pending(host):
             return {}
@@ -136,7 +147,7 @@ class FabricQualifyModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
-        fabrics = play_exports(host, "fabric")
+        fabrics = FABRIC.of_play(host)
         mine = fabrics.get(h)
         if not mine:
             return Plan.skip("no fabric configured on this host")
@@ -169,7 +180,7 @@ class FabricQualifyModule(Module):
         msg = "; ".join(f"{r['iface']} {r['gbps']:g} Gb/s to {peer}" if r["gbps"] is not None else f"{r['iface']} {r['status']}"
                         for r in results) + f" (floor {floor:g}, expected {expected:g} Gb/s, ib_write_bw {args.seconds}s "
         msg += f"{args.qps} QP); MTU {', '.join(str(r['mtu']) for r in results)}"
-        exports = {"fabric_qualification": {"ok": doc["ok"], "rails": results}}
+        exports = FABRIC_QUALIFICATION({"ok": doc["ok"], "rails": results})
         changes = []
         if args.record:
             have = facts.record

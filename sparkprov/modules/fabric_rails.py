@@ -4,19 +4,28 @@ know where each node guard answers (on loopback and the fabric addresses only)."
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import FabricInfo
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
+from typing import TypedDict
 
-EXPORT = "fabric_rails"
 
 
 class Args(ModuleArgs):
     pass
 
 
-def rails_of(fabric: dict) -> list[dict]:
+def rails_of(fabric: dict) -> list[RailAddress]:
     return [{"iface": r["iface"], "address": r["address"], "prefix": r["prefix"]}
             for r in (fabric or {}).get("rails") or [] if r.get("address")]
+
+
+class RailAddress(TypedDict):
+    iface: str
+    address: str
+    prefix: int
+
+
+FABRIC_RAILS: Export[list[RailAddress]] = Export("fabric_rails", list, "the host's fabric rail addresses")
 
 
 class FabricRails(Module):
@@ -30,4 +39,4 @@ class FabricRails(Module):
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         rails = rails_of(facts.fabric)
         return Plan(msg=", ".join(f"{r['iface']} {r['address']}/{r['prefix']}" for r in rails) or "no fabric address",
-                    exports={EXPORT: rails})
+                    exports=FABRIC_RAILS(rails))

@@ -9,14 +9,15 @@ The port must be free or the gateway's own."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.serving import KeyFile, Listeners, ManagedContainers
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import gateway as gw
+from sparkprov.modules.gateway_keys import GATEWAY_KEYS
 
 
 class Route(BaseModel):
@@ -35,6 +36,17 @@ class Args(ModuleArgs):
     bind: str = "0.0.0.0"
     routes: list[Route] = Field(default_factory=list)
     timeout: float = Field(default=180, gt=0, le=3600)
+
+
+class Endpoint(TypedDict):
+    host: str
+    port: int
+    master_key_file: str          # HOST:PATH
+    models: list[str]
+    routes: list[dict[str, Any]]  # serving/gateway.py litellm routes
+
+
+GATEWAY: Export[Endpoint] = Export("gateway", Endpoint, "where the gateway serves, and the models it routes")
 
 
 class Gateway(Module):
@@ -59,7 +71,7 @@ class Gateway(Module):
         keys = {}
         for r in args.routes:
             if r.key_file:
-                got = (host.exports.get(r.host) or {}).get("gateway_keys") or {}
+                got = GATEWAY_KEYS.read(host.exports, r.host) or {}
                 if not got.get(r.key_file):
                     return Plan.fail(f"{host.name}: the key of {r.model} on {r.host} was not read (its gateway_keys "
                                      "task failed or did not run)")
@@ -67,11 +79,11 @@ class Gateway(Module):
         routes = [r.model_dump() for r in args.routes]
         config = gw.litellm_config(routes, keys)
         digest = gw.state_hash(args.image, args.port, args.bind, config)
-        endpoint = {"host": host.name, "port": args.port, "master_key_file": f"{host.name}:{gw.DIR}/{gw.MASTER_KEY}",
+        endpoint: Endpoint = {"host": host.name, "port": args.port, "master_key_file": f"{host.name}:{gw.DIR}/{gw.MASTER_KEY}",
                     "models": sorted({r.model for r in args.routes}), "routes": routes}
         if have and have["status"] == "running" and have["labels"].get("sparkprov.gateway_hash") == digest \
                 and facts.master.get("exists"):
-            return Plan(msg=f"up, {_summary(args.routes)}", exports={"gateway": endpoint})
+            return Plan(msg=f"up, {_summary(args.routes)}", exports=GATEWAY(endpoint))
         if args.port in facts.ports and not (have and have["status"] == "running"):
             return Plan.fail(f"{host.name}: port {args.port} is in use by a process sparkprov did not start "
                              "(fix: --port another one)")
@@ -82,7 +94,7 @@ class Gateway(Module):
                         touches=[ManagedContainers(), KeyFile(f"{gw.DIR}/{gw.MASTER_KEY}")],
                         timeout=args.timeout + 120)
         change.outcome = lambda out: ready_outcome(out, f"{host.name}: the gateway")
-        return Plan([change], exports={"gateway": endpoint})
+        return Plan([change], exports=GATEWAY(endpoint))
 
 
 def _summary(routes: list[Route]) -> str:

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pydantic import Field
 
 from sparkprov.facts.serving import KeyText
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 
 
 class Args(ModuleArgs):
     key_files: list[str] = Field(min_length=1, max_length=64)
+
+
+# no_log: the task's result never shows them
+GATEWAY_KEYS: Export[dict[str, str]] = Export("gateway_keys", dict, "API key file -> the key in it")
 
 
 class GatewayKeys(Module):
@@ -28,4 +32,4 @@ class GatewayKeys(Module):
         if missing:
             return Plan.fail(f"{host.name}: cannot read the API key file {', '.join(missing)} "
                              f"(fix: invoke cluster-up makes it; check its owner is {host.user or 'the login user'})")
-        return Plan(msg=f"{len(keys)} key(s) read", exports={"gateway_keys": keys})
+        return Plan(msg=f"{len(keys)} key(s) read", exports=GATEWAY_KEYS(keys))

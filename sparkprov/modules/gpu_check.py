@@ -20,9 +20,11 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.hardware import KernelCmdline, MemInfo, NvidiaSmi, driver_at_least, gib, version_tuple
 from sparkprov.modules._provision import setting
+from sparkprov.modules.host_identity import IDENTITY
+from typing import TypedDict
 
 GB10_COMPUTE_CAP = "12.1"
 MODESET0_UTILIZATION = 0.55  # G18 (source 002): ~62 GB of 119 GB visible to CUDA
@@ -74,6 +76,22 @@ def min_driver_for(args_min: str | None, images: tuple[tuple[str, str | None], .
     return None, ""
 
 
+class Gpu(TypedDict):
+    name: str
+    compute_cap: str
+    count: int
+    driver_version: str
+    cuda_version: str | None
+    unified_memory: bool
+    memory_total_bytes: int
+    memory_available_bytes: int | None
+    max_gpu_memory_utilization: float | None
+    min_driver: str
+
+
+GPU: Export[Gpu] = Export("gpu", Gpu, "the host's GPU, driver, CUDA and memory as gpu_check judged them")
+
+
 class GpuCheckModule(Module):
     name = "gpu_check"
     Args = Args
@@ -105,7 +123,7 @@ class GpuCheckModule(Module):
             if v and not driver_at_least(driver, v):
                 warnings.append(f"{h}: driver {driver} is below {v} that {ref} needs: that image will restart-loop "
                                 f"with 'compatibility mode is UNAVAILABLE' (G5)")
-        ident = host.exports.get(h, {}).get("identity") or {}
+        ident = IDENTITY.read(host.exports, h) or {}
         cc = gpu["compute_cap"]
         if args.compute_cap and cc != args.compute_cap:
             return Plan.fail(f"{h}: GPU {gpu['name']} has compute capability {cc}, need {args.compute_cap}")
@@ -123,7 +141,7 @@ class GpuCheckModule(Module):
                    if unified else f"{gib(total)} GPU memory, host {gib(mem['MemTotal'])} ({gib(avail)} available)")
         msg = (f"{gpu['name']} (compute capability {cc}), {len(smi['gpus'])} GPU(s), driver {driver} >= {need}, "
                f"CUDA {cuda or '?'}, {mem_txt}")
-        exports = {"gpu": {"name": gpu["name"], "compute_cap": cc, "count": len(smi["gpus"]), "driver_version": driver,
+        exports = GPU({"name": gpu["name"], "compute_cap": cc, "count": len(smi["gpus"]), "driver_version": driver,
                            "cuda_version": cuda, "unified_memory": unified, "memory_total_bytes": total,
-                           "memory_available_bytes": avail, "max_gpu_memory_utilization": cap, "min_driver": need}}
+                           "memory_available_bytes": avail, "max_gpu_memory_utilization": cap, "min_driver": need})
         return Plan(msg=msg, warnings=warnings, exports=exports)

@@ -8,7 +8,7 @@ them a failure): NCCL, Ray and one image across nodes want one stack (G34).
 from __future__ import annotations
 
 from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.modules._provision import play_exports
+from sparkprov.modules.gpu_check import GPU
 
 
 class Args(ModuleArgs):
@@ -21,7 +21,7 @@ class GpuConsistencyModule(Module):
     doc = "Flag driver or CUDA versions that differ between the hosts of a play (from gpu_check's exports)."
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        gpus = play_exports(host, "gpu")
+        gpus = GPU.of_play(host)
         if host.name not in gpus:
             return Plan.skip("gpu_check exported nothing for this host")
         problems = []

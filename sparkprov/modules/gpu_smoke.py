@@ -9,10 +9,11 @@ membership and logs in again before planning this, so the test runs in the new s
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import SMOKE_DIR, DockerState, GpuSmokeRecord
+from sparkprov.facts.runtimes import DockerState, GpuSmokeRecord, SMOKE_DIR
 from sparkprov.modules._provision import setting
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd
+from typing import TypedDict
 
 TOOLKIT_FIX = ("sudo apt install nvidia-container-toolkit && sudo nvidia-ctk runtime configure --runtime=docker "
                "&& sudo systemctl restart docker")
@@ -30,6 +31,14 @@ def smoke_setting(args, host: HostContext) -> tuple[str | None, tuple[str, ...]]
     image = setting(args.smoke_image, host, "smoke_image")
     command = setting(args.smoke_command, host, "smoke_command", [])
     return (str(image) if image else None), tuple(str(c) for c in command)
+
+
+class GpuSmoke(TypedDict):
+    image: str
+    ok: bool
+
+
+GPU_SMOKE: Export[GpuSmoke] = Export("gpu_smoke", GpuSmoke, "the GPU smoke test passed in this image")
 
 
 class GpuSmoke(Module):
@@ -55,7 +64,7 @@ class GpuSmoke(Module):
         if smoke["state"] != "present":
             return Plan.fail(f"{host.name}: GPU smoke test could not run ({smoke['state']})")
         if smoke["passed"]:
-            return Plan(msg=f"`{run}` passed", exports={"gpu_smoke": {"image": image, "ok": True}})
+            return Plan(msg=f"`{run}` passed", exports=GPU_SMOKE({"image": image, "ok": True}))
         argv = ["docker", "run", "--rm"] + (["--gpus", "all"] if args.gpus else []) + [image, *command]
         script = (f"o=$(timeout 120 {cmd(*argv)} 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 5\n"
                   f"[ $r = 0 ] || {{ echo \"{run} failed (rc=$r). Fix: {TOOLKIT_FIX}\" >&2; exit $r; }}\n"

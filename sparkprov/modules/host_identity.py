@@ -8,7 +8,8 @@ Exports `identity`: {hostname, arch, kernel, os, os_version, dgx_name, dgx_ota_v
 
 from __future__ import annotations
 
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
+from typing import TypedDict
 
 SPARK_NAME = "DGX Spark"
 
@@ -24,6 +25,20 @@ def identity(info: dict[str, str]) -> dict:
             "os": info.get("os_pretty_name") or info.get("os_id"), "os_version": info.get("os_version_id"),
             "dgx_name": dgx, "dgx_ota_version": info.get("dgx_ota_version") or None,
             "is_spark": dgx == SPARK_NAME and arch in ("aarch64", "arm64")}
+
+
+class Identity(TypedDict):
+    hostname: str | None
+    arch: str
+    kernel: str | None
+    os: str | None
+    os_version: str | None
+    dgx_name: str | None
+    dgx_ota_version: str | None
+    is_spark: bool
+
+
+IDENTITY: Export[Identity] = Export("identity", Identity, "what the host is: architecture, OS, kernel, DGX name")
 
 
 class HostIdentityModule(Module):
@@ -45,7 +60,7 @@ class HostIdentityModule(Module):
             problems.append(f"architecture is {ident['arch']}, a Spark is aarch64 (GB10 Grace Blackwell)")
         if problems and args.require_spark:
             return Plan.fail(f"{host.name}: " + "; ".join(problems) + " (require_spark is set)",
-                             exports={"identity": ident})
+                             exports=IDENTITY(ident))
         warnings = [f"{host.name}: " + "; ".join(problems) + ": continuing as a generic NVIDIA Linux host "
                     "(GB10-specific checks relaxed)"] if problems else []
-        return Plan(msg=msg, warnings=warnings, exports={"identity": ident})
+        return Plan(msg=msg, warnings=warnings, exports=IDENTITY(ident))

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from sparkprov.catalog.knownflags import cache_path, default_cache_dir, write_cache
 from sparkprov.facts.serving import ImageDigests, ImageId, help_script
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from typing import Any, TypedDict
 
-EXPORT = "image_flags"
 
 
 class Args(ModuleArgs):
@@ -25,6 +25,15 @@ class Args(ModuleArgs):
     ask: bool = True                      # run `vllm serve --help=all` where nothing is cached
     cache_dir: str | None = None          # default: ~/.cache/sparkprov/flags on the control machine
     versions: dict[str, str | None] = Field(default_factory=dict)  # image -> the catalog's vLLM version
+
+
+class ImageFlags(TypedDict):
+    ids: dict[str, str]       # image reference -> its ID here
+    digests: dict[str, Any]   # image reference -> its registry digests
+    cache: str                # the folder the images' option lists are cached in
+
+
+IMAGE_FLAGS: Export[ImageFlags] = Export("image_flags", ImageFlags, "the images' IDs and digests, where their options are cached")
 
 
 class ImageFlags(Module):
@@ -41,8 +50,8 @@ class ImageFlags(Module):
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
         ids = {ref: (getattr(facts, f"id{i}") or {}).get("id") for i, ref in enumerate(args.images)}
-        exports = {EXPORT: {"ids": {r: i for r, i in ids.items() if i}, "digests": facts.digests,
-                            "cache": str(cache)}}
+        exports = IMAGE_FLAGS({"ids": {r: i for r, i in ids.items() if i}, "digests": facts.digests,
+                               "cache": str(cache)})
         changes = []
         for ref, image_id in ids.items():
             if not image_id or not args.ask or cache_path(cache, image_id).exists():

@@ -5,13 +5,13 @@ when a port open to everyone is neither an API port with a key nor sshd."""
 
 from __future__ import annotations
 
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.ports import FirewallTables, ListeningSockets
 from sparkprov.facts.serving import ServingStatus
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import ports as portmod
+from typing import Any
 
-EXPORT = "ports"
 
 
 class Args(ModuleArgs):
@@ -20,6 +20,10 @@ class Args(ModuleArgs):
 
 def fabric_addresses(fabric: dict) -> list[str]:
     return [r["address"] for r in (fabric or {}).get("rails") or [] if r.get("address")]
+
+
+PORTS: Export[list[dict[str, Any]]] = Export("ports", list, "every listening port: process, deployment, reach, flag "
+                                                            "(serving/ports.py report)")
 
 
 class ListeningPorts(Module):
@@ -38,4 +42,4 @@ class ListeningPorts(Module):
         msg = f"{len(rows)} listening, {len(flagged)} open to everyone without a key" + (
             ": " + ", ".join(f"{r['proto']} {r['address']}:{r['port']} ({', '.join(r['processes']) or '?'})"
                              for r in flagged) if flagged else "")
-        return Plan(msg=msg, exports={EXPORT: rows})
+        return Plan(msg=msg, exports=PORTS(rows))

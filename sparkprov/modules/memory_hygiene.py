@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import MemInfo, OllamaState, gib
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.hardware import MemInfo, gib
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.transport.shell import cmd
+from typing import TypedDict
 
 
 class Args(ModuleArgs):
@@ -26,6 +28,16 @@ class Args(ModuleArgs):
     unload_ollama: bool = False
     drop_caches: bool = False
     min_available_gb: float | None = None
+
+
+class Memory(TypedDict):
+    total_bytes: int
+    available_bytes: int
+    cached_bytes: int
+    ollama_models: list[str]
+
+
+MEMORY: Export[Memory] = Export("memory", Memory, "unified memory after the hygiene, and the models Ollama holds")
 
 
 class MemoryHygieneModule(Module):
@@ -64,5 +76,5 @@ class MemoryHygieneModule(Module):
               "Ollama: nothing loaded" if ollama["running"] else "no Ollama server")
         msg = f"MemAvailable {gib(avail)} of {gib(total)} (page cache {gib(cached)}); {ol}"
         return Plan(changes, msg=msg, warnings=warnings,
-                    exports={"memory": {"total_bytes": total, "available_bytes": avail, "cached_bytes": cached,
-                                        "ollama_models": [m["name"] for m in models]}})
+                    exports=MEMORY({"total_bytes": total, "available_bytes": avail, "cached_bytes": cached,
+                                    "ollama_models": [m["name"] for m in models]}))

@@ -15,10 +15,12 @@ Exports `model_store`: {hf_home, compile_cache, free_bytes, container: {env: {HF
 
 from __future__ import annotations
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import StoreState, gib
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.files import OwnedTree
+from sparkprov.facts.hardware import gib
 from sparkprov.modules._provision import setting
 from sparkprov.transport.shell import cmd
+from typing import Any, TypedDict
 
 CONTAINER_CACHE = "/root/.cache/vllm"
 
@@ -43,6 +45,16 @@ def _bad_path(p: str) -> str | None:
     return None
 
 
+class StorePaths(TypedDict):
+    hf_home: str
+    compile_cache: str
+    free_bytes: int | None
+    container: dict[str, Any]   # env and mounts a serving container gets for them
+
+
+STORE_PATHS: Export[StorePaths] = Export("model_store", StorePaths, "where the model store and compile cache are")
+
+
 class ModelStoreModule(Module):
     name = "model_store"
     Args = Args
@@ -50,7 +62,7 @@ class ModelStoreModule(Module):
 
     def needs(self, args: Args, host: HostContext):
         store, cache = _paths(args, host)
-        return {"store": StoreState(store, host.user, ("hub",)), "cache": StoreState(cache, host.user)}
+        return {"store": OwnedTree(store, host.user, ("hub",)), "cache": OwnedTree(cache, host.user)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         store_arg, cache_arg = _paths(args, host)
@@ -95,9 +107,9 @@ class ModelStoreModule(Module):
         free = store.get("free")
         if args.min_free_gb is not None and free is not None and free < args.min_free_gb * 2**30:
             return Plan.fail(f"{host.name}: {gib(free)} free on {store.get('mount')} for {spath}, need {args.min_free_gb} GiB")
-        exports = {"model_store": {"hf_home": spath, "compile_cache": cpath, "free_bytes": free,
-                                   "container": {"env": {"HF_HOME": spath},
-                                                 "mounts": [f"{spath}:{spath}", f"{cpath}:{CONTAINER_CACHE}"]}}}
+        exports = STORE_PATHS({"hf_home": spath, "compile_cache": cpath, "free_bytes": free,
+                               "container": {"env": {"HF_HOME": spath},
+                                             "mounts": [f"{spath}:{spath}", f"{cpath}:{CONTAINER_CACHE}"]}})
         entries = cache.get("entries") or 0
         msg = (f"{spath}: HF_HOME (hub layout), owned by {user}, {gib(free)} free on {store.get('mount')}; "
                f"compile cache {cpath} -> {CONTAINER_CACHE} in containers ({entries} entries, {gib(cache.get('size') or 0)}"

@@ -13,19 +13,20 @@ The port must be free or Prometheus's own."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkprov.facts.accounts import docker_problem
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.monitor import FileTree
 from sparkprov.facts.serving import Listeners, ManagedContainers
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.modules.fabric_rails import EXPORT as RAILS, rails_of
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.fabric_rails import FABRIC_RAILS, rails_of
 from sparkprov.modules.gateway import ready_outcome
 from sparkprov.serving import monitor as mon
 from sparkprov.serving import prometheus as prom
+from sparkprov.modules.gateway_keys import GATEWAY_KEYS
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -66,6 +67,20 @@ def tree_fact() -> FileTree:
     return FileTree(prom.DIR, prom.CONFIG)
 
 
+class Monitor(TypedDict):
+    host: str
+    url: str
+    image: str
+    bind: str
+    port: int
+    guards: dict[str, str | None]   # host -> where Prometheus scrapes its guard (None: no target)
+    deployments: list[str]
+    dir: str                        # HOST:PATH of its files
+
+
+MONITOR: Export[Monitor] = Export("monitor", Monitor, "where Prometheus runs and what it scrapes")
+
+
 class Prometheus(Module):
     name = "prometheus"
     Args = Args
@@ -89,7 +104,7 @@ class Prometheus(Module):
                                 touches=[ManagedContainers(), tree_fact()])])
         own = rails_of(facts.fabric)
         bind = args.bind or (own[0]["address"] if own else "127.0.0.1")
-        rails = {h: (host.exports.get(h) or {}).get(RAILS) or [] for h in host.exports}
+        rails = {h: FABRIC_RAILS.read(host.exports, h) or [] for h in host.exports}
         rails[host.name] = own
         warnings, monitored = [], []
         for t in args.hosts:
@@ -105,7 +120,7 @@ class Prometheus(Module):
         for d in deps:
             if not d.api_key_file:
                 continue
-            key = ((host.exports.get(d.host) or {}).get("gateway_keys") or {}).get(d.api_key_file)
+            key = (GATEWAY_KEYS.read(host.exports, d.host) or {}).get(d.api_key_file)
             if not key:
                 return Plan.fail(f"{host.name}: the API key of {d.name} on {d.host} was not read (its key task "
                                  "failed or did not run)")
@@ -113,13 +128,13 @@ class Prometheus(Module):
         digest = prom.state_hash(args.image, args.port, bind, files)
         want = prom.expected_tree(files)
         url = f"http://{prom.listen(bind, args.port)}"
-        summary = {"host": host.name, "url": url, "image": args.image, "bind": bind, "port": args.port,
+        summary: Monitor = {"host": host.name, "url": url, "image": args.image, "bind": bind, "port": args.port,
                    "guards": {m.name: m.guard for m in monitored}, "deployments": [d.name for d in deps],
                    "dir": f"{host.name}:{prom.DIR}"}
         if have and have["status"] == "running" and have["labels"].get("sparkprov.monitor_hash") == digest \
                 and tree["files"] == want:
             return Plan(msg=f"up at {url}, {_summary(deps, monitored)}", warnings=warnings,
-                        exports={"monitor": summary})
+                        exports=MONITOR(summary))
         if args.port in facts.ports and not (have and have["status"] == "running"):
             return Plan.fail(f"{host.name}: port {args.port} is in use by a process sparkprov did not start "
                              "(fix: --port another one)")
@@ -131,7 +146,7 @@ class Prometheus(Module):
                                      "labels": {"sparkprov.monitor_hash": digest}}, want)),
                         touches=[ManagedContainers(), tree_fact()], timeout=args.timeout + 120)
         change.outcome = lambda out: ready_outcome(out, f"{host.name}: Prometheus")
-        return Plan([change], warnings=warnings, exports={"monitor": summary})
+        return Plan([change], warnings=warnings, exports=MONITOR(summary))
 
 
 def _summary(deps: list[mon.RunningDeployment], hosts: list[mon.MonitoredHost]) -> str:

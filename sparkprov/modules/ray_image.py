@@ -22,12 +22,11 @@ from pydantic import Field
 
 from sparkprov.defaults import RAY_DERIVED_PREFIX, RAY_VERSION
 from sparkprov.facts.serving import ImageId, ImageLabel
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd, quote
 
 BASE_LABEL = "org.sparkprov.ray.base"
 CACHE = Path(os.environ.get("SPARKPROV_CACHE", Path.home() / ".cache" / "sparkprov")) / "wheels"
-EXPORT = "ray_image"
 # pip's platform tags per machine: manylinux wheels built on glibc 2.17 or 2.28 both run on a Spark
 PLATFORMS = {"aarch64": ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"],
              "x86_64": ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"]}
@@ -69,6 +68,9 @@ def fetch_wheels(ray_version: str, python: str, machine: str, cache: Path = CACH
     return tar
 
 
+RAY_IMAGE: Export[dict[str, str]] = Export("ray_image", dict, "base image -> the Ray image derived from it here")
+
+
 class RayImage(Module):
     name = "ray_image"
     Args = Args
@@ -85,7 +87,7 @@ class RayImage(Module):
                 return Plan([Change(f"build {tag}: {args.base} + Ray {args.ray_version} (once the base is here)", ":")])
             return Plan.fail(f"{host.name}: {args.base} is not on the host to build from")
         have = facts.derived
-        exports = {EXPORT: {args.base: tag}}
+        exports = RAY_IMAGE({args.base: tag})
         if have.get("id") and have.get("label") == base["id"]:
             return Plan(msg=f"{tag} {have['id'][7:19]}: {args.base} with Ray {args.ray_version}", exports=exports)
         found: dict[str, str] = {}

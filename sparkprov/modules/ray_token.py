@@ -18,11 +18,10 @@ from typing import Literal
 
 from sparkprov.facts.serving import KeyFile, KeyText
 from sparkprov.modules._serving import ServeArgs
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.serving.spec import RAY_TOKEN_NAME
 from sparkprov.transport.shell import quote
 
-EXPORT = "ray_token"  # {deployment: token}: rank 0's, for the copies (memory only, never reported)
 
 
 def token_path(deployment: str) -> str:
@@ -44,6 +43,10 @@ class Args(ServeArgs):
     phase: Literal["make", "copy"]
 
 
+# rank 0's, for the copies (memory only, never reported: the task is no_log)
+RAY_TOKEN: Export[dict[str, str]] = Export("ray_token", dict, "deployment -> its Ray token")
+
+
 class RayToken(Module):
     name = "ray_token"
     Args = Args
@@ -60,11 +63,11 @@ class RayToken(Module):
         if args.phase == "make":
             want = have or secrets.token_hex(32)
         else:
-            want = ((host.exports.get(dep.hosts[0]) or {}).get(EXPORT) or {}).get(dep.name)
+            want = (RAY_TOKEN.read(host.exports, dep.hosts[0]) or {}).get(dep.name)
             if not want:
                 return Plan.fail(f"{host.name}: rank 0 ({dep.hosts[0]}) has no Ray token for {dep.name} "
                                  "(its ray token task failed)")
-        exports = {EXPORT: {dep.name: want}} if args.phase == "make" else {}
+        exports = RAY_TOKEN({dep.name: want}) if args.phase == "make" else {}
         if have == want and info.get("mode") == 0o600:
             return Plan(msg=f"Ray token of {dep.name} in place (0600)", exports=exports)
         why = ("absent" if not info.get("exists") else "not rank 0's" if have != want

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from sparkprov.facts.accounts import docker_problem
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ManagedContainers
 from sparkprov.transport.shell import cmd
 
@@ -15,6 +15,9 @@ class Args(ModuleArgs):
     deployments: list[str] | None = None  # None: every sparkprov container
     reason: str = ""
     exclude_roles: list[str] = Field(default_factory=list)
+
+
+REMOVED: Export[list[str]] = Export("removed", list, "the containers removed from this host")
 
 
 class ServeAbsent(Module):
@@ -41,4 +44,4 @@ class ServeAbsent(Module):
                             Diff(f"{host.name}: sparkprov containers", "".join(f"{n}\n" for n in names), ""),
                             touches=[ManagedContainers()],
                             predicts=[(ManagedContainers(), {**cont, "containers": keep})])],
-                    exports={"removed": names})
+                    exports=REMOVED(names))

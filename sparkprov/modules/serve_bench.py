@@ -14,8 +14,9 @@ from pydantic import Field
 from sparkprov.facts.base import FactError
 from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.serving import ServingStatus
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import bench
+from typing import Any, TypedDict
 
 
 class Args(ModuleArgs):
@@ -26,6 +27,20 @@ class Args(ModuleArgs):
     prompts: int | None = Field(default=None, ge=1, le=1_000_000)  # per level; None: 4 x concurrency, at least 8
     timeout: float = Field(default=3600, gt=0, le=86400)  # per level
     profile: str | None = Field(default=None, max_length=64)  # a named profile the parameters came from (arena)
+
+
+class BenchTarget(TypedDict):
+    container: str              # the rank 0 container the client runs in
+    labels: dict[str, str]
+
+
+class BenchMember(TypedDict):
+    rank: str | None            # the node's rank in the deployment (its label)
+
+
+BENCH_TARGET: Export[BenchTarget] = Export("bench_target", BenchTarget, "the deployment serves its API here")
+BENCH_MEMBER: Export[BenchMember] = Export("bench_member", BenchMember, "a node of the deployment, and its rank")
+BENCH: Export[dict[str, Any]] = Export("bench", dict, "the run (serving/bench.py record: rows, provenance, ...)")
 
 
 class ServeBench(Module):
@@ -47,7 +62,7 @@ class ServeBench(Module):
         if not mine:
             # a rank that serves no API: the command names it among the run's hosts
             ranks = [c for c in st["containers"] if c["labels"].get("sparkprov.deployment") == args.deployment]
-            exports = {"bench_member": {"rank": ranks[0]["labels"].get("sparkprov.rank")}} if ranks else {}
+            exports = BENCH_MEMBER({"rank": ranks[0]["labels"].get("sparkprov.rank")}) if ranks else {}
             return Plan(msg=f"{args.deployment} does not serve here", exports=exports)
         c = mine[0]
         if c["status"] != "running" or c.get("health") != 200:
@@ -70,8 +85,8 @@ class ServeBench(Module):
             gpu = None
         system = bench.system_facts(gpu, host.info)
         change.outcome = lambda out: _judge(out, args, host.name, labels, params, system, change)
-        return Plan([change], exports={"bench_target": {"container": c["name"], "labels": labels},
-                                       "bench_member": {"rank": labels.get("sparkprov.rank") or "0"}})
+        return Plan([change], exports={**BENCH_TARGET({"container": c["name"], "labels": labels}),
+                                       **BENCH_MEMBER({"rank": labels.get("sparkprov.rank") or "0"})})
 
 
 def _judge(out: str, args: Args, host: str, labels: dict, params: dict, system: dict, change: Change) -> str | None:
@@ -80,7 +95,7 @@ def _judge(out: str, args: Args, host: str, labels: dict, params: dict, system: 
     except ValueError as e:
         return f"{host}: {e}"
     rec = bench.record(host, args.deployment, labels, params, doc, system, args.profile)
-    change.exports = {"bench": rec}
+    change.exports = BENCH(rec)
     failed = doc.get("error") or next((r["error"] for r in doc.get("rows", []) if "error" in r), None)
     done = ", ".join(f"c={r['concurrency']}: {r['output_throughput']:.1f} output tok/s" for r in rec["rows"]
                      if r.get("output_throughput") is not None)

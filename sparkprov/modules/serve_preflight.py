@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import FactView, HostContext, Module, Plan
-from sparkprov.facts.hardware import FabricInfo, MemInfo, NvidiaSmi, OllamaState, gib
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.facts.hardware import MemInfo, NvidiaSmi, gib
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.rail import QualificationRecord, degraded
 from sparkprov.facts.serving import Listeners, ManagedContainers
-from sparkprov.modules._serving import PREFLIGHT, ServeArgs
+from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs
 from sparkprov.serving import node
 from sparkprov.staging.facts import StoreState
 from sparkprov.defaults import host_setting
@@ -78,7 +80,7 @@ class ServePreflight(Module):
                          f"(fix: invoke provision --hosts {h} --tags gpu)")
         else:
             notes.append(f"driver {smi.get('driver_version')}")
-        exports = {}
+        found: Preflight = {}
         info = node.image_info(dep)
         if dep.cluster and info is not None:
             if dep.executor == "native" and info.native_multinode is False:
@@ -100,8 +102,8 @@ class ServePreflight(Module):
                 fails += [f"{b}; a multi-node start over it is refused (--force-degraded-fabric starts it anyway)"
                           for b in bad]
             # every rail's address: the members the firewall lets reach the deployment's internals
-            exports = {"node_ip": ip, "rail_net": net,
-                       "rails": [r["address"] for r in (facts.fabric or {}).get("rails") or [] if r.get("address")]}
+            found = {"node_ip": ip, "rail_net": net,
+                     "rails": [r["address"] for r in (facts.fabric or {}).get("rails") or [] if r.get("address")]}
         store = facts.store
         missing = [w for w in (node.staged_problem(store, repo, rev) for repo, rev in node.repos(dep)) if w]
         if missing and args.staged_here and host.check:
@@ -127,7 +129,7 @@ class ServePreflight(Module):
                          f"{c['labels'].get('sparkprov.deployment')}, or give this deployment another port)")
         if fails:
             return Plan.fail(" | ".join(fails), warnings=warns)
-        return Plan(msg="; ".join(notes), warnings=warns, exports={PREFLIGHT: {dep.name: exports}})
+        return Plan(msg="; ".join(notes), warnings=warns, exports=PREFLIGHT({dep.name: found}))
 
     @staticmethod
     def _memory(args: Args, facts, host: HostContext, launch, notes: list[str], warns: list[str]) -> list[str]:

@@ -10,12 +10,24 @@ from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.guard import GuardState, guard_summary
 from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
-from sparkprov.modules.base import FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import guard
+from typing import Any, TypedDict
 
 
 class Args(ModuleArgs):
     pass
+
+
+class ServingStatusReport(TypedDict, total=False):
+    access: bool                          # docker reachable
+    error: str | None
+    containers: list[dict[str, Any]]      # facts/serving.py ServingStatus: name, status, labels, health, ray, ...
+    host: dict[str, Any]                  # memory, swap, GPU sensors, the node guard's summary
+
+
+SERVING_STATUS: Export[ServingStatusReport] = Export("serving_status", ServingStatusReport,
+                                                     "sparkprov's containers on the host and how they serve")
 
 
 class ServeStatus(Module):
@@ -35,7 +47,7 @@ class ServeStatus(Module):
             **facts.sensors, "guard": guard_summary(facts.guard)}}
         if not st["access"]:
             return Plan.fail(f"{host.name}: {docker_problem(st['error'], host.name, host.user)}",
-                             exports={"serving_status": st})
+                             exports=SERVING_STATUS(st))
         running = sum(1 for c in st["containers"] if c["status"] == "running")
         return Plan(msg=f"{len(st['containers'])} sparkprov containers, {running} running",
-                    exports={"serving_status": st})
+                    exports=SERVING_STATUS(st))

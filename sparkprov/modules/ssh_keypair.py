@@ -15,10 +15,11 @@ import posixpath
 
 from pydantic import field_validator
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import AuthorizedKeys, SshIdentity
+from sparkprov.facts.ssh import AuthorizedKeys, SshIdentity
 from sparkprov.transport.shell import cmd
+from typing import TypedDict
 
 DEFAULT_KEY = "~/.ssh/id_ed25519_sparkprov"
 
@@ -38,6 +39,16 @@ def mesh_files(host: HostContext) -> dict:
     """The files ssh_mesh reads (read here too, so that they come in the same gather)."""
     return {"authorized_keys": AuthorizedKeys(host.user), "known_hosts": PathState("~/.ssh/known_hosts", with_content=True),
             "config": PathState("~/.ssh/config", with_content=True)}
+
+
+class SshKey(TypedDict):
+    user: str
+    pub: str | None          # the mesh key's public half (None: made by this run's apply)
+    host_keys: list[str]     # the host's own public keys, for the peers' known_hosts
+    converged: bool
+
+
+SSH_KEY: Export[SshKey] = Export("ssh", SshKey, "the node's mesh key (public half) and host keys")
 
 
 class SshKeypairModule(Module):
@@ -83,7 +94,7 @@ class SshKeypairModule(Module):
                                       touched))
         if not ident["host_keys"]:
             return Plan.fail(f"{host.name}: no readable /etc/ssh/ssh_host_*_key.pub: peers could not pin this host's key")
-        exports = {"ssh": {"user": user, "pub": ident["pub"] if ident["exists"] else None,
-                           "host_keys": ident["host_keys"], "converged": not changes}}
+        exports = SSH_KEY({"user": user, "pub": ident["pub"] if ident["exists"] else None,
+                           "host_keys": ident["host_keys"], "converged": not changes})
         return Plan(changes, msg=f"{key} ({(ident['pub'] or '').split(' ')[0] or 'new'}), "
                                  f"{len(ident['host_keys'])} host key(s)", exports=exports)

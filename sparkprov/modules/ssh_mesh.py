@@ -15,11 +15,13 @@ and every rail. Exports `ssh_mesh`: {peers: {host: [addresses]}, converged}.
 
 from __future__ import annotations
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import AuthorizedKeys
+from sparkprov.facts.ssh import AuthorizedKeys
 from sparkprov.modules._provision import write_file_script
-from sparkprov.modules.ssh_keypair import DEFAULT_KEY, Args as KeyArgs, mesh_files
+from sparkprov.modules.ssh_keypair import Args as KeyArgs, DEFAULT_KEY, SSH_KEY, mesh_files
+from sparkprov.modules.fabric import FABRIC
+from typing import TypedDict
 
 BEGIN = "# BEGIN sparkprov ssh_mesh (managed by sparkprov; edits inside are replaced)"
 END = "# END sparkprov ssh_mesh"
@@ -83,6 +85,15 @@ def config_after(current: str, addresses: list[str], key: str) -> str:
     return "\n".join(block) + "\n" + (rest + "\n" if rest else "")
 
 
+class SshMesh(TypedDict):
+    peers: dict[str, list[str]]   # peer -> its fabric addresses
+    converged: bool
+    digest: str                   # what this node's logins depend on, as converged
+
+
+SSH_MESH: Export[SshMesh] = Export("ssh_mesh", SshMesh, "the peers this node logs in to, and a digest of that setup")
+
+
 class SshMeshModule(Module):
     name = "ssh_mesh"
     Args = Args
@@ -98,8 +109,7 @@ class SshMeshModule(Module):
             return Plan.skip("no peers in this play")
         pubs, pins, addresses, pending = {}, {}, {}, []
         for p in peers:
-            ex = host.exports.get(p, {})
-            ssh, fab = ex.get("ssh"), ex.get("fabric")
+            ssh, fab = SSH_KEY.read(host.exports, p), FABRIC.read(host.exports, p)
             if not ssh or not fab:
                 return Plan.fail(f"{host.name}: peer {p} exported no {'ssh key' if not ssh else 'fabric'} "
                                  "(ssh_keypair and fabric run in an earlier play)")
@@ -142,8 +152,7 @@ class SshMeshModule(Module):
                                   write_file_script(cfp, ca.encode(), mode=format(cf.get("mode") or 0o600, "04o"), owner=user),
                                   Diff(cfp, cb, ca), [PathState("~/.ssh/config", with_content=True)]))
         return Plan(changes, msg=f"{len(peers)} peer(s): " + ", ".join(f"{p} {' '.join(addresses[p])}" for p in peers),
-                    exports={"ssh_mesh": {"peers": addresses, "converged": not changes,
-                                          "digest": _digest(after, ka, ca)}})
+                    exports=SSH_MESH({"peers": addresses, "converged": not changes, "digest": _digest(after, ka, ca)}))
 
 
 def _digest(*contents: str) -> str:

@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
 from sparkprov.defaults import host_setting
 from sparkprov.facts.serving import ManagedContainers
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.staging import verify
 from sparkprov.staging.plan import Item, human
 from sparkprov.staging.store import (COMMIT, Removal, StoreContents, StoreContentsFact, removal_revisions,
                                      removal_script, removal_whole, summarize, valid_repo_id)
 from sparkprov.transport.shell import cmd
 
-EXPORT = "store"
 RUNNING = ("running", "restarting")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -126,6 +125,17 @@ def report(sc: StoreContents, used: dict[str, list[dict]]) -> list[dict[str, Any
     return rows
 
 
+class StoreListing(TypedDict):
+    store: str
+    repos: list[dict[str, Any]]     # per repo: revisions with commits, size, verified, in use by
+    compile_cache: dict[str, Any]
+    docker: bool                    # False: no deployment could be read as using the store
+    docker_error: str | None
+
+
+STORE_CONTENTS: Export[StoreListing] = Export("store", StoreListing, "what the model store holds, and who uses it")
+
+
 class Store(Module):
     name = "store"
     Args = Args
@@ -155,7 +165,7 @@ class Store(Module):
                 warnings.append(f"the docker daemon is not running ({err}): no deployment runs on {host.name}")
         used, unknown = uses(containers, tuple(args.recipe_files))
         exports = self._exports(sc, used, cont)
-        rows = exports[EXPORT]["repos"]
+        rows = STORE_CONTENTS.of(exports)["repos"]
         total = sum(r["size"] for r in rows)
         cache = sc.cache
         msg = (f"{len(rows)} models, {human(total)} in {sc.store}; compile cache "
@@ -262,5 +272,5 @@ class Store(Module):
 
     @staticmethod
     def _exports(sc: StoreContents, used: dict[str, list[dict]], cont: dict[str, Any]) -> dict[str, Any]:
-        return {EXPORT: {"store": sc.store, "repos": report(sc, used), "compile_cache": sc.cache,
-                         "docker": bool(cont.get("access")), "docker_error": cont.get("error")}}
+        return STORE_CONTENTS({"store": sc.store, "repos": report(sc, used), "compile_cache": sc.cache,
+                               "docker": bool(cont.get("access")), "docker_error": cont.get("error")})

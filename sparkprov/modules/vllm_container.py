@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 
-from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
-from sparkprov.facts.hardware import FabricInfo, NvidiaSmi, OllamaState
+from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
+from sparkprov.facts.fabric import FabricInfo
+from sparkprov.facts.hardware import NvidiaSmi
+from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export
-from sparkprov.modules.docker_image import EXPORT as IMAGES
-from sparkprov.modules.image_flags import EXPORT as IMAGE_FLAGS
+from sparkprov.modules.docker_image import IMAGE_IDS
+from sparkprov.modules.image_flags import IMAGE_FLAGS
 from sparkprov.serving import node
 from sparkprov.transport.shell import cmd, quote
+from typing import TypedDict
 
 
 class Args(ServeArgs):
@@ -37,6 +40,16 @@ def _run_script(spec, serves: bool) -> str:
                   '&& mv "$f.new" "$f" && echo "@key=created"; fi)', 'chmod 600 "$f"']
     lines.append(cmd(*spec.argv) + " >/dev/null")
     return "\n".join(lines)
+
+
+class Container(TypedDict, total=False):
+    name: str
+    role: str
+    hash: str     # the recipe hash it runs
+    id: str       # its container ID, once it runs (the other ranks carry rank 0's)
+
+
+CONTAINERS: Export[dict[str, Container]] = Export("containers", dict, "deployment -> its container on this host")
 
 
 class VllmContainer(Module):
@@ -58,13 +71,13 @@ class VllmContainer(Module):
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
         problems = self._cluster_checks(dep, host)
-        flags = ((host.exports.get(dep.hosts[0]) or {}).get(IMAGE_FLAGS) or {})
+        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0]) or {}
         problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
         if problems:
             return Plan.fail(" | ".join(problems))
         rank0_id = ""
         if dep.cluster and dep.rank(h) > 0:
-            rank0 = (((host.exports.get(dep.hosts[0]) or {}).get("containers") or {}).get(dep.name) or {})
+            rank0 = (CONTAINERS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or {}
             rank0_id = rank0.get("id") or "(rank 0 to be started)"
         spec = node.container(dep, h, launch, head, rank0_id, host.home)
         cont = facts.containers
@@ -74,8 +87,8 @@ class VllmContainer(Module):
         if have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash \
                 and have["status"] in ("running", "restarting"):
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
-                        exports={"containers": {dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
-                                                           "id": have["id"]}}})
+                        exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
+                                                       "id": have["id"]}}))
         before = "absent\n" if not have else (f"{have['name']} {have['status']} recipe "
                                               f"{have['labels'].get('sparkprov.recipe_hash')}\n")
         why = ("absent" if not have else
@@ -112,13 +125,12 @@ class VllmContainer(Module):
 
         start.outcome = key_note
         changes.append(start)
-        return Plan(changes, exports={"containers": {dep.name: {"name": spec.name, "role": spec.role,
-                                                                "hash": spec.hash}}})
+        return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
 
     @staticmethod
     def _cluster_checks(dep, host: HostContext) -> list[str]:
         out: list[str] = []
-        ids = {h: ((host.exports.get(h) or {}).get(IMAGES) or {}).get(node.image_ref(dep)) for h in dep.hosts}
+        ids = {h: (IMAGE_IDS.read(host.exports, h) or {}).get(node.image_ref(dep)) for h in dep.hosts}
         if len({i for i in ids.values() if i}) > 1:
             out.append(f"{host.name}: the nodes hold different builds of {node.image_ref(dep)}: "
                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())

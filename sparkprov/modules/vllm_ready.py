@@ -13,18 +13,28 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts import probe
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.serving import SMOKE_DIR, ServeReady
 from sparkprov.modules._serving import ServeArgs
 from sparkprov.serving import node
+from typing import TypedDict
 
 
 class Args(ServeArgs):
     ray_timeout: float = Field(default=300, gt=0, le=86400)
     health_timeout: float | None = Field(default=None, gt=0, le=86400)  # default: the recipe's
     verify: bool = False  # smoke-test again although this container passed already
+
+
+class Serving(TypedDict):
+    model: str              # the served model name clients ask for
+    port: int
+    api_key_file: str | None
+
+
+SERVING: Export[dict[str, Serving]] = Export("serving", dict, "deployment -> what its server here answers as")
 
 
 class VllmReady(Module):
@@ -47,8 +57,8 @@ class VllmReady(Module):
         recipe = node.catalog_for(dep).get(dep.model)
         smoke = recipe.smoke
         launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, None)
-        exports = {"serving": {dep.name: {"model": launch.served_model_name, "port": dep.port_on(host.vars),
-                                          "api_key_file": launch.ctx.api_key_file}}}
+        exports = SERVING({dep.name: {"model": launch.served_model_name, "port": dep.port_on(host.vars),
+                                      "api_key_file": launch.ctx.api_key_file}})
         if st["status"] not in ("running", "restarting") and not host.check:
             return Plan.fail(f"{h}: {name} is {st['status']}" + (f" (restarts {st['restarts']})" if st["restarts"] else "")
                              + f": {_why_stopped(st.get('logs'))}")

@@ -18,8 +18,8 @@ import sys
 from pydantic import Field
 
 from sparkprov.facts.accounts import docker_problem
-from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
-from sparkprov.modules.weights_store import (DELIVERED, EXPORT, SEND_ERRORS, Args as StoreArgs, items_of, routes_to,
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, Plan
+from sparkprov.modules.weights_store import (DELIVERED, SEND_ERRORS, STAGE, Args as StoreArgs, items_of, routes_to,
                                              store_fact)
 from sparkprov.staging import fanout, fetch
 from sparkprov.staging.facts import DOWNLOADER_PREFIX
@@ -28,7 +28,7 @@ from sparkprov.staging.plan import Status, human, plan_host
 from sparkprov.transport.shell import cmd, quote
 
 
-HELD = "stage_held"  # what the source holds once the download is done
+HELD: Export[list[str]] = Export("stage_held", list, "the source: the files it holds once its download is done")
 RUNNER_MARK = "# the downloader\n"  # where the pipelined fan-out wraps the download script
 
 
@@ -38,7 +38,7 @@ def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[
     mine = set(held) | {i.rel for i in todo}
     receivers, wants = [], {}
     for r in args.hosts:
-        ex = (host.exports.get(r) or {}).get(EXPORT)
+        ex = STAGE.read(host.exports, r)
         if r == host.name or not ex:
             continue  # itself, or failed / unreachable in the store play
         need = [rel for rel in ex.get("need") or [] if rel in mine]
@@ -81,7 +81,7 @@ def to_download(args, host: HostContext, own) -> list:
     for h in args.hosts:
         if h == host.name:
             continue
-        ex = (host.exports.get(h) or {}).get(EXPORT) or {}
+        ex = STAGE.read(host.exports, h) or {}
         held |= set(ex.get("ok") or [])
         needed |= set(ex.get("need") or [])
     out, seen = [], set()
@@ -104,7 +104,8 @@ class WeightsDownload(Module):
         sf = facts.store
         own = plan_host(host.name, items_of(args), sf)
         todo = to_download(args, host, own)
-        held = {HELD: sorted(r for r, f in own.files.items() if f.status is Status.OK)}
+        ok = sorted(r for r, f in own.files.items() if f.status is Status.OK)
+        held = HELD(ok)
         if not todo:
             return Plan(msg="nothing to download: every file is on some host", exports=held)
         items = items_of(args)
@@ -114,7 +115,7 @@ class WeightsDownload(Module):
         # docker answers only root here (the login user is not in the docker group yet): the
         # download runs as root and the sends are left to the send play, as the login user
         become = self._needs_root(sf) and host.name not in args.local_hosts
-        receivers, wants = fan_out(args, host, held[HELD], todo) if not become else ([], {})
+        receivers, wants = fan_out(args, host, ok, todo) if not become else ([], {})
         job = download_job(args, sf.store, todo, own.refs, in_turn=bool(receivers))
         try:
             script = self._script(args, host, sf, job, token, become)
@@ -123,7 +124,7 @@ class WeightsDownload(Module):
         if receivers:
             start, feed, finish = fanout.pipeline(sf.store, receivers, items, wants, args.streams)
             head, runner = script.rsplit(RUNNER_MARK, 1)
-            script = (head + start + fanout.queue_now([r for r in held[HELD] if any(r in w for w in wants.values())],
+            script = (head + start + fanout.queue_now([r for r in ok if any(r in w for w in wants.values())],
                                                       items)
                       + "{ " + runner.rstrip("\n") + "\n} | " + feed + "\n" + finish)
         else:
@@ -139,7 +140,7 @@ class WeightsDownload(Module):
                         results[msg["file"]["rel"]] = msg["file"]
             if receivers:
                 got, errors = fanout.parse_sent(out, receivers, items)
-                change.exports = {DELIVERED: got, SEND_ERRORS: errors}
+                change.exports = {**DELIVERED(got), **SEND_ERRORS(errors)}
             bad = [i for i in todo if not results.get(i.rel, {}).get("ok")]
             if bad:
                 return (f"{len(bad)} of {len(todo)} files failed: "

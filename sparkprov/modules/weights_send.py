@@ -14,7 +14,7 @@ from pydantic import Field
 
 from sparkprov.modules.base import Change, FactView, HostContext, Module, Plan
 from sparkprov.modules.weights_download import HELD
-from sparkprov.modules.weights_store import (DELIVERED, EXPORT, SEND_ERRORS, SENT_TO, Args as StoreArgs, items_of,
+from sparkprov.modules.weights_store import (DELIVERED, SEND_ERRORS, STAGE, SENT_TO, Args as StoreArgs, items_of,
                                              routes_to, store_fact)
 from sparkprov.staging.plan import STAGING, human, split_streams, streams_per_pair
 from sparkprov.transport.shell import cmd, quote
@@ -30,8 +30,9 @@ def holders(args, host: HostContext) -> dict[str, list[str]]:
     """rel -> hosts holding it, the source first (with what it holds after its download)."""
     out: dict[str, list[str]] = {}
     for h in [args.source] + [x for x in args.hosts if x != args.source]:
-        ex = host.exports.get(h) or {}
-        held = ex.get(HELD) if h == args.source and HELD in ex else (ex.get(EXPORT) or {}).get("ok")
+        held = HELD.read(host.exports, h) if h == args.source else None
+        if held is None:
+            held = (STAGE.read(host.exports, h) or {}).get("ok")
         for rel in held or []:
             out.setdefault(rel, []).append(h)
     return out
@@ -39,7 +40,7 @@ def holders(args, host: HostContext) -> dict[str, list[str]]:
 
 def delivered(args, host: HostContext) -> dict[str, set[str]]:
     """receiver -> files the source's pipelined fan-out already put there (sent and verified)."""
-    got = (host.exports.get(args.source) or {}).get(DELIVERED) or {}
+    got = DELIVERED.read(host.exports, args.source) or {}
     return {r: set(rels) for r, rels in got.items()}
 
 
@@ -59,7 +60,7 @@ class WeightsSend(Module):
         for r in args.hosts:
             if r == host.name:
                 continue
-            ex = (host.exports.get(r) or {}).get(EXPORT)
+            ex = STAGE.read(host.exports, r)
             if not ex:
                 continue  # failed or unreachable in the check play
             for rel in ex.get("need") or []:
@@ -83,7 +84,7 @@ class WeightsSend(Module):
         summary = []
         via: dict[str, str] = {}
         for r, items in jobs.items():
-            ex = (host.exports.get(r) or {}).get(EXPORT) or {}
+            ex = STAGE.read(host.exports, r) or {}
             user = ex.get("user") or "nvidia"
             rts = routes_to(args, host.name, r, ex)
             via[r] = rts[0][0]
@@ -105,9 +106,9 @@ class WeightsSend(Module):
                 if line.startswith("@rc\t") and len(b) >= 4 and b[3] != "0":
                     errors.setdefault(b[1], f"rsync {host.name} -> {b[1]} ({via.get(b[1], b[1])}) failed "
                                             f"(rc={b[3]}): {b[4] if len(b) > 4 else ''}".rstrip())
-            change.exports = {SEND_ERRORS: errors}
+            change.exports = SEND_ERRORS(errors)
             return None
 
         change = Change("send " + "; ".join(summary), "\n".join(lines) + "\n", timeout=7 * 24 * 3600, verify=False,
                         outcome=outcome)
-        return Plan([change], exports={SENT_TO: sorted(jobs)})
+        return Plan([change], exports=SENT_TO(sorted(jobs)))

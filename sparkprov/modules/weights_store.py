@@ -10,21 +10,36 @@ files, naming them. Exports what it holds and needs for the download and send pl
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
 from sparkprov.defaults import host_setting
-from sparkprov.modules.base import Change, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.staging import fanout, verify
 from sparkprov.staging.facts import StoreState
 from sparkprov.staging.plan import Item, Status, check_disk, human, plan_host
 
-EXPORT = "stage"
-SENT_TO = "stage_sent_to"  # the send play: which hosts a host sent files to
-SEND_ERRORS = "stage_send_errors"  # ... and why sending to some of them failed
-DELIVERED = "stage_delivered"  # the source's pipelined fan-out: receiver -> files it delivered there
+
+
+class StageHost(TypedDict):
+    ok: list[str]        # files in place and verified (or staged)
+    need: list[str]      # files to fetch
+    partial: list[str]   # ... of which a partial is on disk (rsync resumes it)
+    store: str
+    user: str
+    fabric: str | None   # the address peers send to
+    image: str | None
+
+
+# The stage plays' values, declared here for all three weights_* modules (weights_download and
+# weights_send import this module; a declaration in theirs would make the import a circle).
+STAGE: Export[StageHost] = Export("stage", StageHost, "the store play: what the host holds and needs")
+SENT_TO: Export[list[str]] = Export("stage_sent_to", list, "the send play: which hosts this host sent files to")
+SEND_ERRORS: Export[dict[str, str]] = Export("stage_send_errors", dict, "receiver -> why sending to it failed")
+DELIVERED: Export[dict[str, list[str]]] = Export("stage_delivered", dict, "the source's pipelined fan-out: "
+                                                 "receiver -> the files it delivered there")
 
 
 class Args(ModuleArgs):
@@ -67,8 +82,7 @@ class WeightsStore(Module):
 
     def stale(self, args: Args, host: HostContext):
         """After the fan-out, a host that was sent files reads its store again."""
-        sent = any(host.name in ((ex or {}).get(SENT_TO) or []) or host.name in ((ex or {}).get(DELIVERED) or {})
-                   for ex in host.exports.values())
+        sent = any(host.name in to for x in (SENT_TO, DELIVERED) for to in x.by_host(host.exports).values())
         return [store_fact(args, host)] if args.phase == "publish" and sent else []
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
@@ -76,12 +90,12 @@ class WeightsStore(Module):
         rehashing = args.rehash and args.phase == "check"
         hp = plan_host(host.name, items_of(args), sf, rehash=rehashing)
         fabric = str(host.vars.get("fabric_address") or (facts.fabric or {}).get("node_ip") or "") or None
-        exports = {EXPORT: {"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
-                                                                                        Status.STAGED)),
-                            "need": sorted(f.item.rel for f in hp.to_fetch),
-                            "partial": sorted(f.item.rel for f in hp.to_fetch if f.have),  # resumed by rsync
-                            "store": sf.store, "user": sf.user,
-                            "fabric": fabric, "image": sf.image}}
+        exports = STAGE({"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
+                                                                                     Status.STAGED)),
+                         "need": sorted(f.item.rel for f in hp.to_fetch),
+                         "partial": sorted(f.item.rel for f in hp.to_fetch if f.have),  # resumed by rsync
+                         "store": sf.store, "user": sf.user,
+                         "fabric": fabric, "image": sf.image})
         if args.phase == "check":
             problem = check_disk(hp, sf.store)
             if problem:
@@ -91,7 +105,7 @@ class WeightsStore(Module):
                                 touches=[facts.fact("store")])], exports=exports)
         elif hp.to_fetch:
             left = [f.item.path for f in hp.to_fetch]
-            why = [e for ex in host.exports.values() if (e := ((ex or {}).get(SEND_ERRORS) or {}).get(host.name))]
+            why = [e for errors in SEND_ERRORS.by_host(host.exports).values() if (e := errors.get(host.name))]
             return Plan.fail("; ".join(why + [f"{len(left)} files still missing after the transfer: "]) + ", ".join(left[:5])
                              + (" (partial files are kept: a rerun resumes them)"
                                 if any(f.status is Status.PARTIAL for f in hp.to_fetch) else ""))

@@ -1,8 +1,17 @@
-"""The commands that touch hosts, as playbooks built in code and run on the engine.
+"""The commands that touch hosts, as playbooks built in code and run on the engine. The CLI
+(sparkprov/cli) parses options and prints what these return.
 
-    book.py     building plays and tasks in code; running a book (what every command shares)
-    serve.py    cluster-up, cluster-down, status, nccl-check (the serving modules)
-    stage.py    stage-weights (the weights_* modules)
+    book.py      building plays and tasks in code; running a book (what every command shares)
+    serve.py     cluster-up, cluster-down, status, nccl-check, and the gateway and bench books
+    upgrade.py   cluster-up's history records and rollbacks
+    stage.py     stage-weights (the weights_* modules)
+    store.py     store (list, prune, verify)
+    gateway.py   gateway up|down, and the refresh cluster-up and cluster-down run after a change
+    monitor.py   monitor write|up|down
+    bench.py     bench: the play, then each run stored, plotted and compared
+    guard.py     guard: the node guards as the status play reads them
+    facts.py     facts: the host profile gathered
+    fleet.py     the status play for commands that act on every deployment (gateway, monitor)
 
 provision and `invoke play` run YAML playbooks on the same engine.
 """

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Play, Playbook, Task
+from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.report import Report
-from sparkprov.engine.run import Runner, RunOptions
+from sparkprov.engine.run import DEFAULT_FORKS, Runner, RunOptions
 
 
 def task(name: str, module: str, args: dict[str, Any], where: tuple, *, become: bool | None = None) -> Task:
@@ -25,3 +25,11 @@ def run_book(inventory: Inventory, book: Playbook, hosts: list[str], options: Ru
     runner = Runner(inventory, book, hosts, options, report)
     runner.run()
     return runner
+
+
+def serving_options(*, check: bool = False, accept_new_host_keys: bool = False, forks: int = DEFAULT_FORKS,
+                    diff: bool = False) -> RunOptions:
+    """The engine's options for the commands' plays: every later play's facts are read with the
+    first gather (gather_ahead), so a run with nothing to do costs one call per host."""
+    return RunOptions(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys, forks=forks,
+                      gather_ahead=True)

@@ -22,11 +22,12 @@ from typing import Any
 
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Playbook
+from sparkprov.engine.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.staging.plan import Item
+from sparkprov.modules.weights_store import STAGE
 
 
 def item_args(items: list[Item]) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOption
     book, summary = prepare_stage(inventory, hosts, model, o)
     runner = run_book(inventory, book, hosts, RunOptions(check=o.check, forks=o.forks, gather_ahead=True,
                                                           accept_new_host_keys=o.accept_new_host_keys), report)
-    exported = {h: (runner.exports.get(h) or {}).get("stage") or {} for h in hosts}
+    exported = {h: STAGE.read(runner.exports, h) or {} for h in hosts}
     summary["seconds"] = round(time.monotonic() - t0, 3)
     summary["hosts"] = {h: {"store": exported[h].get("store"), "fabric_address": exported[h].get("fabric"),
                             "complete": not o.check and not report.hosts[h].failed and not report.hosts[h].unreachable}

@@ -11,11 +11,22 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.data.inventory import Inventory
-from sparkprov.data.playbook import Playbook
+from sparkprov.engine.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
-from sparkprov.modules.store import EXPORT
+from sparkprov.modules.store import STORE_CONTENTS, StoreListing
 from sparkprov.plays.book import play, run_book, task
+
+
+def store_args(*, prune: list[str], prune_unused: bool = False, compile_cache: bool = False,
+               verify: list[str] | None = None) -> dict[str, Any]:
+    """The store task's arguments: verify these repos ([]: every repo), else prune (what is named,
+    what no deployment uses, the compile cache), else list."""
+    if verify is not None:
+        return {"action": "verify", "verify": verify}
+    pruning = bool(prune or prune_unused or compile_cache)
+    return {"action": "prune" if pruning else "list", "prune": prune, "unused": bool(prune_unused),
+            "compile_cache": bool(compile_cache)}
 
 
 def store_book(hosts: list[str], args: dict[str, Any]) -> Playbook:
@@ -32,8 +43,8 @@ def store_book(hosts: list[str], args: dict[str, Any]) -> Playbook:
 
 
 def run_store(inventory: Inventory, hosts: list[str], args: dict[str, Any], report: Report, *, check: bool = False,
-              forks: int = DEFAULT_FORKS, accept_new_host_keys: bool = False) -> dict[str, dict[str, Any]]:
+              forks: int = DEFAULT_FORKS, accept_new_host_keys: bool = False) -> dict[str, StoreListing]:
     """The store play; per host what its store holds (after a prune: what is left)."""
     runner = run_book(inventory, store_book(hosts, args), hosts,
                       RunOptions(check=check, forks=forks, accept_new_host_keys=accept_new_host_keys), report)
-    return {h: (runner.exports.get(h) or {}).get(EXPORT) or {} for h in hosts}
+    return {h: STORE_CONTENTS.read(runner.exports, h) or {} for h in hosts}

@@ -188,8 +188,8 @@ def test_killed_download_resumes_without_refetching_finished_bytes(setup):
     server.state.control({"throttle_bps": 6 * MiB})
     env = {**os.environ, "HF_TOKEN_PATH": str(setup["dir"] / "no-token"), "PYTHONPATH": str(REPO_ROOT)}
     env.pop("HF_TOKEN", None)
-    code = ("import sys; from sparkprov.cli.stage import stage_weights; "
-            f"stage_weights(None, 'stagetest/qwen-kill', inventory={str(setup['inv'])!r}, hosts='localhost')")
+    code = ("import sys; from invoke import Context; from sparkprov.cli.stage import stage_weights; "
+            f"stage_weights(Context(), 'stagetest/qwen-kill', inventory={str(setup['inv'])!r}, hosts='localhost')")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     staging = setup["store"] / ".sparkprov" / "staging" / "hub" / "models--stagetest--qwen-kill" / "blobs"
     deadline = time.monotonic() + 60

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkprov.facts import hardware as hw
+from sparkprov.facts import fabric as fabric_facts
 from sparkprov.facts import rail
 from sparkprov.modules import fabric_qualify as fq
 from sparkprov.modules import serve_preflight
@@ -96,7 +96,7 @@ def test_a_rail_is_judged_against_the_floor_and_the_expected_figure():
 
 def test_nccl_ib_hca_must_name_both_halves_of_a_cabled_port():
     # gb10-outputs.md: one cable in port 1, its two halves Up (rocep1s0f1, roceP2p1s0f1), the f0 twins Down
-    devices = hw.parse_ibdev2netdev(read("ibdev2netdev.txt"))
+    devices = fabric_facts.parse_ibdev2netdev(read("ibdev2netdev.txt"))
     assert rail.port_of("rocep1s0f1") == rail.port_of("roceP2p1s0f1") != rail.port_of("rocep1s0f0")
     assert rail.ib_hca_problems(["rocep1s0f1", "roceP2p1s0f1"], devices) == []
     (half,) = rail.ib_hca_problems(["rocep1s0f1"], devices)
@@ -114,7 +114,7 @@ def fabric(n):
     rails = [{"iface": i, "address": f"192.168.{s}.{n}", "prefix": 24, "subnet": f"192.168.{s}.0/24", "hca": hca,
               "mtu": 9000, "up": True}
              for i, s, hca in (("enp1s0f1np1", 100, "rocep1s0f1"), ("enP2p1s0f1np1", 101, "roceP2p1s0f1"))]
-    return {"rails": rails, **hw.nccl_settings(rails), "converged": True}
+    return {"rails": rails, **fabric_facts.nccl_settings(rails), "converged": True}
 
 
 def ctx(host="spark1", check=False, vars=None):
@@ -127,7 +127,7 @@ def plan(host, throughput, record, args=None):
     m = fq.FabricQualifyModule()
     a = m.Args.model_validate(args or {})
     named = m.needs(a, host)
-    values = {"bw": throughput, "ib": {"present": True, "devices": hw.parse_ibdev2netdev(read("ibdev2netdev.txt"))},
+    values = {"bw": throughput, "ib": {"present": True, "devices": fabric_facts.parse_ibdev2netdev(read("ibdev2netdev.txt"))},
               "record": record}
     return m.plan(a, m.view(a, FactView({f.key: values[n] for n, f in named.items()}, {}), host), host)
 

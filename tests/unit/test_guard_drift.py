@@ -8,7 +8,8 @@ import hashlib
 import json
 
 from sparkprov.facts.files import PathState
-from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, RdmaFirmware, parse_cmdline
+from sparkprov.facts.fabric import RdmaFirmware
+from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi, parse_cmdline
 from sparkprov.modules import drift
 from sparkprov.modules.base import FactView, HostContext
 
@@ -85,7 +86,7 @@ def test_nodes_that_differ_are_named_with_both_versions():
 def test_firmware_is_recorded_and_a_node_whose_firmware_moved_is_named():
     """The ConnectX-7 firmware read from sysfs (what ibstat prints as "Firmware version"): one version
     when the four functions agree; a node on another firmware is a difference like a kernel's."""
-    from sparkprov.facts.hardware import firmware_summary, parse_rdma_firmware
+    from sparkprov.facts.fabric import firmware_summary, parse_rdma_firmware
 
     read = parse_rdma_firmware("".join(f"{d} {v}\n" for d, v in IBSTAT_FW.items()))
     assert read == IBSTAT_FW and firmware_summary(read) == "28.45.4028"

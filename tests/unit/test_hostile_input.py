@@ -38,7 +38,7 @@ from sparkprov.modules.base import FactView, HostContext
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
 from sparkprov.errors import InputError
-from sparkprov.facts import hardware as hw
+from sparkprov.facts import fabric as fabric_facts
 from sparkprov.facts.files import PathState
 from sparkprov.modules import fabric
 from sparkprov.transport.shell import cmd, heredoc_bytes
@@ -428,10 +428,10 @@ def test_deeply_nested_condition_is_an_expr_error():
 def test_fabric_settings_that_do_not_parse_fail_the_task_with_a_message(var, value, want):
     """A bad fabric variable in the inventory failed with a ValueError traceback out of the run."""
     links = {i: {"mtu": 1500, "admin_up": True, "carrier": True, "ipv4": []} for i in ("enp1s0f1np1", "enP2p1s0f1np1")}
-    facts = {hw.Ibdev2netdev().key: {"present": True, "devices": [
+    facts = {fabric_facts.Ibdev2netdev().key: {"present": True, "devices": [
                  {"hca": "rocep1s0f1", "iface": "enp1s0f1np1", "up": True},
                  {"hca": "roceP2p1s0f1", "iface": "enP2p1s0f1np1", "up": True}]},
-             hw.NetState().key: {"links": links, "routes": [], "ssh_server_addr": None, "netplan": True},
+             fabric_facts.NetState().key: {"links": links, "routes": [], "ssh_server_addr": None, "netplan": True},
              PathState(fabric.NETPLAN_FILE, with_content=True).key: {"exists": False}}
     host = HostContext("spark1", {var: value, "groups": {"sparks": ["spark1", "spark2"]}},
                        {"user": "nvidia", "home": "/home/nvidia"}, check=False, exports={"spark1": {}, "spark2": {}},

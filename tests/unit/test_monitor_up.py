@@ -14,7 +14,7 @@ import subprocess
 import yaml
 
 from sparkprov.facts.base import ShellCtx
-from sparkprov.facts.hardware import FabricInfo
+from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.monitor import parse_tree
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules.base import FactView, HostContext

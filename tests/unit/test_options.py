@@ -96,7 +96,7 @@ REJECTED = [
     (["facts", *INV, "--forks", "abc"], ["--forks 'abc' is not a whole number"]),
     (["facts", *INV, "--hosts", ""], ["--hosts '' names no host"]),
     (["facts", *INV, "--limit", "zzz"], ["unknown host or group 'zzz' in --limit"]),
-    # stage-weights: parsed in tasks.py, and the hub's errors as one line
+    # stage-weights: parsed in cli/stage.py, and the hub's errors as one line
     (["stage-weights", "org/name", *INV, "--streams", "abc"], ["--streams 'abc' is not a whole number", "1 to 64"]),
     (["stage-weights", "org/name", *INV, "--streams", "0"], ["--streams 0 is out of range"]),
     (["stage-weights", "org/name", *INV, "--streams", "65"], ["--streams 65 is out of range"]),

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkprov.facts import fabric as fabric_facts
+from sparkprov.facts import files as file_facts
 from sparkprov.facts import hardware as hw
+from sparkprov.facts import runtimes as rt
 
 GB10 = Path(__file__).resolve().parents[1] / "fixtures" / "gb10"
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
@@ -80,13 +83,13 @@ def test_G18_modeset_zero_on_kernel_cmdline():
 
 
 def test_G33_ibdev2netdev_real_capture_twins():
-    devs = hw.parse_ibdev2netdev(read(GB10, "ibdev2netdev.txt"))
+    devs = fabric_facts.parse_ibdev2netdev(read(GB10, "ibdev2netdev.txt"))
     assert [(d["hca"], d["iface"], d["up"]) for d in devs] == [
         ("roceP2p1s0f0", "enP2p1s0f0np0", False), ("roceP2p1s0f1", "enP2p1s0f1np1", True),
         ("rocep1s0f0", "enp1s0f0np0", False), ("rocep1s0f1", "enp1s0f1np1", True)]
-    assert sorted(["enP2p1s0f1np1", "enp1s0f1np1"], key=hw.iface_order) == ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert sorted(["enP2p1s0f1np1", "enp1s0f1np1"], key=fabric_facts.iface_order) == ["enp1s0f1np1", "enP2p1s0f1np1"]
     with pytest.raises(ValueError):
-        hw.parse_ibdev2netdev("garbage line")
+        fabric_facts.parse_ibdev2netdev("garbage line")
 
 
 def _ip_json(name, mtu, flags, state, addrs):
@@ -96,26 +99,26 @@ def _ip_json(name, mtu, flags, state, addrs):
 
 
 def test_G32_fabric_info_contract_from_capture():
-    devs = hw.parse_ibdev2netdev(read(GB10, "ibdev2netdev.txt"))
+    devs = fabric_facts.parse_ibdev2netdev(read(GB10, "ibdev2netdev.txt"))
     # the static-address capture (ip addr show): enp1s0f1np1 192.168.100.10/24, mtu 1500, UP
-    links = hw.parse_ip_addr(_ip_json("enp1s0f1np1", 1500, ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"], "UP",
+    links = fabric_facts.parse_ip_addr(_ip_json("enp1s0f1np1", 1500, ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"], "UP",
                                       [("192.168.100.10", 24, "global")]))
-    info = hw.fabric_info(devs, links)
+    info = fabric_facts.fabric_info(devs, links)
     assert info["rails"] == [{"iface": "enp1s0f1np1", "address": "192.168.100.10", "prefix": 24, "hca": "rocep1s0f1",
                               "mtu": 1500, "up": True}]
     assert info["node_ip"] == "192.168.100.10" and info["nccl_socket_ifname"] == "enp1s0f1np1"
     assert info["gloo_socket_ifname"] == "enp1s0f1np1" and info["ucx_net_devices"] == "enp1s0f1np1"
     assert info["nccl_ib_hca"] == "rocep1s0f1"
     # link-local only (the ip -br capture: 169.254.127.30/16) is not a rail
-    ll = hw.parse_ip_addr(_ip_json("enp1s0f1np1", 1500, ["UP", "LOWER_UP"], "UP", [("169.254.127.30", 16, "link")]))
-    assert hw.fabric_info(devs, ll)["rails"] == []
+    ll = fabric_facts.parse_ip_addr(_ip_json("enp1s0f1np1", 1500, ["UP", "LOWER_UP"], "UP", [("169.254.127.30", 16, "link")]))
+    assert fabric_facts.fabric_info(devs, ll)["rails"] == []
 
 
 def test_net_state_and_routes():
     out = ("ssh=10.77.0.1 5555 10.77.0.11 22\nnetplan=\n@addr\n"
            + _ip_json("enP7s7", 1500, ["UP", "LOWER_UP"], "UP", [("10.77.0.11", 24, "global")])
            + '\n@route\n[{"dst":"default","gateway":"10.77.0.1","dev":"enP7s7"},{"dst":"10.77.0.0/24","dev":"enP7s7"}]\n')
-    st = hw.parse_net_state(out)
+    st = fabric_facts.parse_net_state(out)
     assert st["ssh_server_addr"] == "10.77.0.11" and st["netplan"] is None
     assert st["routes"][0] == {"dst": "default", "dev": "enP7s7", "gateway": "10.77.0.1"}
 
@@ -126,35 +129,35 @@ def test_G32_ping_and_ssh_probe_parsing():
            "@ping 192.168.101.11 192.168.101.12\nping: local error: message too long, mtu=1500\n"
            "2 packets transmitted, 0 received, +2 errors, 100% packet loss, time 1ms\n@rc=1\n"
            "@ssh 192.168.100.12\n@rc=0\n@ssh 192.168.101.12\nHost key verification failed.\n@rc=255\n")
-    res = hw.MeshProbe((), 8972, "nvidia", ()).parse(out, "", 0)
+    res = fabric_facts.MeshProbe((), 8972, "nvidia", ()).parse(out, "", 0)
     assert res["ping"]["192.168.100.11 192.168.100.12"]["ok"] is True
     bad = res["ping"]["192.168.101.11 192.168.101.12"]
     assert bad["ok"] is False and "message too long" in bad["error"]
     assert res["ssh"]["192.168.100.12"]["ok"] and res["ssh"]["192.168.101.12"]["error"] == "Host key verification failed."
     # one jumbo reply of two proves the path (a lost reply is loss, not a wrong MTU)
-    lossy = hw.parse_ping("2 packets transmitted, 1 received, 50% packet loss, time 201ms\n")
+    lossy = fabric_facts.parse_ping("2 packets transmitted, 1 received, 50% packet loss, time 201ms\n")
     assert lossy["ok"] and lossy["received"] == 1 and lossy["error"] is None
 
 
 def test_docker_state_capture_and_permission_denied():
     info_line = "29.2.1|runc|io.containerd.runc.v2 runc "  # values of the docker info capture
     assert "Server Version: 29.2.1" in read(GB10, "docker-info.txt")
-    ok = hw.parse_docker_state(f"cli=/usr/bin/docker\nsession_groups=nvidia adm docker\nsocket=/var/run/docker.sock|root|docker|660\n"
+    ok = rt.parse_docker_state(f"cli=/usr/bin/docker\nsession_groups=nvidia adm docker\nsocket=/var/run/docker.sock|root|docker|660\n"
                                f"info_rc=0\ninfo={info_line}\nctk=NVIDIA Container Toolkit CLI version 1.19.0\nhook=\n"
                                "toolkit_pkg=install ok installed|1.19.0-1\nsystemctl=/usr/bin/systemctl\n")
     assert ok["access"] and ok["server_version"] == "29.2.1" and ok["runtimes"] == ["io.containerd.runc.v2", "runc"]
     assert ok["toolkit"] == {"ctk": "1.19.0", "hook": None, "package": "1.19.0-1"}
-    denied = hw.parse_docker_state("cli=/usr/bin/docker\nsession_groups=nvidia adm\nsocket=/var/run/docker.sock|root|docker|660\n"
+    denied = rt.parse_docker_state("cli=/usr/bin/docker\nsession_groups=nvidia adm\nsocket=/var/run/docker.sock|root|docker|660\n"
                                    "info_rc=1\ninfo=permission denied while trying to connect to the Docker daemon socket\n"
                                    "ctk=\nhook=\ntoolkit_pkg=\nsystemctl=\n")
     assert not denied["access"] and "permission denied" in denied["error"]
 
 
 def test_G14_ollama_ps():
-    st = hw.parse_ollama_ps('{"models":[{"name":"qwen3:8b","model":"qwen3:8b","size":5200000000,"size_vram":5200000000,'
+    st = rt.parse_ollama_ps('{"models":[{"name":"qwen3:8b","model":"qwen3:8b","size":5200000000,"size_vram":5200000000,'
                             '"expires_at":"2026-01-01T02:00:00Z"}]}\n@rc=0\n')
     assert st["running"] and st["models"][0]["name"] == "qwen3:8b"
-    assert hw.parse_ollama_ps("\n@rc=7\n") == {"running": False, "models": []}
+    assert rt.parse_ollama_ps("\n@rc=7\n") == {"running": False, "models": []}
 
 
 def test_G36_nvcc_and_ptxas_real_versions():
@@ -165,7 +168,7 @@ def test_G36_nvcc_and_ptxas_real_versions():
 
 
 def test_G23_store_state_foreign_owned():
-    st = hw.parse_store_state("stat=nvidia|nvidia|755\nsub=hub\nforeign=3\nforeign_path=root /home/nvidia/vllm/hub/models--x\n"
+    st = file_facts.parse_owned_tree("stat=nvidia|nvidia|755\nsub=hub\nforeign=3\nforeign_path=root /home/nvidia/vllm/hub/models--x\n"
                               "entries=1\nsize=4096\nfree=84389134336\nfs_total=100000000000\nmount=/home\n")
     assert st["foreign_count"] == 3 and st["subdirs"] == ["hub"] and st["free"] == 84389134336 and st["mount"] == "/home"
 
@@ -198,7 +201,7 @@ def test_mesh_probe_runs_its_pings_at_once(tmp_path):
         "echo '2 packets transmitted, 2 received, 0% packet loss'\n")
     (tmp_path / "ping").chmod(0o755)
     pings = tuple((f"10.0.{i}.1", f"10.0.{i}.2") for i in range(4))
-    probe = hw.MeshProbe(pings, 8972, "nvidia", ())
+    probe = fabric_facts.MeshProbe(pings, 8972, "nvidia", ())
     script = f"PATH={tmp_path}:$PATH\n" + probe.command(ShellCtx(str(tmp_path)))
     res = probe.parse(LocalTransport("local").run_script(script).stdout, "", 0)
     assert len(res["ping"]) == 4
@@ -225,7 +228,7 @@ def test_mesh_probe_keeps_pings_error_line_and_retries_a_lost_reply(tmp_path):
         "--- 10.0.1.2 ping statistics ---\\n1 packets transmitted, 1 received, 0%% packet loss, time 0ms\\n"
         "rtt min/avg/max/mdev = 0.050/0.050/0.050/0.000 ms\\n'\n")
     (tmp_path / "ping").chmod(0o755)
-    probe = hw.MeshProbe((("10.0.0.1", "10.0.0.2"), ("10.0.1.1", "10.0.1.2")), 8972, "nvidia", ())
+    probe = fabric_facts.MeshProbe((("10.0.0.1", "10.0.0.2"), ("10.0.1.1", "10.0.1.2")), 8972, "nvidia", ())
     out = LocalTransport("local").run_script(f"PATH={tmp_path}:$PATH\n" + probe.command(ShellCtx(str(tmp_path)))).stdout
     res = probe.parse(out, "", 0)["ping"]
     assert res["10.0.0.1 10.0.0.2"]["ok"] is False, out

@@ -6,7 +6,11 @@ import pytest
 
 from sparkprov.facts.base import ShellCtx
 from sparkprov.modules.base import FactView, HostContext
+from sparkprov.facts import fabric as fabric_facts
+from sparkprov.facts import files as file_facts
 from sparkprov.facts import hardware as hw
+from sparkprov.facts import runtimes as rt
+from sparkprov.facts import ssh as ssh_facts
 from sparkprov.facts.accounts import GroupInfo, UserInfo
 from sparkprov.facts.files import PathState
 from sparkprov.modules import (docker_access, fabric, fabric_mesh, gpu_check, gpu_consistency, host_identity,
@@ -120,7 +124,7 @@ def test_driver_versions_differing_across_cluster_flagged():
 
 def test_G14_ollama_models_warned_then_unloaded_when_asked():
     ol = {"running": True, "models": [{"name": "llama3.1:8b", "size": 5 * GIB}]}
-    facts = [(hw.MemInfo(), MEM), (hw.OllamaState(), ol)]
+    facts = [(hw.MemInfo(), MEM), (rt.OllamaState(), ol)]
     p = plan(memory_hygiene.MemoryHygieneModule, {}, facts, ctx())
     assert not p.changes and "G14" in p.warnings[0]
     p = plan(memory_hygiene.MemoryHygieneModule, {"unload_ollama": True}, facts, ctx())
@@ -129,14 +133,14 @@ def test_G14_ollama_models_warned_then_unloaded_when_asked():
 
 def test_G15_drop_caches_as_a_step():
     p = plan(memory_hygiene.MemoryHygieneModule, {"drop_caches": True},
-             [(hw.MemInfo(), MEM), (hw.OllamaState(), {"running": False, "models": []})], ctx())
+             [(hw.MemInfo(), MEM), (rt.OllamaState(), {"running": False, "models": []})], ctx())
     assert "echo 3 > /proc/sys/vm/drop_caches" in p.changes[0].script and p.changes[0].verify is False
 
 
 def test_G13_min_available_fails():
     low = {**MEM, "MemAvailable": 10 * GIB}
     p = plan(memory_hygiene.MemoryHygieneModule, {"min_available_gb": 60},
-             [(hw.MemInfo(), low), (hw.OllamaState(), {"running": False, "models": []})], ctx())
+             [(hw.MemInfo(), low), (rt.OllamaState(), {"running": False, "models": []})], ctx())
     assert "only 10.0 GiB" in p.failed and "G13" in p.failed
 
 
@@ -160,13 +164,13 @@ def docker_facts(groups=("nvidia", "adm"), access=False, group_exists=True, imag
           "owner": "root", "group": "docker", "mode": 0o660}, "access": access, "server_version": "29.2.1",
           "default_runtime": "runc", "runtimes": ["runc"], "error": None if access else "permission denied",
           "toolkit": {"ctk": "1.19.0", "hook": None, "package": "1.19.0-1"}, "systemctl": "/usr/bin/systemctl"}
-    out = [(hw.DockerState(), st), (hw.DockerDaemon(), {"running": True, "version": "29.2.1", "error": None}),
+    out = [(rt.DockerState(), st), (rt.DockerDaemon(), {"running": True, "version": "29.2.1", "error": None}),
            (GroupInfo("docker"), {"name": "docker", "gid": 988, "members": []} if group_exists else None),
            (UserInfo("nvidia"), {"name": "nvidia", "uid": 1000, "gid": 1000, "home": "/home/nvidia", "shell": "/bin/bash",
                                  "groups": list(groups)})]
     if image:
-        out += [(hw.DockerDaemon(image), {"running": True, "version": "29.2.1", "error": None, "image": "present"}),
-                (hw.GpuSmokeRecord(image, (), True), {"state": "present", "key": "k" * 32, "passed": passed})]
+        out += [(rt.DockerDaemon(image), {"running": True, "version": "29.2.1", "error": None, "image": "present"}),
+                (rt.GpuSmokeRecord(image, (), True), {"state": "present", "key": "k" * 32, "passed": passed})]
     return out
 
 
@@ -191,12 +195,12 @@ def test_gpu_smoke_test_is_a_change_recorded_once_never_a_read():
     from sparkprov.modules import gpu_smoke
 
     st = docker_facts(("nvidia", "docker"), access=True)[0]
-    rec = (hw.GpuSmokeRecord("img:1", (), True), {"state": "present", "key": "k" * 32, "passed": False})
+    rec = (rt.GpuSmokeRecord("img:1", (), True), {"state": "present", "key": "k" * 32, "passed": False})
     p = plan(gpu_smoke.GpuSmoke, {"smoke_image": "img:1"}, [st, rec], ctx())
     (change,) = p.changes
     assert "GPU smoke test" in change.summary and "docker run --rm --gpus all img:1" in change.script
     assert "k" * 32 in change.script and change.predicts[0][1]["passed"] is True and change.become is False
-    assert "docker run" not in hw.GpuSmokeRecord("img:1", (), True).command(ShellCtx("/home/nvidia"))
+    assert "docker run" not in rt.GpuSmokeRecord("img:1", (), True).command(ShellCtx("/home/nvidia"))
     ok = plan(gpu_smoke.GpuSmoke, {"smoke_image": "img:1"}, [st, (rec[0], {**rec[1], "passed": True})], ctx())
     assert ok.failed is None and not ok.changes and "--gpus all img:1` passed" in ok.msg
     assert plan(gpu_smoke.GpuSmoke, {}, [st], ctx()).skipped
@@ -210,9 +214,9 @@ def store(**kw):
 
 
 def test_G22_store_is_hf_home_and_compile_cache_mounted():
-    facts = [(hw.StoreState("~/vllm", "nvidia", ("hub",)), {"exists": False, "foreign_count": 0, "foreign": [], "subdirs": [],
+    facts = [(file_facts.OwnedTree("~/vllm", "nvidia", ("hub",)), {"exists": False, "foreign_count": 0, "foreign": [], "subdirs": [],
                                                             "free": 500 * GIB, "mount": "/"}),
-             (hw.StoreState("~/vllm-compile-cache", "nvidia"), {"exists": False, "foreign_count": 0, "foreign": [], "subdirs": []})]
+             (file_facts.OwnedTree("~/vllm-compile-cache", "nvidia"), {"exists": False, "foreign_count": 0, "foreign": [], "subdirs": []})]
     p = plan(model_store.ModelStoreModule, {}, facts, ctx())
     assert "mkdir -p -- /home/nvidia/vllm /home/nvidia/vllm/hub" in p.changes[0].script
     mounts = p.exports["model_store"]["container"]
@@ -221,16 +225,16 @@ def test_G22_store_is_hf_home_and_compile_cache_mounted():
 
 
 def test_G23_root_owned_leftovers_given_back():
-    facts = [(hw.StoreState("~/vllm", "nvidia", ("hub",)), store(foreign_count=2, foreign=["root /home/nvidia/vllm/hub/x"])),
-             (hw.StoreState("~/vllm-compile-cache", "nvidia"), store(subdirs=[]))]
+    facts = [(file_facts.OwnedTree("~/vllm", "nvidia", ("hub",)), store(foreign_count=2, foreign=["root /home/nvidia/vllm/hub/x"])),
+             (file_facts.OwnedTree("~/vllm-compile-cache", "nvidia"), store(subdirs=[]))]
     p = plan(model_store.ModelStoreModule, {}, facts, ctx())
     assert "G23" in p.changes[0].summary and p.changes[0].script == "chown -R -h nvidia: -- /home/nvidia/vllm"
     assert "G23" in plan(model_store.ModelStoreModule, {"fix_ownership": False}, facts, ctx()).failed
 
 
 def test_G25_compile_cache_cleared_on_request():
-    facts = [(hw.StoreState("~/vllm", "nvidia", ("hub",)), store()),
-             (hw.StoreState("~/vllm-compile-cache", "nvidia"), store(subdirs=[], entries=7, size=3 * GIB))]
+    facts = [(file_facts.OwnedTree("~/vllm", "nvidia", ("hub",)), store()),
+             (file_facts.OwnedTree("~/vllm-compile-cache", "nvidia"), store(subdirs=[], entries=7, size=3 * GIB))]
     assert not plan(model_store.ModelStoreModule, {}, facts, ctx()).changes
     p = plan(model_store.ModelStoreModule, {"clear_compile_cache": True}, facts, ctx())
     assert "G25" in p.changes[0].summary and "-mindepth 1 -delete" in p.changes[0].script
@@ -238,7 +242,7 @@ def test_G25_compile_cache_cleared_on_request():
 
 # -- fabric -------------------------------------------------------------------------------
 
-IB = {"present": True, "devices": hw.parse_ibdev2netdev(
+IB = {"present": True, "devices": fabric_facts.parse_ibdev2netdev(
     "roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)\nroceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)\n"
     "rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)\nrocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\n")}
 
@@ -259,7 +263,7 @@ NETPLAN = PathState(fabric.NETPLAN_FILE, with_content=True)
 
 
 def fabric_plan(links, routes=(), netplan=None, name="spark1", vars=None):
-    facts = [(hw.Ibdev2netdev(), IB), (hw.NetState(), net(links, routes)), (NETPLAN, netplan or {"exists": False})]
+    facts = [(fabric_facts.Ibdev2netdev(), IB), (fabric_facts.NetState(), net(links, routes)), (NETPLAN, netplan or {"exists": False})]
     return plan(fabric.FabricModule, {}, facts, ctx(name, vars=vars))
 
 
@@ -305,7 +309,7 @@ def test_G33_converged_rails_are_ok_and_mtu_drift_is_a_change():
 
 
 def test_management_link_is_never_a_rail():
-    facts = [(hw.Ibdev2netdev(), IB), (hw.NetState(), net({"enp1s0f1np1": link(), "enP2p1s0f1np1": link()})),
+    facts = [(fabric_facts.Ibdev2netdev(), IB), (fabric_facts.NetState(), net({"enp1s0f1np1": link(), "enP2p1s0f1np1": link()})),
              (NETPLAN, {"exists": False})]
     p = plan(fabric.FabricModule, {"rails": ["enP7s7"]}, facts, ctx())
     assert "management link" in p.failed
@@ -313,7 +317,7 @@ def test_management_link_is_never_a_rail():
 
 def test_no_rail_up_fails_in_a_cluster_and_skips_alone():
     down = {"present": True, "devices": [{**d, "up": False} for d in IB["devices"]]}
-    facts = [(hw.Ibdev2netdev(), down), (hw.NetState(), net({"enp1s0f1np1": link(up=False), "enP2p1s0f1np1": link(up=False)})),
+    facts = [(fabric_facts.Ibdev2netdev(), down), (fabric_facts.NetState(), net({"enp1s0f1np1": link(up=False), "enP2p1s0f1np1": link(up=False)})),
              (NETPLAN, {"exists": False})]
     assert "QSFP" in plan(fabric.FabricModule, {}, facts, ctx()).failed
     assert plan(fabric.FabricModule, {}, facts, ctx(play_hosts=("spark1",))).skipped
@@ -325,7 +329,7 @@ def exports_two(converged=True, subnet2="192.168.100.0/24"):
     def fab(n, sub):
         rails = [{"iface": "enp1s0f1np1", "address": f"192.168.100.1{n}", "prefix": 24, "subnet": sub,
                   "hca": "rocep1s0f1", "mtu": 9000, "up": True}]
-        return {"rails": rails, **hw.nccl_settings(rails), "converged": converged}
+        return {"rails": rails, **fabric_facts.nccl_settings(rails), "converged": converged}
     return {"spark1": {"fabric": fab(1, "192.168.100.0/24"), "ssh_mesh": {"converged": converged}},
             "spark2": {"fabric": fab(2, subnet2), "ssh_mesh": {"converged": converged}}}
 
@@ -404,7 +408,7 @@ def test_ssh_mesh_only_public_keys_and_pins_fabric_addresses():
                            "host_keys": ["ssh-ed25519 AAAAHOST2"], "converged": True}
     ak = {"path": "/etc/ssh/authorized_keys/nvidia", "exists": True, "owner": "root", "group": "root", "mode": 0o644,
           "content": "ssh-ed25519 AAAACTL sparkprov-lab\nssh-ed25519 AAAAOLD sparkprov-mesh@spark2\n"}
-    facts = [(hw.AuthorizedKeys("nvidia"), ak),
+    facts = [(ssh_facts.AuthorizedKeys("nvidia"), ak),
              (PathState("~/.ssh/known_hosts", with_content=True), {"exists": True, "mode": 0o644,
                                                                    "content": b"192.168.100.12 ssh-ed25519 STALE\nother ssh-rsa K\n"}),
              (PathState("~/.ssh/config", with_content=True), {"exists": False})]
@@ -427,7 +431,7 @@ def test_mesh_logins_one_per_peer_in_an_order_rotated_per_host():
         rails = [{"iface": iface, "address": f"192.168.{100 + r}.{10 + n}", "prefix": 24,
                   "subnet": f"192.168.{100 + r}.0/24", "hca": "x", "mtu": 9000, "up": True}
                  for r, iface in enumerate(("enp1s0f1np1", "enP2p1s0f1np1"))]
-        return {"rails": rails, **hw.nccl_settings(rails), "converged": True}
+        return {"rails": rails, **fabric_facts.nccl_settings(rails), "converged": True}
 
     exports = {n: {"fabric": fab(i + 1), "ssh_mesh": {"converged": True}} for i, n in enumerate(names)}
     firsts, links = [], []

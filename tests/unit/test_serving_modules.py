@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkprov.facts import hardware as hw
+from sparkprov.facts import fabric as fabric_facts
 from sparkprov.modules import (allreduce, deployment_health, docker_image, serve_absent, serve_preflight,
                                vllm_container, vllm_ready)
 from sparkprov.modules.base import FactView, HostContext
@@ -36,7 +36,7 @@ def run(module_cls, args, values, host):
 
 
 def fabric(host):
-    return {"rails": RAILS[host], **hw.nccl_settings(RAILS[host])}
+    return {"rails": RAILS[host], **fabric_facts.nccl_settings(RAILS[host])}
 
 
 def staged_store():

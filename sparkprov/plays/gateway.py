@@ -1,0 +1,83 @@
+"""`invoke gateway up|down` on the engine: the status play finds the deployments (as `invoke status`
+reads them), then the gateway plays (plays/serve.py gateway_book, gateway_down_book) converge
+LiteLLM's proxy (serving/gateway.py) on one host. cluster-up and cluster-down call `refresh` after
+they changed something, so that a running gateway's routes follow the deployments."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any, TextIO
+
+from sparkprov.data.inventory import Inventory
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
+from sparkprov.errors import SparkprovError
+from sparkprov.modules.gateway import GATEWAY
+from sparkprov.plays.book import run_book, serving_options
+from sparkprov.plays.fleet import refuse_unknown
+from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
+from sparkprov.serving import gateway as gw
+
+
+def converge(inv: Inventory, targets: list[str], action: str, options: RunOptions, *, host: str | None = None,
+             port: int | None = None, image: str | None = None, bind: str | None = None, timeout: float = 180.0,
+             out: TextIO | None = None, quiet: bool = False,
+             only_if_running: bool = False) -> tuple[Report, dict[str, Any]]:
+    """The status play, then the gateway plays: (report, summary). `options.check` holds for the
+    gateway plays (the status play only reads). only_if_running: do nothing where no gateway runs
+    (cluster-up/down keeping its routes current)."""
+    everyone = list(dict.fromkeys(list(targets) + ([host] if host else [])))
+    report = Report(out if out is not None else io.StringIO(), quiet=quiet)
+    st, _ = read_status(inv, everyone, dataclasses.replace(options, check=False))
+    current = gw.running_gateway(st)
+    if only_if_running and current is None:
+        return report, {}
+    # a host whose containers could not be read would lose its routes (or hide the gateway)
+    refuse_unknown(st, consequence="the gateway was not changed")
+    where = host or (current or {}).get("host") or inv.hosts[targets[0]].vars.get("gateway_host") or targets[0]
+    if where not in inv.hosts:
+        raise SparkprovError(f"gateway_host {where!r} is not a host of {inv.path}", fix="name a host of the inventory")
+    check = options.check
+    if action == "down":
+        if current is None:
+            return report, {"message": "no gateway runs on " + ", ".join(everyone)}
+        run_book(inv, gateway_down_book(current["host"]), [current["host"]], options, report)
+        return report, {"removed": current["host"], "message": f"gateway on {current['host']} "
+                        + ("would be removed" if check else "removed")}
+    if current and current["host"] != where:
+        raise SparkprovError(f"the gateway runs on {current['host']}, not {where}",
+                             fix="invoke gateway down first, or leave out --host")
+    hv = inv.hosts[where].vars
+    args = {"image": image or (current or {}).get("image") or hv.get("gateway_image") or gw.IMAGE,
+            "port": port or (current or {}).get("port") or int(hv.get("gateway_port") or gw.PORT),
+            "bind": bind or (current or {}).get("bind") or "0.0.0.0", "timeout": timeout}
+    addresses = {h: inv.hosts[h].address for h in everyone}
+    routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)
+    runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
+                      options, report)
+    ep = GATEWAY.read(runner.exports, where) or {}
+    bind_at = args["bind"] if args["bind"] not in ("0.0.0.0", "::") else inv.hosts[where].address
+    return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
+                    "models": ep.get("models") or sorted({r["model"] for r in routes}),
+                    "routes": [{k: r[k] for k in ("model", "deployment", "host", "api_base")} for r in routes],
+                    "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}
+
+
+def refresh(inv: Inventory, *, forks: int | str | None = None, accept_new_host_keys: bool = False) -> str | None:
+    """After cluster-up/down changed deployments: a running gateway's routes follow them. Returns
+    a line for the command's summary (None: no gateway, nothing done). `forks`: as the command
+    was given it, already range-checked by the command's own plays."""
+    options = serving_options(forks=int(forks) if forks is not None else DEFAULT_FORKS,
+                              accept_new_host_keys=accept_new_host_keys)
+    try:
+        report, doc = converge(inv, list(inv.hosts), "up", options, only_if_running=True)
+    except SparkprovError as e:
+        return f"gateway not updated: {e}"
+    if not doc:
+        return None
+    if report.exit_code() != 0:
+        return f"gateway not updated: {report.first_failure()}"
+    changed = any(r.status == "changed" for r in report.results if r.module == "gateway")
+    return (f"gateway on {doc['host']}: routes {'updated' if changed else 'unchanged'} "
+            f"({', '.join(doc['models']) or 'no deployment'})")
