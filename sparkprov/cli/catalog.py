@@ -194,7 +194,7 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
 
 
 def _deployment_of(alias: str, layout, names: list[str], recipes):
-    from sparkprov.serving.playbook import Deployment, default_name
+    from sparkprov.serving.deployment import Deployment, default_name
 
     return Deployment(name=default_name(alias), model=alias, hosts=names or ["node0"],
                       tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,

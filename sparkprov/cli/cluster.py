@@ -110,7 +110,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import check_host_files, load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.serving.playbook import command_line_deployment
+    from sparkprov.serving.deployment import command_line_deployment
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
@@ -234,7 +234,7 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
     from sparkprov.plays import serve as plays
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.serving.playbook import default_name
+    from sparkprov.serving.deployment import default_name
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import csv_option
@@ -404,7 +404,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
         if not image:
             from sparkprov.serving import node
-            from sparkprov.serving.playbook import load_serve_playbook
+            from sparkprov.serving.deployment import load_serve_playbook
 
             pb = load_serve_playbook(_playbook_path(playbook, 2), inv)
             image = node.image_ref(next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0])

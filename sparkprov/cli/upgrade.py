@@ -67,7 +67,7 @@ def _read(task, inventory, hosts, name, forks, accept_new_host_keys):
     from sparkprov.errors import SparkprovError
     from sparkprov.facts.history import HistoryFile
     from sparkprov.serving import history
-    from sparkprov.serving.playbook import NAME_RE
+    from sparkprov.serving.deployment import NAME_RE
 
     from sparkprov.cli.common import inventory_path
 

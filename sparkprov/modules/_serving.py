@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkprov.modules.base import HostContext, ModuleArgs
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 PREFLIGHT = "serve_preflight"  # the export key the preflight writes per host
 

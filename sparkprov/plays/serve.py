@@ -28,7 +28,7 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.modules.ray_image import derived_tag
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 
 @dataclass
@@ -50,7 +50,7 @@ def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, n
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.load import load_catalog
     from sparkprov.engine.validate import check_override_flags
-    from sparkprov.serving.playbook import load_serve_playbook, select
+    from sparkprov.serving.deployment import load_serve_playbook, select
 
     pb = load_serve_playbook(path, inv)
     files = list(pb.recipe_files) + list(recipe_files)

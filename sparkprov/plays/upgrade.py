@@ -25,7 +25,7 @@ from sparkprov.modules.deployment_history import EXPORT
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
 from sparkprov.serving import history
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 
 def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int | None = None,
