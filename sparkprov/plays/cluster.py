@@ -16,7 +16,8 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.facts import guard as guard_facts
 from sparkprov.plays import upgrade
 from sparkprov.plays.book import run_book
-from sparkprov.plays.serve import UpOptions, down_book, playbook_deployments, read_status, started_anything, up_book
+from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, playbook_deployments, read_status,
+                                   started_anything, up_book)
 from sparkprov.serving.deployment import Deployment, command_line_deployment
 
 
@@ -80,8 +81,7 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
     # each later run (records, rollbacks, removals) with options of its own, as the first run's
     settled = None if check else upgrade.settle(inv, deps, opts, targets, lambda: replace(options), report)
     cleaned = settled.cleaned if settled else []
-    bad = {d.name for d in deps} & {r.play.split(":", 1)[0] for r in report.results
-                                    if r.status in ("failed", "unreachable")}
+    bad = {d.name for d in failed_deployments(report, deps)}
     result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
                       remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
                       serving_changed=not check and (bool(cleaned) or any(
