@@ -194,7 +194,7 @@ def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=Fals
 
 
 def _deployment_of(alias: str, layout, names: list[str], recipes):
-    from sparkprov.serving.playbook import Deployment, default_name
+    from sparkprov.serving.deployment import Deployment, default_name
 
     return Deployment(name=default_name(alias), model=alias, hosts=names or ["node0"],
                       tp=layout.tp, pp=layout.pp, dp=layout.dp, ep=layout.ep, executor=layout.executor,
@@ -405,6 +405,7 @@ def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool
     from sparkprov.engine.report import Report
     from sparkprov.engine.run import RunOptions
     from sparkprov.plays.book import play, run_book, task
+    from sparkprov.modules.image_flags import IMAGE_FLAGS
 
     try:
         inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
@@ -424,7 +425,7 @@ def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool
             print(f"{name}: {r.msg}", file=sys.stderr)
     if report.exit_code():
         raise Exit(code=report.exit_code())
-    return dict(((runner.exports.get(name) or {}).get("image_flags") or {}).get("digests") or {})
+    return dict((IMAGE_FLAGS.read(runner.exports, name) or {}).get("digests") or {})
 
 
 @task(help={"file": "a recipe of eugr/spark-vllm-docker or the recipe_version \"2\" YAML of sparkrun/spark-pulse",

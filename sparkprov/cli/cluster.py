@@ -1,11 +1,8 @@
-"""`invoke cluster-up`, `cluster-down`, `status`, `nccl-check`: parse options, build the plays
-(sparkprov/plays/serve.py), run them on the engine, print what they found.
+"""`invoke cluster-up`, `cluster-down`, `status`, `nccl-check`: parse options, run the plays
+(sparkprov/plays/cluster.py, serve.py), print what they return.
 
-Registered in tasks.py:
-
-    from sparkprov.cli import cluster as cluster_cli
-    ns.add_task(task(cluster_cli.cluster_up, name="cluster-up", help=cluster_cli.UP_HELP, iterable=["recipes"]))
-    ... (cluster_down / DOWN_HELP, status / STATUS_HELP, nccl_check / NCCL_HELP)
+Registered in tasks.py, each with its help: cluster_up (UP_HELP), cluster_down (DOWN_HELP), status
+(STATUS_HELP), nccl_check (NCCL_HELP).
 """
 
 from __future__ import annotations
@@ -104,17 +101,14 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
                limit=None, forks=None, accept_new_host_keys=False, image=None,
                force_degraded_fabric=False):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
-    import time
-
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.plays import serve as plays
-    from sparkprov.data.inventory import check_host_files, load_inventory
+    from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
+    from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.serving.playbook import command_line_deployment
+    from sparkprov.plays import cluster as plays
+    from sparkprov.plays.serve import UpOptions
 
     out = sys.stderr if json else sys.stdout
-    from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
-
     with user_errors():
         tp = int_option("tp", tp, 1, 64)
         pp = int_option("pp", pp, 1, 64, default=1)
@@ -130,42 +124,20 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         if not model and (dp > 1 or ep):
             raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
         inv = load_inventory(inventory_path(inventory))
-        if model:
-            deps = [command_line_deployment(inv, model, tp=tp or 1, pp=pp, dp=dp, ep=bool(ep), executor=executor,
-                                            hosts=hosts, name=name, recipe_files=list(recipes or []))]
-        else:
-            deps = plays.playbook_deployments(inv, _playbook_path(playbook, tp), tp=tp, hosts=hosts,
-                                              names=_csv(deployments), executor=executor,
-                                              recipe_files=list(recipes or []))
+        deps = plays.up_deployments(inv, model=model, playbook=_playbook_path(playbook, tp), tp=tp, pp=pp, dp=dp,
+                                    ep=bool(ep), executor=executor, hosts=hosts, name=name, names=_csv(deployments),
+                                    recipe_files=list(recipes or []))
         if image is not None:
-            from sparkprov.cli.upgrade import apply_image_option
             apply_image_option(image, deps)
-        targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
-        if limit:
-            allowed = set(select_hosts(inv, None, limit))
-            targets = [h for h in targets if h in allowed]
-        check_host_files(inv, targets)  # what select_hosts checks for the other commands
-        opts = plays.UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
-                               ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
-                               force_degraded_fabric=bool(force_degraded_fabric))
-        book = plays.up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
+        targets = plays.up_targets(inv, deps, select_hosts(inv, None, limit) if limit else None)
+        opts = UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
+                         ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
+                         force_degraded_fabric=bool(force_degraded_fabric))
         report = Report(out, quiet=json)
-        t0 = time.monotonic()
-        runner = plays.run_book(inv, book, targets, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
-                                                                    forks=forks), report)
-        settled = None
-        if not check:  # each start recorded on its rank 0; a failed one rolled back to last good (or removed)
-            from sparkprov.plays.upgrade import settle
-            settled = settle(inv, deps, opts, targets,
-                             lambda: engine_options(accept_new_host_keys=accept_new_host_keys), report)
-        cleaned = settled.cleaned if settled else []
-        summary = up_summary(inv, deps, runner, report, check=check, cleaned=cleaned,
-                             seconds=time.monotonic() - t0)
-        if settled:
-            from sparkprov.cli.upgrade import add_to_summary
-            add_to_summary(summary, settled)
-        if not check and (cleaned or any(r.module == "vllm_container" and r.status == "changed"
-                                         for r in report.results)):
+        result = plays.cluster_up(inv, deps, opts, targets, stage=stage, report=report, options=engine_options(
+            check=check, accept_new_host_keys=accept_new_host_keys, forks=forks))
+        summary = result.summary()
+        if result.serving_changed:
             # a running gateway routes to what serves now (a run that changed nothing leaves it be)
             from sparkprov.plays.gateway import refresh
             summary["gateway"] = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
@@ -175,35 +147,19 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
     finish(report.exit_code())
 
 
-def stage_books(inv, deps, check):
-    """--stage: each deployment's stage plays (the hub listed here first), run before its preflight."""
-    from sparkprov.plays.stage import StageOptions, prepare_stage
+def apply_image_option(image, deps) -> None:
+    """--image: one valid image reference, for one deployment; refused before any host."""
+    from sparkprov.catalog.load import IMAGE_RE
+    from sparkprov.cli.options import OptionError, text_option
 
-    return {d.name: prepare_stage(inv, d.hosts, d.model, StageOptions(check=check))[0] for d in deps}
-
-
-def up_summary(inv, deps, runner, report, *, check, cleaned, seconds):
-    bad = {d.name for d in deps} & {r.play.split(":", 1)[0] for r in report.results
-                                    if r.status in ("failed", "unreachable")}
-    out = {"check": check, "seconds": round(seconds, 2), "deployments": {},
-           "remote_calls": {n: t.remote_calls for n, t in report.hosts.items()}}
-    for d in deps:
-        changed = any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
-                      for r in report.results)
-        head = d.hosts[0]
-        serving = ((runner.exports.get(head) or {}).get("serving") or {}).get(d.name) or {}
-        host = inv.hosts[head]
-        endpoint = d.endpoint(inv.host_vars(head), "127.0.0.1" if host.connection == "local" else host.address)
-        state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
-                 ("would start or replace" if changed else "already up, unchanged") if check else
-                 ("started" if changed else "already up, unchanged"))
-        out["deployments"][d.name] = {
-            "alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep, "executor": d.executor if d.cluster else None,
-            "hosts": d.hosts, "state": state, "endpoint": f"{endpoint}/v1",
-            "model": serving.get("model"), "api_key_file": f"{head}:{serving['api_key_file']}"
-            if serving.get("api_key_file") else None,
-            "containers": {h: ((runner.exports.get(h) or {}).get("containers") or {}).get(d.name) for h in d.hosts}}
-    return out
+    image = text_option("image", image, max_len=512)
+    if not IMAGE_RE.match(image):
+        raise OptionError(f"--image {image!r} is not an image reference",
+                          fix="give REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST] in lowercase, e.g. vllm/vllm-openai:v0.19.1")
+    if len(deps) != 1:
+        raise OptionError(f"--image names the image of one deployment; this run starts {len(deps)}: "
+                          + ", ".join(d.name for d in deps), fix="add --deployments NAME, or --model ALIAS")
+    deps[0].image_override = image
 
 
 def print_summary(summary) -> None:
@@ -231,14 +187,13 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
                  limit=None, forks=None, accept_new_host_keys=False):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.plays import serve as plays
+    from sparkprov.cli.options import csv_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
-    from sparkprov.serving.playbook import default_name
+    from sparkprov.plays import cluster as plays
+    from sparkprov.serving.deployment import default_name
 
     out = sys.stderr if json else sys.stdout
-    from sparkprov.cli.options import csv_option
-
     with user_errors():
         inv = load_inventory(inventory_path(inventory))
         targets = select_hosts(inv, hosts, limit)
@@ -246,10 +201,8 @@ def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, na
         if model or name:
             names = (names or []) + [name or default_name(str(model))]
         report = Report(out, quiet=json)
-        runner = plays.run_book(inv, plays.down_book(targets, names), targets,
-                                engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
-                                report)
-        removed = {h: (runner.exports.get(h) or {}).get("removed", []) for h in targets}
+        removed = plays.cluster_down(inv, targets, names, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
+                                                                         forks=forks), report)
         gateway = None
         if not check and any(removed.values()):
             from sparkprov.plays.gateway import refresh
@@ -272,7 +225,7 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
     from sparkprov.cli.options import float_option, int_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.facts import guard as guard_facts
-    from sparkprov.plays import serve as plays
+    from sparkprov.plays.cluster import fleet_status
 
     with user_errors():
         watch = float_option("watch", watch, 0, 86400, unit="seconds")
@@ -281,29 +234,25 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
         targets = select_hosts(inv, hosts, limit)
         shown = 0
         while True:
-            st, code = plays.read_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
-                                         ports=ports)
-            if ports and code == 0 and any(r["flag"] for h in st.values() for r in h.get("ports") or []):
-                code = 2  # a port open to everyone that nothing guards
-            guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
-            code = guard_facts.exit_code(guards, code)  # 2: a guard acted (and its action stands) or is down
+            fleet = fleet_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
+                                 ports=ports)
             if json:
-                print(_json.dumps({"ok": code == 0, "hosts": st}, indent=2, default=str), flush=True)
+                print(_json.dumps({"ok": fleet.code == 0, "hosts": fleet.hosts}, indent=2, default=str), flush=True)
             else:
                 if watch is not None and sys.stdout.isatty():
                     print("\x1b[H\x1b[2J", end="")
-                print_status(st)
-                for h, g in guards.items():
+                print_status(fleet.hosts)
+                for h, g in fleet.guards.items():
                     print(guard_facts.describe(h, g))
                 if ports:
-                    print_ports(st)
+                    print_ports(fleet.hosts)
                 if watch is not None:
                     print(f"refreshed {time.strftime('%H:%M:%S')}, every {watch:g}s (Ctrl-C stops)", flush=True)
             shown += 1
             if watch is None or (count is not None and shown >= count):
                 break
             time.sleep(watch)
-    finish(code)
+    finish(fleet.code)
 
 
 def print_ports(st) -> None:
@@ -392,6 +341,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
 
     out = sys.stderr if json else sys.stdout
     from sparkprov.cli.options import choice_option, float_option, int_option, size_option
+    from sparkprov.modules.allreduce import ALLREDUCE
 
     with user_errors():
         backend = choice_option("backend", backend, ("nccl", "gloo"), default="nccl")
@@ -404,7 +354,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
         if not image:
             from sparkprov.serving import node
-            from sparkprov.serving.playbook import load_serve_playbook
+            from sparkprov.serving.deployment import load_serve_playbook
 
             pb = load_serve_playbook(_playbook_path(playbook, 2), inv)
             image = node.image_ref(next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0])
@@ -413,7 +363,7 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
                                                      max_bytes=str(max_bytes), iters=iters), targets,
                                 engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
                                 report)
-        result = (runner.exports.get(targets[0]) or {}).get("allreduce")
+        result = ALLREDUCE.read(runner.exports, targets[0])
     print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,
                                      "result": result})
     finish(report.exit_code())

@@ -1,11 +1,8 @@
-"""`invoke history DEPLOYMENT`, `invoke rollback DEPLOYMENT [--to N]`, and cluster-up's `--image`
-(sparkprov/plays/upgrade.py records each start on rank 0 and rolls a failed upgrade back).
+"""`invoke history DEPLOYMENT`, `invoke rollback DEPLOYMENT [--to N]`: parse options, print what
+sparkprov/plays/upgrade.py found and did (it records each start on rank 0, reads the history and
+rolls a deployment back).
 
-Registered in tasks.py:
-
-    from sparkprov.cli import upgrade as upgrade_cli
-    ns.add_task(task(upgrade_cli.history, help=upgrade_cli.HISTORY_HELP))
-    ns.add_task(task(upgrade_cli.rollback, help=upgrade_cli.ROLLBACK_HELP))
+Registered in tasks.py, each with its help: history (HISTORY_HELP), rollback (ROLLBACK_HELP).
 """
 
 from __future__ import annotations
@@ -26,69 +23,23 @@ ROLLBACK_HELP = {**_COMMON, "to": "The start to go back to (its number in invoke
                  "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)"}
 
 
-def apply_image_option(image, deps) -> None:
-    """--image: one valid image reference, for one deployment; refused before any host."""
-    from sparkprov.catalog.load import IMAGE_RE
-    from sparkprov.cli.options import OptionError, text_option
-
-    image = text_option("image", image, max_len=512)
-    if not IMAGE_RE.match(image):
-        raise OptionError(f"--image {image!r} is not an image reference",
-                          fix="give REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST] in lowercase, e.g. vllm/vllm-openai:v0.19.1")
-    if len(deps) != 1:
-        raise OptionError(f"--image names the image of one deployment; this run starts {len(deps)}: "
-                          + ", ".join(d.name for d in deps), fix="add --deployments NAME, or --model ALIAS")
-    deps[0].image_override = image
-
-
-def add_to_summary(summary: dict, settled) -> None:
-    """cluster-up's summary: each start's record number and result, each rollback and what it found."""
-    from sparkprov.plays.upgrade import describe
-
-    for name, d in summary.get("deployments", {}).items():
-        rec = settled.recorded.get(name)
-        if rec:
-            d["history"] = {"start": rec["n"], "result": rec["result"]}
-        r = settled.rolled_back.get(name)
-        if r:
-            d["rollback"] = r
-            d["state"] = (f"failed; rolled back to start #{r['to']}, serving again" if r["serving"]
-                          else "failed; rollback failed too (removed again)")
-            summary.setdefault("upgrade", []).append(describe(name, r))
-
-
-def _read(task, inventory, hosts, name, forks, accept_new_host_keys):
-    """(rank 0 host, its records) of a deployment: the host whose history of it is the newest."""
-    from sparkprov.cli.common import select_hosts
+def _history(task, inventory, hosts, name, forks, accept_new_host_keys):
+    """The deployment's recorded starts on its rank 0 (the host whose history of it is the newest)."""
+    from sparkprov.cli.common import inventory_path, select_hosts
     from sparkprov.cli.options import parse_forks, positional
-    from sparkprov.engine.run import DEFAULT_FORKS
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.gather import gather_facts
+    from sparkprov.engine.run import DEFAULT_FORKS
     from sparkprov.errors import SparkprovError
-    from sparkprov.facts.history import HistoryFile
-    from sparkprov.serving import history
-    from sparkprov.serving.playbook import NAME_RE
-
-    from sparkprov.cli.common import inventory_path
+    from sparkprov.plays.upgrade import find_history
+    from sparkprov.serving.deployment import NAME_RE
 
     name = positional(task, "deployment", name)
     if not NAME_RE.match(name):
         raise SparkprovError(f"{name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
     inv = load_inventory(inventory_path(inventory))
     targets = select_hosts(inv, hosts, None)
-    got = gather_facts(inv, targets, {"history": HistoryFile(history.history_file(name))},
-                       forks=parse_forks(forks, DEFAULT_FORKS), accept_new_host_keys=accept_new_host_keys)
-    found = {h: history.parse(r["facts"]["history"]["text"]) for h, r in got.items()
-             if r["ok"] and r["facts"]["history"]["exists"]}
-    found = {h: recs for h, recs in found.items() if recs}
-    if not found:
-        unread = [f"{h} ({next(iter(r['errors'].values()), 'unreadable')})" for h, r in got.items() if not r["ok"]]
-        raise SparkprovError(f"no history of deployment {name!r} on {', '.join(targets)}"
-                             + (f"; not read: {', '.join(unread)}" if unread else ""),
-                             fix="check the name (invoke status lists deployments); a start is recorded on its rank 0 "
-                                 "from this version of sparkprov on")
-    head = max(found, key=lambda h: (found[h][-1].get("time") or "", len(found[h])))
-    return inv, name, head, found[head]
+    return inv, find_history(inv, targets, name, forks=parse_forks(forks, DEFAULT_FORKS),
+                             accept_new_host_keys=accept_new_host_keys)
 
 
 def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, accept_new_host_keys=False):
@@ -98,7 +49,8 @@ def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, a
     from sparkprov.serving import history as hist
 
     with user_errors():
-        _, name, head, records = _read("history", inventory, hosts, deployment, forks, accept_new_host_keys)
+        _, found = _history("history", inventory, hosts, deployment, forks, accept_new_host_keys)
+    name, head, records = found.name, found.host, found.records
     good = hist.last_good(records)
     if json:
         print(_json.dumps({"ok": True, "deployment": name, "host": head, "last_good": good["n"] if good else None,
@@ -124,43 +76,22 @@ def rollback(c, deployment, to=None, hosts=None, inventory=None, json=False, for
              accept_new_host_keys=False):
     """Start a recorded good start of a deployment again on every node; exit 2 when it fails its smoke test."""
     from sparkprov.cli.common import engine_options, finish, print_report, user_errors
-    from sparkprov.cli.options import OptionError, float_option, int_option
+    from sparkprov.cli.options import float_option, int_option
     from sparkprov.engine.report import Report
-    from sparkprov.plays import upgrade
-    from sparkprov.plays.serve import UpOptions, down_book, run_book
-    from sparkprov.serving import history as hist
+    from sparkprov.plays.serve import UpOptions
+    from sparkprov.plays.upgrade import rollback_deployment, rollback_target
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
         to = int_option("to", to, 1, 10**9)
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
-        inv, name, head, records = _read("rollback", inventory, hosts, deployment, forks, accept_new_host_keys)
-        newest = records[-1]
-        if to is not None:
-            good = hist.find(records, to)
-            if good is None or good.get("result") != hist.PASSED:
-                ok = ", ".join(f"#{r['n']}" for r in records if r.get("result") == hist.PASSED) or "none"
-                raise OptionError(f"--to {to}: start #{to} of {name} " + ("is not recorded" if good is None else
-                                                                          "did not pass its smoke test"),
-                                  fix=f"give a start that passed ({ok}): invoke history {name}")
-        else:
-            good = hist.last_good(records, unlike=newest.get("spec"))
-            if good is None:
-                raise OptionError(f"{name}: no start that passed with another spec than start #{newest['n']}",
-                                  fix=f"invoke history {name}, then --to N")
-        current = upgrade.deployment_from(newest["spec"])
+        inv, found = _history("rollback", inventory, hosts, deployment, forks, accept_new_host_keys)
+        good = rollback_target(found, to)
         report = Report(out, quiet=json)
-        options = lambda: engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys)  # noqa: E731
-        live = sorted(set(current.hosts) | set(good["spec"]["hosts"]))
-        result = upgrade.rollback(inv, current, good, UpOptions(health_timeout=health_timeout), live, options, report)
-        if not result["serving"]:  # nothing half-up holds the GPUs
-            back = upgrade.deployment_from(good["spec"])
-            run_book(inv, down_book(back.hosts, [name], reason="rollback failed"), back.hosts, options(), report)
-    line = (f"{name}: start #{good['n']} runs again on every node and passed its smoke test (recorded as "
-            f"#{result['record']}, {result['seconds']:.0f}s)" if result["serving"] else
-            f"{name}: start #{good['n']} failed again ({result['rollback_failure'] or 'its smoke test'}): removed")
-    line += "".join(f"; {n}" for n in result["notes"])
-    print_report(report, json, rollback={**result, "deployment": name, "message": line})
+        done = rollback_deployment(inv, found, good, UpOptions(health_timeout=health_timeout),
+                                   lambda: engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
+                                   report)
+    print_report(report, json, rollback={**done.result, "deployment": found.name, "message": done.message})
     if not json:
-        print("\n" + line)
-    finish(report.exit_code() or (0 if result["serving"] else 2))
+        print("\n" + done.message)
+    finish(report.exit_code() or (0 if done.serving else 2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from sparkprov.modules.base import Export, HostContext, ModuleArgs
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 
 

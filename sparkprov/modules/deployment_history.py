@@ -48,7 +48,6 @@ class HistoryRead(TypedDict):
 HISTORY_NODE: Export[dict[str, dict[str, Any]]] = Export("history_node", dict,
                                                          "deployment -> what this node runs of it (history.node_entry)")
 HISTORY: Export[dict[str, HistoryRead]] = Export("history", dict, "rank 0: deployment -> its history and this start's record")
-EXPORT = HISTORY.key  # the key, for readers in serving's core that still index the exports by it (plays/upgrade.py)
 
 
 class DeploymentHistory(Module):

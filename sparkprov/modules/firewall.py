@@ -24,7 +24,7 @@ from sparkprov.facts.ports import TABLE_PREFIX, EphemeralPorts, FirewallTables, 
 from sparkprov.modules._serving import preflight_export
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import ports as portmod
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 from sparkprov.transport.shell import cmd, quote
 
 RULES_DIR = "/etc/sparkprov/nftables"

@@ -25,10 +25,12 @@ from typing import Any
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
+from sparkprov.modules.listening_ports import PORTS
 from sparkprov.modules.ray_image import derived_tag
+from sparkprov.modules.serve_status import SERVING_STATUS
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 
 @dataclass
@@ -50,7 +52,7 @@ def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, n
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.load import load_catalog
     from sparkprov.engine.validate import check_override_flags
-    from sparkprov.serving.playbook import load_serve_playbook, select
+    from sparkprov.serving.deployment import load_serve_playbook, select
 
     pb = load_serve_playbook(path, inv)
     files = list(pb.recipe_files) + list(recipe_files)
@@ -188,11 +190,10 @@ def read_status(inv, targets: list[str], options: RunOptions, ports: bool = Fals
     runner = run_book(inv, status_book(targets, ports), targets, options, report)
     st = {}
     for h in targets:
-        ex = runner.exports.get(h) or {}
         tally = report.hosts[h]
         unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
         failed = next((r.msg for r in report.results if r.host == h and r.status == "failed"), None)
-        doc = ex.get("serving_status") or {}
+        doc = SERVING_STATUS.read(runner.exports, h) or {}
         st[h] = {"reachable": not tally.unreachable, "error": unreachable or doc.get("error"),
                  "docker": bool(doc.get("access")), "containers": doc.get("containers") or [],
                  "host": doc.get("host") or {},
@@ -200,7 +201,7 @@ def read_status(inv, targets: list[str], options: RunOptions, ports: bool = Fals
                                  for d, lead in deployments_led_by(h, runner.exports).items()},
                  "problem": failed, "remote_calls": tally.remote_calls}
         if ports:
-            st[h]["ports"] = ex.get("ports")
+            st[h]["ports"] = PORTS.read(runner.exports, h)
     return st, report.exit_code()
 
 

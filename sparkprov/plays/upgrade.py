@@ -21,11 +21,11 @@ from typing import Any, Callable
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
-from sparkprov.modules.deployment_history import EXPORT
+from sparkprov.modules.deployment_history import HISTORY
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
 from sparkprov.serving import history
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 
 
 def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int | None = None,
@@ -46,7 +46,7 @@ def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int |
 
 def read_history(runner, d: Deployment) -> dict[str, Any]:
     """What the history play exported on rank 0: {"records": [...], "record": this start's}."""
-    return ((runner.exports.get(d.hosts[0]) or {}).get(EXPORT) or {}).get(d.name) or {}
+    return (HISTORY.read(runner.exports, d.hosts[0]) or {}).get(d.name) or {}
 
 
 def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:
@@ -145,3 +145,83 @@ def describe(name: str, r: dict[str, Any]) -> str:
                 f"({r['rollback_failure'] or 'its smoke test'}): removed")
     return line + "".join(f"; {n}" for n in r.get("notes") or [])
 
+
+
+@dataclass
+class DeploymentHistory:
+    name: str
+    host: str  # its rank 0: the host whose history of it is the newest
+    records: list[dict[str, Any]]
+
+
+def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_host_keys: bool) -> DeploymentHistory:
+    """A deployment's recorded starts, read on every target (one gather): the host whose history
+    of it is the newest is its rank 0."""
+    from sparkprov.engine.gather import gather_facts
+    from sparkprov.errors import SparkprovError
+    from sparkprov.facts.history import HistoryFile
+
+    got = gather_facts(inv, targets, {"history": HistoryFile(history.history_file(name))}, forks=forks,
+                       accept_new_host_keys=accept_new_host_keys)
+    found = {h: history.parse(r["facts"]["history"]["text"]) for h, r in got.items()
+             if r["ok"] and r["facts"]["history"]["exists"]}
+    found = {h: recs for h, recs in found.items() if recs}
+    if not found:
+        unread = [f"{h} ({next(iter(r['errors'].values()), 'unreadable')})" for h, r in got.items() if not r["ok"]]
+        raise SparkprovError(f"no history of deployment {name!r} on {', '.join(targets)}"
+                             + (f"; not read: {', '.join(unread)}" if unread else ""),
+                             fix="check the name (invoke status lists deployments); a start is recorded on its rank 0 "
+                                 "from this version of sparkprov on")
+    head = max(found, key=lambda h: (found[h][-1].get("time") or "", len(found[h])))
+    return DeploymentHistory(name, head, found[head])
+
+
+def rollback_target(hist: DeploymentHistory, to: int | None) -> dict[str, Any]:
+    """The start `invoke rollback` goes back to: start #`to` (it must have passed its smoke test),
+    else the last good one with another spec than the newest."""
+    from sparkprov.errors import InputError
+
+    name, records = hist.name, hist.records
+    if to is not None:
+        good = history.find(records, to)
+        if good is None or good.get("result") != history.PASSED:
+            ok = ", ".join(f"#{r['n']}" for r in records if r.get("result") == history.PASSED) or "none"
+            raise InputError(f"--to {to}: start #{to} of {name} " + ("is not recorded" if good is None else
+                                                                     "did not pass its smoke test"),
+                             fix=f"give a start that passed ({ok}): invoke history {name}")
+        return good
+    newest = records[-1]
+    good = history.last_good(records, unlike=newest.get("spec"))
+    if good is None:
+        raise InputError(f"{name}: no start that passed with another spec than start #{newest['n']}",
+                         fix=f"invoke history {name}, then --to N")
+    return good
+
+
+@dataclass
+class RolledBack:
+    to: int  # the start that runs again
+    result: dict[str, Any]  # rollback()'s: serving, record, seconds, notes, digests, ...
+    message: str  # one line: what runs now, or that it failed and was removed
+
+    @property
+    def serving(self) -> bool:
+        return bool(self.result["serving"])
+
+
+def rollback_deployment(inv, hist: DeploymentHistory, good: dict[str, Any], opts: UpOptions,
+                        options: Callable[[], RunOptions], report: Report) -> RolledBack:
+    """`invoke rollback`: the newest start's containers removed, `good` started on every node and
+    smoke-tested; if it fails too, removed (nothing half-up holds the GPUs)."""
+    name = hist.name
+    current = deployment_from(hist.records[-1]["spec"])
+    live = sorted(set(current.hosts) | set(good["spec"]["hosts"]))
+    result = rollback(inv, current, good, opts, live, options, report)
+    if not result["serving"]:
+        back = deployment_from(good["spec"])
+        run_book(inv, down_book(back.hosts, [name], reason="rollback failed"), back.hosts, options(), report)
+    line = (f"{name}: start #{good['n']} runs again on every node and passed its smoke test (recorded as "
+            f"#{result['record']}, {result['seconds']:.0f}s)" if result["serving"] else
+            f"{name}: start #{good['n']} failed again ({result['rollback_failure'] or 'its smoke test'}): removed")
+    line += "".join(f"; {n}" for n in result["notes"])
+    return RolledBack(good["n"], result, line)

@@ -15,7 +15,7 @@ from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
 from sparkprov.serving import spec as specmod
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 from sparkprov.staging.plan import repo_dir
 
 

@@ -9,8 +9,14 @@
     fetch.py     the program that downloads on the source host, inside the serving image, with
                  huggingface_hub's own downloader (http_get), resuming partial files across runs
     verify.py    shell: hash files on a host, publish good ones atomically, record verified state
-    transfer.py  the run: gather, verify, download once, rsync fan-out over the fabric, publish
-    progress.py  live per-host display on a terminal, plain periodic lines otherwise
+    fanout.py    which way a sender reaches a receiver, and the pipelined send that runs beside
+                 the download on the source (each verified file streamed to the hosts that need it)
+    store.py     the store as `invoke store` shows it (what each hub repo holds, verified or not)
+                 and what pruning removes
+
+The run itself (gather, verify, download once, fan out, publish) is plays on the engine:
+sparkprov/plays/stage.py builds them, the modules are sparkprov/modules/weights_*.py, and the
+engine's report shows each step as it ends.
 
 Layout on every host (STORE = the inventory's model_store, HF_HOME for vLLM):
 

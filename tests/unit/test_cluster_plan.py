@@ -15,7 +15,7 @@ from sparkprov.serving import spec
 from sparkprov.serving.allreduce_bench import busbw, parse_size, sizes
 from sparkprov.facts.serving import parse_containers, parse_ray_status
 from sparkprov.serving.node import staged_problem
-from sparkprov.serving.playbook import load_serve_playbook, select
+from sparkprov.serving.deployment import load_serve_playbook, select
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
 from sparkprov.staging.plan import Entry, Record, StoreFacts

@@ -1,4 +1,4 @@
-"""The one deployment model (serving/playbook.py): a serve playbook's entry, cluster-up --model's
+"""The one deployment model (serving/deployment.py): a serve playbook's entry, cluster-up --model's
 deployment and the serving modules' argument are one Deployment, checked once; its endpoint rule."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import yaml
 from sparkprov.catalog.load import load_catalog
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
-from sparkprov.serving.playbook import Deployment, command_line_deployment, load_serve_playbook
+from sparkprov.serving.deployment import Deployment, command_line_deployment, load_serve_playbook
 from tests.fixtures.golden import make
 
 INV = load_inventory(make.INVENTORY)
@@ -53,6 +53,22 @@ def test_the_hosts_must_carry_the_layout_g35(tmp_path):
     three = Deployment(name="t", model="lab-tiny", hosts=["spark1", "spark2", "spark3"], tp=2)
     with pytest.raises(InputError, match="G35"):
         three.check(load_catalog())
+
+
+def test_a_command_line_deployment_has_the_same_host_rule_g35():
+    """--model takes the inventory's first hosts without --hosts; --hosts of another count is refused
+    with the words a playbook's deployment gets, naming the hosts."""
+    first = command_line_deployment(INV, "lab-tiny", tp=2, pp=1, dp=1, ep=False, executor=None, hosts=None,
+                                    name=None, recipe_files=[])
+    assert first.hosts == list(INV.hosts)[:2] and first.name == "lab-tiny"
+    with pytest.raises(InputError) as e:
+        command_line_deployment(INV, "lab-tiny", tp=2, pp=1, dp=1, ep=False, executor=None,
+                                hosts="spark1,spark2,spark3", name=None, recipe_files=[])
+    assert e.value.line() == ("--model: deployment 'lab-tiny': tp 2 needs exactly 2 hosts (one GPU per Spark, G35), "
+                              "hosts gives 3: spark1, spark2, spark3 (fix: give 2 hosts, the first is rank 0)")
+    with pytest.raises(InputError, match="runs at tp 1"):  # the recipe's sizes come before the host count
+        command_line_deployment(INV, "qwen3.6-27b", tp=2, pp=1, dp=1, ep=False, executor=None, hosts="spark1",
+                                name=None, recipe_files=[])
 
 
 def test_one_endpoint_rule():

@@ -1,12 +1,9 @@
 """Values between plays (modules/base.py Export): each declared once beside the module that produces
-it, read through its declaration. The stored value is the plain dict it always was, so the readers in
-serving's core that still index exports[host][key] read the same thing; each key they still name
-must stay declared, so that renaming one fails here, not on a Spark."""
+it, read through its declaration, never by a key spelled out, so that renaming one fails here (or
+at import), not on a Spark. The stored value is the plain dict or list it always was."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from pathlib import Path
 
@@ -20,34 +17,10 @@ from sparkprov.modules.ssh_mesh import SSH_MESH
 
 ROOT = Path(sparkprov.modules.__file__).resolve().parents[1]
 
-# Readers left on the old dict access, in files reworked with serving's core (issue 22): the key each
-# names. Converting one removes it here.
-DICT_READERS = {
-    "cli/cluster.py": ["serving", "containers", "removed", "allreduce"],
-    "cli/catalog.py": ["image_flags"],
-    "plays/serve.py": ["serving_status", "ports"],
-    "plays/upgrade.py": ["history"],
-}
-
-
-def all_modules() -> None:
-    for m in pkgutil.iter_modules(sparkprov.modules.__path__):
-        importlib.import_module(f"sparkprov.modules.{m.name}")
-
-
-def test_every_key_the_old_readers_name_is_declared():
-    all_modules()
-    for path, keys in DICT_READERS.items():
-        text = (ROOT / path).read_text()
-        for key in keys:
-            assert key in Export.declared, f"{path} reads exports[...][{key!r}], which no module declares"
-            assert f'"{key}"' in text or "EXPORT" in text, f"{path} no longer reads {key!r}: drop it from DICT_READERS"
-
-
-def test_no_reader_outside_the_old_ones_indexes_the_exports_by_a_literal_key():
+def test_no_reader_indexes_the_exports_by_a_literal_key():
     # `.exports.get(` / `exports={"`: a key spelled out where its declaration should be read
     literal = re.compile(r"""exports\.get\(|exports=\{["']|exports = \{["']|\.get\((PREFLIGHT|EXPORT|RAILS|IMAGES)\)""")
-    allowed = set(DICT_READERS) | {"modules/base.py", "engine/run.py"}
+    allowed = {"modules/base.py", "engine/run.py"}   # the declaration itself, and the engine that stores
     found = []
     for py in ROOT.rglob("*.py"):
         rel = py.relative_to(ROOT).as_posix()

@@ -53,7 +53,7 @@ def test_a_container_with_its_golden_hash_is_left_running(case):
     from sparkprov.modules.base import FactView, HostContext
     from sparkprov.modules.ray_image import derived_tag
     from sparkprov.serving import node
-    from sparkprov.serving.playbook import Deployment
+    from sparkprov.serving.deployment import Deployment
 
     inv = load_inventory(make.INVENTORY)
     alias, layout = case.split(" | ")

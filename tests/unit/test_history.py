@@ -14,7 +14,7 @@ from sparkprov.modules import deployment_history as dh
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.plays import upgrade
 from sparkprov.serving import history, node
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 from tests.unit.test_serving_modules import SMI, fabric
 
 DEP = {"name": "nat", "model": "lab-tiny", "hosts": ["spark1", "spark2"], "tp": 2, "executor": "native"}
@@ -175,7 +175,7 @@ def test_a_recorded_spec_starts_the_same_containers_again():
 @pytest.mark.parametrize("image", ["Not An Image", "vllm/vllm-openai:v1\nrm -rf /", "-x", "a b"])
 def test_cluster_up_image_is_refused_before_any_host(image):
     from sparkprov.cli.options import OptionError
-    from sparkprov.cli.upgrade import apply_image_option
+    from sparkprov.cli.cluster import apply_image_option
 
     with pytest.raises(OptionError) as e:
         apply_image_option(image, [object()])
@@ -184,8 +184,8 @@ def test_cluster_up_image_is_refused_before_any_host(image):
 
 def test_cluster_up_image_names_one_deployment():
     from sparkprov.cli.options import OptionError
-    from sparkprov.cli.upgrade import apply_image_option
-    from sparkprov.serving.playbook import Deployment
+    from sparkprov.cli.cluster import apply_image_option
+    from sparkprov.serving.deployment import Deployment
 
     deps = [Deployment(name="a", model="lab-tiny", hosts=["spark1"]), Deployment(name="b", model="lab-tiny",
                                                                                  hosts=["spark2"])]
@@ -217,7 +217,7 @@ def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_
 
     from sparkprov.engine.report import Report, TaskResult
     from sparkprov.plays.upgrade import replaced_running
-    from sparkprov.serving.playbook import Deployment
+    from sparkprov.serving.deployment import Deployment
 
     d = Deployment(name="one", model="lab-tiny", hosts=["spark1"], port=8000)
     first = Report(io.StringIO(), quiet=True)

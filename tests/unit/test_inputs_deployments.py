@@ -14,7 +14,7 @@ import pytest
 from invoke import Context, Exit
 
 from sparkprov.cli.cluster import cluster_up
-from sparkprov.serving.playbook import override_value_problem
+from sparkprov.serving.deployment import override_value_problem
 from helpers import SAFE_INVENTORY
 
 

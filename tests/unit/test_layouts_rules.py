@@ -14,7 +14,7 @@ from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
 from sparkprov.errors import InputError
 from sparkprov.serving import node, spec, supervise
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 from helpers import one, user
 
 CAT = load_catalog()
@@ -72,7 +72,7 @@ def test_overrides_may_not_set_a_size_against_the_layout(tmp_path):
         render_launch(CAT.get("lab-tiny"), HostServeContext(), 1, {"--pipeline-parallel-size": 2}, catalog=CAT)
     # in a playbook: refused at load, with the file position, before any host
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.serving.playbook import load_serve_playbook
+    from sparkprov.serving.deployment import load_serve_playbook
 
     (tmp_path / "inv.yaml").write_text("hosts:\n  spark1: {address: 10.0.0.1}\n  spark2: {address: 10.0.0.2}\n")
     (tmp_path / "pb.yaml").write_text("deployments:\n  - name: d\n    model: lab-tiny\n    hosts: [spark1, spark2]\n"

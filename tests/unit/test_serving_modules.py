@@ -10,7 +10,7 @@ from sparkprov.modules import (allreduce, deployment_health, docker_image, serve
                                vllm_container, vllm_ready)
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.serving import node
-from sparkprov.serving.playbook import Deployment
+from sparkprov.serving.deployment import Deployment
 from sparkprov.staging.plan import StoreFacts
 
 HOME = "/home/nvidia"

@@ -166,15 +166,17 @@ class Deployment(BaseModel):
         return None
 
     def check(self, catalog: Catalog) -> None:
-        """The alias is in the catalog and the layout one its recipe runs on these hosts (an
+        """The alias is in the catalog, the layout one its recipe runs, and the hosts carry it (an
         InputError at the deployment's place)."""
         from sparkprov.catalog.layout import layout_of
 
         try:
-            layout_of(catalog.get(self.model), catalog, self.layout, hosts=len(self.hosts) if self.cluster else None,
-                      known_executors_only=False)
+            layout_of(catalog.get(self.model), catalog, self.layout, known_executors_only=False)
         except InputError as exc:
             raise self.error(exc.message, fix=exc.fix) from None
+        problem = self.hosts_problem()
+        if problem:
+            raise self.error(problem, fix=f"give {self.nodes} hosts, the first is rank 0")
 
     def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
         """An error at the deployment's place in its playbook (or at one of its overrides)."""
@@ -284,31 +286,20 @@ def default_name(alias: str) -> str:
 def command_line_deployment(inv: Inventory, model: str, *, tp: int, pp: int, dp: int, ep: bool, executor: str | None,
                             hosts: str | None, name: str | None, recipe_files: list[str]) -> Deployment:
     """cluster-up --model ALIAS [--tp N] [--pp N] [--dp N] [--ep] [--hosts H1,H2] [--name NAME]: without
-    --hosts a cluster takes the inventory's first hosts; the layout checked against the catalog
-    before any host."""
-    from sparkprov.catalog.layout import layout_of
+    --hosts a cluster takes the inventory's first hosts. The alias, the layout and the hosts are
+    checked as a playbook's deployment is (Deployment.check), before any host."""
     from sparkprov.catalog.load import load_catalog
 
-    executor = executor or ("native" if dp > 1 else "ray")
-    layout = Layout(tp, pp, dp, ep, executor if tp * pp * dp > 1 else None)
-    catalog = load_catalog(recipe_files)
-    layout_of(catalog.get(model), catalog, layout, known_executors_only=False)
-    chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
-    nodes = layout.nodes
-    if nodes > 1:
-        if len(chosen) < nodes:
-            raise InputError(f"{layout.options()} needs {nodes} hosts, "
-                             f"{'--hosts gives' if hosts else 'the inventory has'} {len(chosen)}: {', '.join(chosen)}",
-                             fix=f"--hosts with {nodes} hosts (the first is rank 0)")
-        if hosts and len(chosen) != nodes:
-            raise InputError(f"{layout.options()} needs exactly {nodes} hosts, --hosts gives {len(chosen)}",
-                             fix=f"list {nodes} hosts")
-        chosen = chosen[:nodes]
     dep_name = name or default_name(model)
     if not NAME_RE.match(dep_name):
         raise InputError(f"--name {dep_name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
-    return Deployment(name=dep_name, model=model, hosts=chosen, tp=tp, pp=pp, dp=dp, ep=ep, executor=executor,
-                      recipe_files=recipe_files, where=("--model", None, None))
+    chosen = inv.resolve(hosts, what="--hosts") if hosts else list(inv.hosts)
+    d = Deployment(name=dep_name, model=model, hosts=chosen, tp=tp, pp=pp, dp=dp, ep=ep, executor=executor,
+                   recipe_files=recipe_files, where=("--model", None, None))
+    if d.cluster and not hosts:
+        d.hosts = chosen[:d.nodes]  # rank 0 first, as the inventory lists them
+    d.check(load_catalog(recipe_files))
+    return d
 
 
 def select(pb: ServePlaybook, *, tp: int | None, hosts: list[str] | None, names: list[str] | None) -> list[Deployment]:

@@ -1,0 +1,150 @@
+"""cluster-up, cluster-down and status as the commands run them: which deployments, the plays
+(sparkprov/plays/serve.py) on the engine, each start recorded and a failed upgrade rolled back
+(sparkprov/plays/upgrade.py), and what the CLI prints (sparkprov/cli/cluster.py), as typed results.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sparkprov.data.inventory import Inventory, check_host_files
+from sparkprov.data.playbook import Playbook
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import RunOptions
+from sparkprov.facts import guard as guard_facts
+from sparkprov.modules.serve_absent import REMOVED
+from sparkprov.modules.vllm_container import CONTAINERS
+from sparkprov.modules.vllm_ready import SERVING
+from sparkprov.plays import upgrade
+from sparkprov.plays.book import run_book
+from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, playbook_deployments, read_status,
+                                   started_anything, up_book)
+from sparkprov.serving.deployment import Deployment, command_line_deployment
+
+
+def up_deployments(inv: Inventory, *, model: str | None, playbook: str, tp: int | None, pp: int, dp: int, ep: bool,
+                   executor: str | None, hosts: str | None, name: str | None, names: list[str] | None,
+                   recipe_files: list[str]) -> list[Deployment]:
+    """What cluster-up starts: --model's one deployment, else the serve playbook's that --tp,
+    --hosts and --deployments select; each checked against the catalog before any host."""
+    if model:
+        return [command_line_deployment(inv, model, tp=tp or 1, pp=pp, dp=dp, ep=ep, executor=executor, hosts=hosts,
+                                        name=name, recipe_files=recipe_files)]
+    return playbook_deployments(inv, playbook, tp=tp, hosts=hosts, names=names, executor=executor,
+                                recipe_files=recipe_files)
+
+
+def up_targets(inv: Inventory, deps: list[Deployment], allowed: list[str] | None) -> list[str]:
+    """The hosts of the deployments in inventory order, narrowed to `allowed` (--limit), their
+    files checked as every other command's hosts are."""
+    targets = [h for h in inv.hosts if any(h in d.hosts for d in deps)]
+    if allowed is not None:
+        targets = [h for h in targets if h in set(allowed)]
+    check_host_files(inv, targets)
+    return targets
+
+
+def stage_books(inv: Inventory, deps: list[Deployment], check: bool) -> dict[str, Playbook]:
+    """--stage: each deployment's stage plays (the hub listed here first), run before its preflight."""
+    from sparkprov.plays.stage import StageOptions, prepare_stage
+
+    return {d.name: prepare_stage(inv, d.hosts, d.model, StageOptions(check=check))[0] for d in deps}
+
+
+@dataclass
+class UpResult:
+    """What cluster-up did: per deployment what the summary shows, and whether what serves changed."""
+
+    check: bool
+    seconds: float
+    deployments: dict[str, dict[str, Any]]  # name -> alias, layout, hosts, state, endpoint, containers, ...
+    remote_calls: dict[str, int]
+    upgrade: list[str] = field(default_factory=list)  # per failed upgrade: what failed and what serves again
+    serving_changed: bool = False  # a container started, replaced or removed: a running gateway re-routes
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON document's `cluster` section."""
+        out: dict[str, Any] = {"check": self.check, "seconds": self.seconds, "deployments": self.deployments,
+                               "remote_calls": self.remote_calls}
+        if self.upgrade:
+            out["upgrade"] = self.upgrade
+        return out
+
+
+def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets: list[str], *, stage: bool,
+               options: RunOptions, report: Report) -> UpResult:
+    """The deployments' plays (with --stage their stage plays first), then, not in check mode, each
+    start recorded on its rank 0 and a failed one rolled back to its last good start (or removed)."""
+    check = options.check
+    book = up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
+    t0 = time.monotonic()
+    runner = run_book(inv, book, targets, options, report)
+    # each later run (records, rollbacks, removals) with options of its own, as the first run's
+    settled = None if check else upgrade.settle(inv, deps, opts, targets, lambda: replace(options), report)
+    cleaned = settled.cleaned if settled else []
+    bad = {d.name for d in failed_deployments(report, deps)}
+    result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
+                      remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
+                      serving_changed=not check and (bool(cleaned) or any(
+                          r.module == "vllm_container" and r.status == "changed" for r in report.results)))
+    for d in deps:
+        changed = started_anything(report, d)
+        state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
+                 ("would start or replace" if changed else "already up, unchanged") if check else
+                 ("started" if changed else "already up, unchanged"))
+        result.deployments[d.name] = _outcome(inv, d, runner.exports, state)
+        if settled:
+            add_settled(result, d.name, settled)
+    return result
+
+
+def _outcome(inv: Inventory, d: Deployment, exports: dict[str, dict[str, Any]], state: str) -> dict[str, Any]:
+    head = d.hosts[0]
+    serving = (SERVING.read(exports, head) or {}).get(d.name) or {}
+    host = inv.hosts[head]
+    endpoint = d.endpoint(inv.host_vars(head), "127.0.0.1" if host.connection == "local" else host.address)
+    return {"alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
+            "executor": d.executor if d.cluster else None, "hosts": d.hosts, "state": state,
+            "endpoint": f"{endpoint}/v1", "model": serving.get("model"),
+            "api_key_file": f"{head}:{serving['api_key_file']}" if serving.get("api_key_file") else None,
+            "containers": {h: (CONTAINERS.read(exports, h) or {}).get(d.name) for h in d.hosts}}
+
+
+def add_settled(result: UpResult, name: str, settled: upgrade.Settled) -> None:
+    """A deployment's start record (number, result) and its rollback: what failed, what serves now."""
+    out = result.deployments[name]
+    rec = settled.recorded.get(name)
+    if rec:
+        out["history"] = {"start": rec["n"], "result": rec["result"]}
+    r = settled.rolled_back.get(name)
+    if r:
+        out["rollback"] = r
+        out["state"] = (f"failed; rolled back to start #{r['to']}, serving again" if r["serving"]
+                        else "failed; rollback failed too (removed again)")
+        result.upgrade.append(upgrade.describe(name, r))
+
+
+def cluster_down(inv: Inventory, targets: list[str], names: list[str] | None, options: RunOptions,
+                 report: Report) -> dict[str, list[str]]:
+    """Remove the containers sparkprov started (only `names`' when given) and their firewall rules;
+    per host the containers removed."""
+    runner = run_book(inv, down_book(targets, names), targets, options, report)
+    return {h: REMOVED.read(runner.exports, h) or [] for h in targets}
+
+
+@dataclass
+class FleetStatus:
+    hosts: dict[str, dict[str, Any]]  # per host what read_status found
+    guards: dict[str, dict[str, Any]]  # per host its node guard, where one is set up
+    code: int  # 0; 2 degraded, a guard acted or is down, a port open to everyone unguarded; 4 unreachable
+
+
+def fleet_status(inv: Inventory, targets: list[str], options: RunOptions, *, ports: bool) -> FleetStatus:
+    """One status play and the exit code of everything it found."""
+    st, code = read_status(inv, targets, options, ports=ports)
+    if ports and code == 0 and any(r["flag"] for h in st.values() for r in h.get("ports") or []):
+        code = 2  # a port open to everyone that nothing guards
+    guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
+    return FleetStatus(st, guards, guard_facts.exit_code(guards, code))  # 2: a guard acted (its action stands) or is down
