@@ -18,6 +18,7 @@ from sparkprov.plays.book import run_book, serving_options
 from sparkprov.plays.fleet import refuse_unknown
 from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
 from sparkprov.serving import gateway as gw
+from sparkprov.serving.address import reached_at
 
 
 def converge(inv: Inventory, targets: list[str], action: str, options: RunOptions, *, host: str | None = None,
@@ -57,7 +58,7 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
                       options, report)
     ep = GATEWAY.read(runner.exports, where) or {}
-    bind_at = args["bind"] if args["bind"] not in ("0.0.0.0", "::") else inv.hosts[where].address
+    bind_at = reached_at(args["bind"], inv.hosts[where].address)
     return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
                     "models": ep.get("models") or sorted({r["model"] for r in routes}),
                     "routes": [{k: r[k] for k in ("model", "deployment", "host", "api_base")} for r in routes],

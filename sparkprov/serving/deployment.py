@@ -35,6 +35,7 @@ from pydantic.json_schema import SkipJsonSchema
 from sparkprov.catalog.layout import Layout, override_conflicts
 from sparkprov.defaults import MASTER_PORT, RAY_PORT, host_setting
 from sparkprov.errors import InputError
+from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from sparkprov.data.inventory import Inventory
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
-ANY_ADDRESS = ("0.0.0.0", "::")  # a server bound to these listens on every address of its host
 
 
 class _Strict(BaseModel):
@@ -155,8 +155,7 @@ class Deployment(BaseModel):
     def endpoint(self, host_vars: dict[str, Any], address: str) -> str:
         """The API's URL on a host, reached at `address` (how the caller reaches that host) where
         the server binds every address (serve_bind 0.0.0.0 or ::), else at its bind address."""
-        bind = str(host_setting(host_vars, "serve_bind"))
-        return f"http://{address if bind in ANY_ADDRESS else bind}:{self.port_on(host_vars)}"
+        return f"http://{reached_at(str(host_setting(host_vars, 'serve_bind')), address)}:{self.port_on(host_vars)}"
 
     def hosts_problem(self) -> str | None:
         """Why the hosts cannot carry the layout (G35: a cluster takes exactly tp x pp x dp Sparks)."""

@@ -18,6 +18,7 @@ import hashlib
 import json
 from typing import Any
 
+from sparkprov.serving.address import reached_at
 from sparkprov.serving.spec import SERVING_ROLES
 from sparkprov.transport.shell import cmd
 
@@ -127,7 +128,7 @@ def up_script(*, image: str, port: int, bind: str, config: dict[str, Any], diges
 def wait_ready_script(container: str, bind: str, port: int, path: str, timeout: float) -> str:
     """POSIX sh: wait (bounded) until http://BIND:PORT/PATH answers (loopback for a wildcard bind);
     prints `@ready SECONDS`, or `@failed WHY` and the container's last log lines."""
-    at = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+    at = reached_at(bind, "127.0.0.1")
     probe = (f"import urllib.request as u; u.build_opener(u.ProxyHandler({{}})).open("
              f"'http://{at}:{port}{path}', timeout=3)")
     logs = cmd("docker", "logs", "--tail", "8", container) + " 2>&1 | tail -n 8"

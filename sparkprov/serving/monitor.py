@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from sparkprov.errors import one_line
+from sparkprov.serving.address import reached_at
 from sparkprov.serving.spec import SERVING_ROLES
 
 NODE_EXPORTER_PORT = 9100
@@ -119,7 +120,7 @@ def loopback(address: str) -> bool:
 
 
 def server_address(host: MonitoredHost) -> str:
-    return host.address if host.bind in ("", "0.0.0.0", "::") else host.bind
+    return reached_at(host.bind, host.address)
 
 
 def _rail_networks(rails: list[dict[str, Any]]) -> list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]]:
