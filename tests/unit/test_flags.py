@@ -115,3 +115,18 @@ def test_parse_help_reads_the_lab_engines_help_all_and_it_knows_the_catalogs_fla
     path = write_cache(tmp_path, DIGEST, text, image="vllm/vllm-openai:nightly", vllm_version="0.23")
     fs = known_flags("vllm/vllm-openai:nightly", CAT, tmp_path, digest=DIGEST)
     assert fs.origin == "image" and fs.path == str(path) and not fs.knows("--mxfp4-backend")
+
+
+def test_a_set_cached_by_an_older_parser_is_not_read(tmp_path):
+    """Root's cache held sets written by the parse_help that read the epilog's `--json-arg` examples
+    as an option (2026-11-26): they were read as the image's own answer. A set is cached under the
+    parser's version, so an older one is asked again (image_flags sees no file) and never read."""
+    from sparkprov.catalog.knownflags import PARSER_VERSION, cache_path, known_flags
+
+    old = tmp_path / DIGEST.replace(":", "-")
+    old.with_suffix(".txt").write_text("# an older parser's set\n--json-arg\n--max-model-len\n")
+    assert not cache_path(tmp_path, DIGEST).exists()
+    path = write_cache(tmp_path, DIGEST, HELP, image="nvcr.io/nvidia/vllm:26.04-py3", vllm_version="0.19.0")
+    assert path.name == f"{DIGEST.replace(':', '-')}.p{PARSER_VERSION}.txt"
+    fs = known_flags(f"nvcr.io/nvidia/vllm:26.04-py3@{DIGEST}", None, cache_dir=tmp_path)
+    assert fs.origin == "image" and not fs.knows("--json-arg") and fs.knows("--max-model-len")
