@@ -334,15 +334,13 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
     """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
 
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.plays import serve as plays
+    from sparkprov.cli.options import choice_option, float_option, int_option, size_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.errors import SparkprovError
+    from sparkprov.plays import cluster as plays
 
     out = sys.stderr if json else sys.stdout
-    from sparkprov.cli.options import choice_option, float_option, int_option, size_option
-    from sparkprov.modules.allreduce import ALLREDUCE
-
     with user_errors():
         backend = choice_option("backend", backend, ("nccl", "gloo"), default="nccl")
         threshold = float_option("threshold", threshold, 0, 10000, default=21.875)
@@ -352,18 +350,11 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
         targets = select_hosts(inv, hosts, limit)
         if len(targets) < 2:
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
-        if not image:
-            from sparkprov.serving import node
-            from sparkprov.serving.deployment import load_serve_playbook
-
-            pb = load_serve_playbook(_playbook_path(playbook, 2), inv)
-            image = node.image_ref(next((d for d in pb.deployments if d.cluster), None) or pb.deployments[0])
+        image = image or plays.serving_image(inv, _playbook_path(playbook, 2))
         report = Report(out, quiet=json)
-        runner = plays.run_book(inv, plays.nccl_book(targets, image, backend=backend, threshold=threshold,
-                                                     max_bytes=str(max_bytes), iters=iters), targets,
-                                engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks),
-                                report)
-        result = ALLREDUCE.read(runner.exports, targets[0])
+        result = plays.nccl_check(inv, targets, image, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
+                                                                      forks=forks), report,
+                                  backend=backend, threshold=threshold, max_bytes=max_bytes, iters=iters)
     print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,
                                      "result": result})
     finish(report.exit_code())

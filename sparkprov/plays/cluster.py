@@ -14,14 +14,16 @@ from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.facts import guard as guard_facts
+from sparkprov.modules.allreduce import ALLREDUCE, AllreduceResult
 from sparkprov.modules.serve_absent import REMOVED
 from sparkprov.modules.vllm_container import CONTAINERS
 from sparkprov.modules.vllm_ready import SERVING
 from sparkprov.plays import upgrade
 from sparkprov.plays.book import run_book
-from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, playbook_deployments, read_status,
+from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, nccl_book, playbook_deployments, read_status,
                                    started_anything, up_book)
-from sparkprov.serving.deployment import Deployment, command_line_deployment
+from sparkprov.serving import node
+from sparkprov.serving.deployment import Deployment, command_line_deployment, load_serve_playbook
 
 
 def up_deployments(inv: Inventory, *, model: str | None, playbook: str, tp: int | None, pp: int, dp: int, ep: bool,
@@ -148,3 +150,18 @@ def fleet_status(inv: Inventory, targets: list[str], options: RunOptions, *, por
         code = 2  # a port open to everyone that nothing guards
     guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
     return FleetStatus(st, guards, guard_facts.exit_code(guards, code))  # 2: a guard acted (its action stands) or is down
+
+
+def serving_image(inv: Inventory, playbook: str) -> str:
+    """The image nccl-check measures in when none is given: the serve playbook's first multi-node
+    deployment's (else its first deployment's), as cluster-up would start it."""
+    deps = load_serve_playbook(playbook, inv).deployments
+    return node.image_ref(next((d for d in deps if d.cluster), None) or deps[0])
+
+
+def nccl_check(inv: Inventory, targets: list[str], image: str, options: RunOptions, report: Report, *,
+               backend: str, threshold: float, max_bytes: int, iters: int) -> AllreduceResult | None:
+    """All-reduce bus bandwidth across `targets` over the fabric, in `image`: rank 0's result."""
+    runner = run_book(inv, nccl_book(targets, image, backend=backend, threshold=threshold,
+                                     max_bytes=str(max_bytes), iters=iters), targets, options, report)
+    return ALLREDUCE.read(runner.exports, targets[0])
