@@ -23,6 +23,7 @@ from __future__ import annotations
 import json, os, sys, time, urllib.request, urllib.error
 FAILED_STARTS_DIR = "@failed_starts@"
 @cause_lines@
+@why_stopped@
 mode, base, keyfile = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -78,14 +79,13 @@ elif mode == "ready":
         # removed again
         r = subprocess.run(["docker", "logs", "--tail", "5000", name], capture_output=True, text=True)
         text = r.stdout + r.stderr
-        why = " / ".join(cause_lines(text)) or " / ".join([l for l in text.splitlines() if l.strip()][-3:])[-400:]
+        why, kept = why_stopped(text), "%s-%s.log" % (name, cid[:12])
         try:
             d = os.path.expanduser(FAILED_STARTS_DIR)
             os.makedirs(d, exist_ok=True)
-            path = os.path.join(d, "%s-%s.log" % (name, cid[:12]))
-            with open(path, "w") as fh:
+            with open(os.path.join(d, kept), "w") as fh:
                 fh.write(text)
-            return "%s (its whole log: %s/%s-%s.log)" % (why or "(empty)", FAILED_STARTS_DIR, name, cid[:12])
+            return "%s (its whole log: %s/%s)" % (why, FAILED_STARTS_DIR, kept)
         except OSError:
             return why
     cid, status, restarts0 = inspect()
@@ -256,7 +256,20 @@ def cause_lines(text: str, limit: int = 2) -> list[str]:
     return [(f if len(f) <= 240 else f[:237] + "...") for f in found[:limit]]
 
 
-PROGRAM = _PROGRAM.replace("@failed_starts@", FAILED_STARTS_DIR).replace("@cause_lines@", inspect.getsource(cause_lines))
+def why_stopped(logs: str | None) -> str:
+    """What a stopped container's log says of why: its cause lines, else (no cause in it) its last
+    lines (after a dead engine the last lines are vLLM's shutdown, which says nothing of why).
+    Travels in the probe program beside cause_lines."""
+    cause = cause_lines(logs or "")
+    if cause:
+        return " / ".join(cause)
+    lines = [ln for ln in (logs or "").strip().splitlines() if ln.strip()]
+    return "its log ends: " + (" / ".join(lines[-3:])[-400:] if lines else "(empty)")
+
+
+PROGRAM = (_PROGRAM.replace("@failed_starts@", FAILED_STARTS_DIR)
+           .replace("@cause_lines@", inspect.getsource(cause_lines))
+           .replace("@why_stopped@", inspect.getsource(why_stopped)))
 
 
 # Seconds the status probe waits for its one token: a request queued behind a full batch still

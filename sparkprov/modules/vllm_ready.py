@@ -61,7 +61,7 @@ class VllmReady(Module):
                                       "api_key_file": launch.ctx.api_key_file}})
         if st["status"] not in ("running", "restarting") and not host.check:
             return Plan.fail(f"{h}: {name} is {st['status']}" + (f" (restarts {st['restarts']})" if st["restarts"] else "")
-                             + f": {_why_stopped(st.get('logs'))}")
+                             + f": {probe.why_stopped(st.get('logs'))}")
         record = st.get("smoke")
         if record is not None and st.get("health") == 200 and not args.verify:
             problems = self._judge(record, smoke)
@@ -105,14 +105,3 @@ class VllmReady(Module):
         if not (content or "").strip() and record.get("finish") == "length" and record.get("reasoning"):
             return [f"content empty with finish_reason length: thinking used all {smoke.max_tokens} tokens (G28)"]
         return smoke.check(content)
-
-
-def _why_stopped(logs: str | None) -> str:
-    """The log's cause lines; its last lines where it names no cause (after a dead engine the last
-    lines are vLLM's shutdown, which says nothing of why)."""
-    cause = probe.cause_lines(logs or "")
-    if cause:
-        return " / ".join(cause)
-    lines = [ln for ln in (logs or "").strip().splitlines() if ln.strip()]
-    return "its log ends: " + (" / ".join(lines[-3:])[-400:] if lines else "(empty)")
-

@@ -18,7 +18,6 @@ from __future__ import annotations
 import pytest
 
 from sparkprov.facts import probe
-from sparkprov.modules.vllm_ready import _why_stopped
 
 
 def log(fixtures, name: str) -> str:
@@ -57,14 +56,14 @@ def test_a_healthy_start_has_no_cause_though_its_log_says_error_in_a_warning(fix
 
 
 def test_what_cluster_up_says_of_a_stopped_container(fixtures):
-    assert _why_stopped(log(fixtures, "first-batch-sigill.log")).startswith("Worker proc VllmWorker-0 died unexpectedly")
+    assert probe.why_stopped(log(fixtures, "first-batch-sigill.log")).startswith("Worker proc VllmWorker-0 died unexpectedly")
     # no cause in the log: its last lines, as before
-    assert _why_stopped("INFO: loading\nINFO: still loading\n") == "its log ends: INFO: loading / INFO: still loading"
-    assert _why_stopped("") == "its log ends: (empty)"
+    assert probe.why_stopped("INFO: loading\nINFO: still loading\n") == "its log ends: INFO: loading / INFO: still loading"
+    assert probe.why_stopped("") == "its log ends: (empty)"
 
 
 def test_the_probe_program_carries_the_reader_and_compiles():
     text = probe.program()
-    assert "def cause_lines(" in text and "@" not in text.split("def cause_lines(")[0]
+    assert "def cause_lines(" in text and "def why_stopped(" in text and "@" not in text.split("def why_stopped(")[0]
     assert f'FAILED_STARTS_DIR = "{probe.FAILED_STARTS_DIR}"' in text
     compile(text, "probe", "exec")
