@@ -6,10 +6,11 @@ Reads what serve_status exported from every host in the play before; degraded fa
 
 from __future__ import annotations
 
-from sparkprov.modules.base import Export, Exports, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
-from sparkprov.modules.serve_status import SERVING_STATUS
 from typing import TypedDict
+
+from sparkprov.modules.base import Export, Exports, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.serve_status import SERVING_STATUS
+from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
 
 
 class Args(ModuleArgs):
@@ -46,19 +47,22 @@ def health(dep: str, lead: dict, name: str, exports: Exports) -> dict:
             problems.append(f"Ray sees {joined}/{nodes} nodes and {gpus or 0:g}/{nodes} GPUs")
     # the members that restarted say which rank took the group down (rank 0's API server exits 0
     # when a rank is lost, and its restart policy starts it again: docs/real-vllm.md)
-    restarted = [f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members if c.get("restarts")]
+    def restarted(*, lead_too: bool) -> str:
+        return ", ".join(f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members
+                         if c.get("restarts") and (lead_too or c is not lead))
+
     if lead["status"] == "running" and lead.get("health") != 200:
         answer = f"HTTP {lead['health']}" if lead.get("health") else "no answer"
+        which = restarted(lead_too=True)
         problems.append(f"{lead['name']} on {name}: /health on port {lead.get('port')}: {answer}"
-                        + (f"; restarted members: {', '.join(restarted)}" if restarted else ""))
+                        + (f"; restarted members: {which}" if which else ""))
     elif lead["status"] == "running" and (lead.get("liveness") or {}).get("status") != 200:
         # /health stays 200 for a while with a rank lost: the token says whether it serves
         live = lead.get("liveness") or {}
         why = f"HTTP {live['status']}" if live.get("status") else (live.get("error") or "no answer")
-        others = [r for r in restarted if not r.startswith(f"{lead['name']} on ")]
+        which = restarted(lead_too=False)
         problems.append(f"{lead['name']} on {name} generated no token ({why})"
-                        + (f"; restarted members: {', '.join(others)}" if others else
-                           "; a rank is lost or the engine is hung"))
+                        + (f"; restarted members: {which}" if which else "; a rank is lost or the engine is hung"))
     return {"expected_nodes": nodes, "joined_nodes": joined, "gpus": gpus if gpus is not None else joined,
             "problems": problems}
 
