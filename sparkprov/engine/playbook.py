@@ -42,6 +42,9 @@ class Play:
     where: tuple[str, int | None, int | None]
     # a host that fails stops every host of the play (a cluster is all its nodes or nothing)
     any_errors_fatal: bool = False
+    # with any_errors_fatal, the hosts that stop together when one of them has failed, where the
+    # play runs on some of them only (a cluster's rank 0 or its other ranks); empty: the play's own
+    stops_together: tuple[str, ...] = ()
 
 
 @dataclass

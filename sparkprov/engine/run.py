@@ -150,12 +150,15 @@ class Runner:
                     continue
                 with ThreadPoolExecutor(max_workers=max(1, min(self.options.forks, len(live)))) as pool:
                     list(pool.map(lambda h: self._play_host(play, self.runs[h], live), live))
-                if play.any_errors_fatal and any(self.runs[h].dead for h in live):
-                    for h in live:
+                together = [h for h in play.stops_together if h in self.runs] or live
+                if play.any_errors_fatal and any(self.runs[h].dead for h in together):
+                    for h in together:
                         if not self.runs[h].dead:
                             self.runs[h].dead = True
                             self.report.record(TaskResult(h, play.name, "stopped", "-", "skipped",
                                                           "another host of this play failed, so every host of it "
+                                                          "stops here (any_errors_fatal)" if h in live else
+                                                          "another node of its group failed, so every node of it "
                                                           "stops here (any_errors_fatal)"))
         finally:
             for hr in self.runs.values():

@@ -6,10 +6,13 @@ the store, memory for the load (G13-G15), the serving port free of processes spa
 start, sudo for the page-cache drop (G15), and for a multi-node deployment the node's last fabric
 qualification (facts/rail.py: a rail recorded degraded refuses the start, naming host, rail, figure
 and floor, unless `force_degraded_fabric`). Changes nothing; exports this node's fabric address
-and rail network for the plays after it.
+and rail network for the plays after it. Its group phase, a play after every node's, checks what
+a cluster's nodes must agree on (G33: every rank on rank 0's fabric subnet).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.modules.base import FactView, HostContext, Module, Plan
@@ -18,7 +21,7 @@ from sparkprov.facts.hardware import MemInfo, NvidiaSmi, gib
 from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.rail import QualificationRecord, degraded
 from sparkprov.facts.serving import Listeners, ManagedContainers
-from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs
+from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs, preflight_export
 from sparkprov.serving import node
 from sparkprov.staging.facts import StoreState
 from sparkprov.defaults import host_setting
@@ -29,6 +32,9 @@ class Args(ServeArgs):
     unload_ollama: bool = False
     staged_here: bool = False  # the stage plays of this run put the weights in place (--stage)
     force_degraded_fabric: bool = False  # start a multi-node deployment over a rail qualified degraded
+    # "node": this node's checks; "group": after every node's, what a cluster's nodes must agree on
+    # (each rank on rank 0's fabric subnet, G33), before any image is copied between them or started
+    phase: Literal["node", "group"] = "node"
 
 
 def _with_stages(dep):
@@ -51,6 +57,8 @@ class ServePreflight(Module):
 
     def needs(self, args: Args, host: HostContext):
         dep = args.deployment
+        if args.phase == "group":
+            return {}
         named = {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
                  "containers": ManagedContainers(), "listening": Listeners((dep.port_on(host.vars),)),
                  "store": StoreState(str(host_setting(host.vars, "model_store")),
@@ -61,6 +69,8 @@ class ServePreflight(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
+        if args.phase == "group":
+            return self._group(dep, host)
         fails: list[str] = []
         notes: list[str] = []
         warns: list[str] = []
@@ -130,6 +140,19 @@ class ServePreflight(Module):
         if fails:
             return Plan.fail(" | ".join(fails), warnings=warns)
         return Plan(msg="; ".join(notes), warnings=warns, exports=PREFLIGHT({dep.name: found}))
+
+    @staticmethod
+    def _group(dep, host: HostContext) -> Plan:
+        """G33: a rank whose fabric address is not on rank 0's subnet cannot reach it over the fabric
+        (the image copy from rank 0 fails first, then the rendezvous): said here, naming the address."""
+        h = host.name
+        head_net = preflight_export(host, dep.hosts[0], dep.name).get("rail_net")
+        mine = preflight_export(host, h, dep.name)
+        if dep.rank(h) > 0 and head_net and mine.get("rail_net") and mine["rail_net"] != head_net:
+            return Plan.fail(f"{h}: fabric address {mine.get('node_ip')} is not on rank 0's subnet {head_net} "
+                             f"({dep.hosts[0]}): the ranks cannot reach each other over the fabric (G33) "
+                             f"(fix: invoke provision --hosts {','.join(dep.hosts)} --tags fabric)")
+        return Plan(msg=f"on {head_net or 'the fabric'} with rank 0 ({dep.hosts[0]})")
 
     @staticmethod
     def _memory(args: Args, facts, host: HostContext, launch, notes: list[str], warns: list[str]) -> list[str]:

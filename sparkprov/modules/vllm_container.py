@@ -6,7 +6,7 @@ server, a Ray head or worker, or a native rank. Running with the wanted hash: no
 Otherwise the deployment's containers on this node are removed, the page cache is dropped as
 root (G15) and Ollama's models unloaded (G14) when asked, the API key file is created 0600 if
 missing (rank 0 only; never in argv or `docker inspect`), and the container is started.
-Also checks G34 (every node holds the same image build) and G33 (every rank on rank 0's subnet).
+Also checks G34 (every node holds the same image build).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
-from sparkprov.modules._serving import ServeArgs, head_ip, preflight_export
+from sparkprov.modules._serving import ServeArgs, head_ip
 from sparkprov.modules.docker_image import IMAGE_IDS
 from sparkprov.modules.image_flags import IMAGE_FLAGS
 from sparkprov.serving import node
@@ -29,6 +29,9 @@ from typing import TypedDict
 class Args(ServeArgs):
     drop_caches: bool = True
     unload_ollama: bool = False
+    # only the checks a start makes (the same build, the image's flags), on every node
+    # of a cluster before rank 0 starts: a rank that would fail fails while nothing runs
+    checks_only: bool = False
 
 
 def _run_script(spec, serves: bool) -> str:
@@ -75,6 +78,8 @@ class VllmContainer(Module):
         problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
         if problems:
             return Plan.fail(" | ".join(problems))
+        if args.checks_only:
+            return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image")
         rank0_id = ""
         if dep.cluster and dep.rank(h) > 0:
             rank0 = (CONTAINERS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or {}
@@ -135,11 +140,4 @@ class VllmContainer(Module):
             out.append(f"{host.name}: the nodes hold different builds of {node.image_ref(dep)}: "
                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
                        + " (G34) (fix: pin a digest in the catalog)")
-        if dep.cluster and dep.rank(host.name) > 0:
-            head_net = preflight_export(host, dep.hosts[0], dep.name).get("rail_net")
-            mine = preflight_export(host, host.name, dep.name)
-            if head_net and mine.get("rail_net") and mine["rail_net"] != head_net:
-                out.append(f"{host.name}: fabric address {mine.get('node_ip')} is not on rank 0's subnet {head_net} "
-                           f"({dep.hosts[0]}): the ranks cannot reach each other over the fabric (G33) "
-                           f"(fix: invoke provision --hosts {','.join(dep.hosts)} --tags fabric)")
         return out

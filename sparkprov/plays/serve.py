@@ -7,12 +7,17 @@ apply, re-read and verify, check mode, diff, recap, JSON, exit codes, forks and 
 
 cluster-up, per deployment, plays in this order (plays are barriers):
 
-    NAME: preflight     every node     lint, driver, docker, fabric rail and its qualification, weights,
-                                       memory, port
-    NAME: image         every node     the image present (pull, or copy from a peer), same build
-    NAME: rank 0        rank 0         its container (Ray head: before the workers join it)
-    NAME: ranks         the others     their containers (Ray workers, or native --headless ranks)
-    NAME: ready         serving nodes  wait for Ray / the load / /health, warm-up, smoke test
+    NAME: preflight         every node     lint, driver, docker, fabric rail and its qualification,
+                                           weights, memory, port
+    NAME: one fabric        every node     a cluster's ranks on rank 0's fabric subnet (G33)
+    NAME: versions          every node     a cluster's kernel, driver, CUDA, firmware alike
+    NAME: image             every node     the image present (pull, or copy from a peer), same build
+    NAME: ranks can start   every node     a cluster's start checks (G34, the image's flags)
+                                           before anything starts: a rank that would fail fails first
+    NAME: firewall, token   every node     a cluster's internal ports closed; Ray's token
+    NAME: rank 0            rank 0         its container (Ray head: before the workers join it)
+    NAME: ranks             the others     their containers (Ray workers, or native --headless ranks)
+    NAME: ready             serving nodes  wait for Ray / the load / /health, warm-up, smoke test
 
 A deployment that fails after something started is removed again (cleanup play, by label).
 """
@@ -94,6 +99,7 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                                                          "force_degraded_fabric": o.force_degraded_fabric},
                                                         where, become=False)],
                  become=o.drop_caches, where=where),
+            *group_plays(d, where),
             *drift_plays(d, where),
             play(f"{d.name}: image", d.hosts,
                  [task(f"{d.name}: image", "docker_image", {"image": image, "source": o.image_source,
@@ -113,6 +119,9 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                                                              "deployment": d.name}, where)], where=where),
             ]
         if d.cluster:
+            book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
+                task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
+                     become=False)], where=where))
             book.plays += internals_plays(d, args, where)
         # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous
         # with), then the other ranks, which name rank 0's container (replaced with it)
@@ -128,7 +137,7 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                                                "verify": o.verify}, where)], where=where))
         if d.cluster:
             for p in book.plays[first:]:
-                p.any_errors_fatal = True
+                p.any_errors_fatal, p.stops_together = True, tuple(d.hosts)
     return book
 
 
@@ -144,6 +153,15 @@ def internals_plays(d: Deployment, args: dict[str, Any], where: tuple) -> list:
             t.no_log = True
             plays.append(play(f"{d.name}: ray token" + (" copies" if phase == "copy" else ""), group, [t], where=where))
     return plays
+
+
+def group_plays(d: Deployment, where: tuple) -> list:
+    """After every node's preflight, what a cluster's nodes must agree on (G33: one fabric subnet)."""
+    if not d.cluster:
+        return []
+    return [play(f"{d.name}: one fabric", d.hosts, [task(f"{d.name}: one fabric", "serve_preflight",
+                                                         {"deployment": d.as_args(), "phase": "group"}, where,
+                                                         become=False)], where=where)]
 
 
 def drift_plays(d: Deployment, where: tuple) -> list:

@@ -1,7 +1,7 @@
 """A fabric link cut during the stage-weights fan-out, on the host-to-host path: spark1 is the
 source (it downloads from a hub of our own in the serving image) and feeds spark2 with rsync over
 spark2's fabric address (provision's SSH mesh). The rail is slowed so that the cut lands mid-way,
-when some files have arrived on spark2 and others are partial. The run must fail for spark2 only,
+when some files have arrived on spark2 and one is most often partial. The run must fail for spark2 only,
 naming the rsync from spark1 to spark2's fabric address; with the link back, a rerun completes and
 sends (counted on spark1's rail) only the bytes spark2 did not have: finished files are not sent
 again, partial ones are resumed; nothing is fetched from the hub again.
@@ -136,8 +136,7 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     assert res[("spark1", f"download {MODEL}")].status == "changed"
     recv = res[("spark2", f"publish {MODEL}")]
     assert recv.status == "failed" and f"rsync spark1 -> spark2 ({addr}) failed" in recv.msg, recv.msg
-    assert "files still missing" in recv.msg and "partial files are kept" in recv.msg, recv.msg
-    assert len(recv.msg.splitlines()) == 1
+    assert "files still missing" in recv.msg and len(recv.msg.splitlines()) == 1, recv.msg
 
     # what spark2 kept: whole files (published or staged) and partial ones
     published = {p.rsplit("/", 1)[-1]: s for p, s in _sizes(lab, "spark2", f"{folder}/blobs").items()}
@@ -147,6 +146,12 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     whole = [b for b, s in {**staged, **published}.items() if s == blobs[b]]
     partial = [b for b, s in staged.items() if 0 < s < blobs[b]]
     missing = sum(blobs.values()) - kept
+    # The message says partial files are kept only when spark2 holds some: a cut that lands between
+    # two files (the sender waiting on the hub for the next one) leaves none (CI, stop 30). Files
+    # only grow after the re-read (a stale receiver may still drain its socket), so the claim
+    # implies them on disk.
+    if "partial files are kept" in recv.msg:
+        assert partial, (recv.msg, staged)
     print(f"before the rerun spark2 has {kept / MiB:.1f} MiB: {len(whole)} whole files, {len(partial)} partial; "
           f"{len(stale)} stale rsync receivers")
     assert whole and kept > TOTAL // 3 and missing > 4 * MiB, (published, staged)

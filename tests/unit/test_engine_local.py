@@ -276,6 +276,33 @@ def test_any_errors_fatal_stops_every_host_of_the_play(tmp_path):
     assert [(r.host, r.status) for r in stopped] == [("a", "skipped")] and "any_errors_fatal" in stopped[0].msg
 
 
+def test_any_errors_fatal_stops_the_whole_group_when_a_play_runs_on_part_of_it(tmp_path):
+    """A cluster's plays run on part of it (rank 0, then the other ranks): a rank that fails stops
+    rank 0 too, so the next play on rank 0 (its readiness wait, until its timeout) does not run.
+    Before, only the failed play's hosts stopped and rank 0 waited its whole timeout (CI, stop 30:
+    the wrong-worker-address test took 309 s)."""
+    from sparkprov.engine.playbook import Playbook
+    from sparkprov.plays.book import play, task
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  a: {connection: local}\n  b: {connection: local}\n")
+    where = ("test", None, None)
+    plays = [play("rank 0", ["a"], [task("start", "file", {"path": f"{tmp_path}/rank0", "content": "x"}, where)]),
+             play("ranks", ["b"], [task("start", "command", {"argv": ["sh", "-c", "exit 1"],
+                                                              "creates": f"{tmp_path}/never"}, where)]),
+             play("ready", ["a"], [task("wait", "file", {"path": f"{tmp_path}/ready", "content": "x"}, where)])]
+    for p in plays:
+        p.any_errors_fatal, p.stops_together = True, ("a", "b")
+    report = Report(open(os.devnull, "w"))
+    inventory = load_inventory(inv)
+    Runner(inventory, Playbook("group", plays), ["a", "b"], RunOptions(), report).run()
+    assert (tmp_path / "rank0").exists() and not (tmp_path / "ready").exists()
+    stopped = [(r.host, r.play, r.msg) for r in report.results if r.task == "stopped"]
+    assert stopped == [("a", "ranks", "another node of its group failed, so every node of it stops here "
+                                      "(any_errors_fatal)")], stopped
+    assert report.exit_code() == 2
+
+
 def test_a_reader_that_leaves_early_neither_breaks_nor_stops_the_run(setup):
     """`invoke play ... | head -n 1`: the pipe closes after the first line. The run still applies
     every change (a play stopped halfway is worse than output nobody reads) and ends with its
