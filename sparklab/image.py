@@ -1063,34 +1063,60 @@ def is_real_vllm(ref: "Ref") -> bool:
     return ref.path == VLLM_CPU_REPO
 
 
-# A build of the real vLLM that starts and serves but answers wrong (issue 26: the upgrade that
-# cluster-up must roll back): its `vllm serve` gets a chat template that asks lab-tiny "What is
-# 2+2?" whatever the user asked, so the smoke question gets "The answer is 4." instead of 204.
-# The rank supervisor's one-token check uses the completions API, so the group stays up.
-VLLM_CPU_WRONG_IMAGE = f"{VLLM_CPU_IMAGE}-wrong-answers"
+# Builds of the real vLLM that start and serve but are worse in one way: the upgrades cluster-up
+# must roll back (issue 26). Each is the real image plus one layer: a `vllm` command that adds
+# arguments to `vllm serve` (not to its --help: the image-options play reads the real flags), and
+# the files those arguments name.
+@dataclass(frozen=True)
+class Variant:
+    tag_suffix: str
+    what: str                         # the wrapper's comment: what the build does wrong
+    serve_args: str                   # appended to `vllm serve` (a later option wins over the recipe's)
+    files: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def wrapper(self) -> str:
+        return ("#!/bin/sh\n"
+                f"# sparkprov lab: {self.what} (see image.py)\n"
+                'if [ "${1:-}" = serve ]; then case " $* " in *" --help"*) ;; *) set -- "$@" '
+                + self.serve_args + ";; esac; fi\n"
+                f"exec {VENV}/bin/python3 -c 'import sys; from vllm.entrypoints.cli.main import main; "
+                "sys.argv[0] = \"vllm\"; sys.exit(main())' \"$@\"\n")
+
+
 WRONG_TEMPLATE = "/opt/sparkprov-wrong-answers.jinja"
-WRONG_WRAPPER = (
-    "#!/bin/sh\n"
-    "# sparkprov lab: vLLM that answers another question than the one asked (see image.py)\n"
-    'if [ "${1:-}" = serve ]; then case " $* " in *" --help"*) ;; *) set -- "$@" --chat-template '
-    + WRONG_TEMPLATE + ";; esac; fi\n"
-    f"exec {VENV}/bin/python3 -c 'import sys; from vllm.entrypoints.cli.main import main; "
-    "sys.argv[0] = \"vllm\"; sys.exit(main())' \"$@\"\n")
 WRONG_CHAT_TEMPLATE = ("<|user|>What is 2+2?<|end|>{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}")
+VARIANTS = (
+    # a chat template that asks lab-tiny "What is 2+2?" whatever the user asked: the smoke question
+    # gets "The answer is 4." instead of 204 (the smoke test fails it). The rank supervisor's
+    # one-token check uses the completions API, so the group stays up.
+    Variant("wrong-answers", "vLLM that answers another question than the one asked",
+            "--chat-template " + WRONG_TEMPLATE, ((WRONG_TEMPLATE, WRONG_CHAT_TEMPLATE),)),
+    # one sequence at a time: it answers right (the smoke test passes) and serves one request as
+    # fast as before, but a batch waits in line: under load its output tok/s falls to about the
+    # single request's (the bench gate fails it)
+    Variant("one-at-a-time", "vLLM that runs one request at a time", "--max-num-seqs 1"),
+)
+VLLM_CPU_WRONG_IMAGE = f"{VLLM_CPU_IMAGE}-wrong-answers"
+VLLM_CPU_SLOW_IMAGE = f"{VLLM_CPU_IMAGE}-one-at-a-time"
 
 
-def is_wrong_answers(ref: "Ref") -> bool:
-    return is_real_vllm(ref) and ref.tag == VLLM_CPU_WRONG_IMAGE.rsplit(":", 1)[1]
+def variant_of(ref: "Ref") -> Variant | None:
+    """The worse build a real-vLLM reference names (its tag: the real one's, a dash, the variant's)."""
+    if not is_real_vllm(ref):
+        return None
+    return next((v for v in VARIANTS if ref.tag == f"{VLLM_CPU_IMAGE.rsplit(':', 1)[1]}-{v.tag_suffix}"), None)
 
 
-def wrong_answers_layer(cache_dir: Path = CACHE_DIR) -> Layer:
-    """The `vllm` command and chat template of VLLM_CPU_WRONG_IMAGE, over the real vLLM's layers."""
-    dest = cache_dir / f"wrong-{_hash_obj({'w': WRONG_WRAPPER, 't': WRONG_CHAT_TEMPLATE})[:16]}.tar.gz"
+def variant_layer(variant: Variant, cache_dir: Path = CACHE_DIR) -> Layer:
+    """A variant's `vllm` command and files, over the real vLLM's layers."""
+    dest = cache_dir / f"{variant.tag_suffix}-{_hash_obj({'w': variant.wrapper, 'f': variant.files})[:16]}.tar.gz"
     tb = _TarBuilder()
-    tb.file(f"{VENV}/bin/vllm", WRONG_WRAPPER.encode(), 0o755)
-    tb.file(WRONG_TEMPLATE, WRONG_CHAT_TEMPLATE.encode())
+    tb.file(f"{VENV}/bin/vllm", variant.wrapper.encode(), 0o755)
+    for path, text in variant.files:
+        tb.file(path, text.encode())
     cache_dir.mkdir(parents=True, exist_ok=True)
-    return tb.write(dest, "sparkprov lab: a vllm serve that answers the wrong question")
+    return tb.write(dest, f"sparkprov lab: {variant.what}")
 
 
 def ensure_vllm_rootfs(cache_dir: Path = CACHE_DIR) -> Path:
@@ -1261,8 +1287,8 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
             _log(f"{r.name}: pushed as {r.path}:{r.tag}; a pull by the pinned digest will not "
                  "find the lab image (its digest differs)")
     base = ensure_base(cache_dir)
-    # the wrong-answers build runs as the real image it is derived from
-    kinds = {r.name: image_kind(parse_ref(VLLM_CPU_IMAGE) if is_wrong_answers(r) else r, catalog) for r in refs}
+    # a worse build runs as the real image it is derived from
+    kinds = {r.name: image_kind(parse_ref(VLLM_CPU_IMAGE) if variant_of(r) else r, catalog) for r in refs}
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
         k not in ("smoke", "litellm", "prometheus") and not is_real_vllm(r) for r in refs for k in [kinds[r.name]]) else None
     real = ensure_vllm_cpu_layer(base, cache_dir, find_links) if any(is_real_vllm(r) for r in refs) else None
@@ -1286,9 +1312,10 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
         elif is_real_vllm(ref):
             # the real vLLM: no stand-in, no version layer (it is what it says); Ray from the base
             layers = [base.layer, real[0], real[1], vllm_metadata_layer(base, cache_dir)]
-            if is_wrong_answers(ref):
-                layers.append(wrong_answers_layer(cache_dir))
-                labels["org.sparkprov.lab.wrong_answers"] = "1"
+            variant = variant_of(ref)
+            if variant is not None:
+                layers.append(variant_layer(variant, cache_dir))
+                labels[f"org.sparkprov.lab.{variant.tag_suffix.replace('-', '_')}"] = "1"
             labels.update({"org.sparkprov.lab.engine": VLLM_CPU_REQUIREMENT, "org.sparkprov.lab.vllm": VLLM_CPU_VERSION,
                            "org.sparkprov.lab.ray": RAY_VERSION, "org.sparkprov.lab.variant": VLLM_CPU_IMAGE})
         else:

@@ -57,6 +57,7 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
     from sparkprov.engine.report import Report
     from sparkprov.outputs import check_output_dir, check_output_file
     from sparkprov.plays.bench import run_bench
+    from sparkprov.serving import bench as sb
 
     out = sys.stderr if json else sys.stdout
     with user_errors():
@@ -67,7 +68,7 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
         args = bench_args(deployment, concurrency=concurrency, input_len=input_len, output_len=output_len,
                           prompts=prompts, timeout=timeout, profile=profile)
         # checked before any host: a FIFO, /dev/full or a file here would fail the run at its end
-        store_at = check_output_dir("results", text_option("results", results, default="~/.local/share/sparkprov/bench"))
+        store_at = check_output_dir("results", text_option("results", results, default=sb.RESULTS_DIR))
         if export is not None:
             return export_run(deployment, store_at, check_output_file("export", text_option("export", export)), check)
         forks = parse_forks(forks, DEFAULT_FORKS)

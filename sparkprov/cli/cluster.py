@@ -37,6 +37,14 @@ UP_HELP = {
                              "(invoke provision) recorded a degraded rail (refused without it, naming the rail)",
     "image": "Run this image instead of the recipe's (one deployment: how a new build is tried); if its start fails "
              "its smoke test, every node goes back to the deployment's last good start (invoke history)",
+    "gate": "What an upgrade (a start replacing a running one) must pass to be kept: smoke (default: its smoke "
+            "test) or bench (also invoke bench at the parameters of the last good start's stored run, keeping "
+            "--gate-ratio of its output tok/s); a start that fails goes back to the last good start",
+    "gate_ratio": "With --gate bench: the share of the last good start's output tok/s to keep (default 0.9)",
+    "replace": "Make room on the deployment's hosts: the other deployments serving there are removed first (on every "
+               "host they run on) and, if the new one fails, started again from their last good start",
+    "results": "With --gate bench: the folder invoke bench stores its runs in, where the last good start's run is "
+               "found and the gate's run is stored (default ~/.local/share/sparkprov/bench)",
 }
 DOWN_HELP = {
     **COMMON,
@@ -99,11 +107,15 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
                limit=None, forks=None, accept_new_host_keys=False, image=None,
-               force_degraded_fabric=False):
+               force_degraded_fabric=False, gate=None, gate_ratio=None, results=None, replace=False):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import OptionError, choice_option, csv_option, float_option, hosts_option, int_option
+    from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, hosts_option, int_option,
+                                       parse_forks, text_option)
     from sparkprov.data.inventory import load_inventory
+    from sparkprov.defaults import DEFAULT_FORKS
+    from sparkprov.outputs import check_output_dir
+    from sparkprov.serving.bench import DEFAULT_GATE_RATIO, RESULTS_DIR
     from sparkprov.engine.report import Report
     from sparkprov.plays import cluster as plays
     from sparkprov.plays.serve import UpOptions
@@ -119,6 +131,14 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
         hosts = hosts_option("hosts", hosts)
         deployments = ",".join(csv_option("deployments", deployments) or []) or None
+        gate = choice_option("gate", gate, ("smoke", "bench"), default="smoke")
+        if gate_ratio is not None and gate != "bench":
+            raise OptionError("--gate-ratio needs --gate bench", fix="give --gate bench --gate-ratio R, or leave it out")
+        gate_ratio = float_option("gate-ratio", gate_ratio, 0.01, 10, default=DEFAULT_GATE_RATIO)
+        if results is not None and gate != "bench":
+            raise OptionError("--results needs --gate bench", fix="give --gate bench --results DIR, or leave it out")
+        results_dir = check_output_dir("results", text_option("results", results, default=RESULTS_DIR)) \
+            if gate == "bench" else None
         if name is not None and model is None:  # it names the deployment --model makes; a playbook names its own
             raise OptionError("--name needs --model", fix="give --model ALIAS --name NAME, or leave out --name")
         if not model and (dp > 1 or ep):
@@ -133,9 +153,17 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
         opts = UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
                          ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
                          force_degraded_fabric=bool(force_degraded_fabric))
+        bench_gate = None
+        if gate == "bench":
+            from sparkprov.plays.upgrade import bench_gate as find_gate
+
+            bench_gate = find_gate(inv, deps, gate_ratio, results_dir,
+                                   forks=parse_forks(forks, DEFAULT_FORKS), accept_new_host_keys=accept_new_host_keys)
         report = Report(out, quiet=json)
-        result = plays.cluster_up(inv, deps, opts, targets, stage=stage, report=report, options=engine_options(
-            check=check, accept_new_host_keys=accept_new_host_keys, forks=forks))
+        result = plays.cluster_up(inv, deps, opts, targets, stage=stage, report=report, gate=bench_gate,
+                                  replace_others=bool(replace),
+                                  options=engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
+                                                         forks=forks))
         summary = result.summary()
         if result.serving_changed:
             # a running gateway routes to what serves now (a run that changed nothing leaves it be)
@@ -175,7 +203,11 @@ def print_summary(summary) -> None:
             for h, c in (d.get("containers") or {}).items():
                 if c:
                     print(f"  {h}: {c['name']} ({c['role']}, recipe {c['hash']})")
+        if d.get("gate") and d["gate"].get("passed"):
+            print(f"  {d['gate']['line']} (start #{d['gate']['against_start']})")
     for line in summary.get("upgrade") or []:  # a failed upgrade: what failed, and what serves again
+        print(f"\n{line}")
+    for line in summary.get("replaced") or []:  # --replace: what made room, and whether it came back
         print(f"\n{line}")
     if summary.get("gateway"):
         print(f"\n{summary['gateway']}")

@@ -32,6 +32,7 @@ class Args(ServeArgs):
     rollback_of: int | None = Field(default=None, ge=1)
     failure: str | None = Field(default=None, max_length=4000)  # what failed in the start, as the run reported it
     time: str = ""                                                # when it started (UTC, ISO 8601)
+    bench: dict[str, Any] | None = None                           # its bench gate (cluster-up --gate bench)
 
 
 def spec_of(dep) -> dict[str, Any]:
@@ -90,6 +91,7 @@ class DeploymentHistory(Module):
             smoke = {**smoke, "prompt": recipe.smoke.prompt}
         rec = history.new_record(records, time=args.time, kind=args.kind, rollback_of=args.rollback_of,
                                  spec=spec_of(dep), nodes=nodes, model=model, smoke=smoke, failure=args.failure,
+                                 bench=args.bench,
                                  smoke_check=lambda s: VllmReady._judge(s, recipe.smoke))
         path = history.history_file(dep.name)
         line = history.json_line(rec)

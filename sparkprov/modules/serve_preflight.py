@@ -35,6 +35,9 @@ class Args(ServeArgs):
     # "node": this node's checks; "group": after every node's, what a cluster's nodes must agree on
     # (each rank on rank 0's fabric subnet, G33), before any image is copied between them or started
     phase: Literal["node", "group"] = "node"
+    # cluster-up --replace: deployments removed before this one starts (their containers' port and
+    # memory count as free here, as this deployment's own old containers do)
+    replacing: list[str] = []
 
 
 def _with_stages(dep):
@@ -131,7 +134,7 @@ class ServePreflight(Module):
         if dep.serves_on(h) and port in (facts.listening or []) and not ours:
             fails.append(f"{h}: port {port} is already in use by a process sparkprov did not start "
                          "(fix: stop it, or set port: in the playbook / serve_port in the inventory)")
-        others = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") != dep.name
+        others = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") not in (dep.name, *args.replacing)
                   and c["status"] == "running" and c["labels"].get("sparkprov.port") == str(port)]
         for c in others:
             fails.append(f"{h}: container {c['name']} of deployment {c['labels'].get('sparkprov.deployment')!r} "
@@ -166,7 +169,7 @@ class ServePreflight(Module):
         ollama = (facts.ollama or {}).get("models") or []
         freed = cached if args.drop_caches else 0
         for c in facts.containers["containers"]:
-            if c["labels"].get("sparkprov.deployment") == dep.name and c["status"] == "running":
+            if c["labels"].get("sparkprov.deployment") in (dep.name, *args.replacing) and c["status"] == "running":
                 freed += util * total
         if ollama and args.unload_ollama:
             freed += sum(m.get("size") or 0 for m in ollama)

@@ -32,6 +32,12 @@ class Args(ServeArgs):
     # only the checks a start makes (the same build, the image's flags), on every node
     # of a cluster before rank 0 starts: a rank that would fail fails while nothing runs
     checks_only: bool = False
+    # on a cluster's other ranks, before rank 0 starts: when rank 0 is (re)started, this node's old
+    # rank goes first. Left running, it would join the new rank 0's rendezvous (the rank supervisor
+    # rejoins whatever rank 0 listens at its address) and be replaced a moment later, ending the new
+    # group (measured on the lab: docs/upgrades.md). Its replacement would come anyway: a rank's
+    # recipe hash includes rank 0's container ID.
+    stale_ranks: bool = False
 
 
 def _run_script(spec, serves: bool) -> str:
@@ -53,6 +59,8 @@ class Container(TypedDict, total=False):
 
 
 CONTAINERS: Export[dict[str, Container]] = Export("containers", dict, "deployment -> its container on this host")
+STARTS: Export[dict[str, bool]] = Export("starts", dict,
+                                         "deployment -> whether this run (re)starts its container here (checks_only)")
 
 
 class VllmContainer(Module):
@@ -78,19 +86,23 @@ class VllmContainer(Module):
         problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
         if problems:
             return Plan.fail(" | ".join(problems))
-        if args.checks_only:
-            return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image")
+        cont = facts.containers
+        mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
+        if args.stale_ranks:
+            return self._stale_rank(dep, host, cont, mine)
         rank0_id = ""
         if dep.cluster and dep.rank(h) > 0:
             rank0 = (CONTAINERS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or {}
             rank0_id = rank0.get("id") or "(rank 0 to be started)"
         spec = node.container(dep, h, launch, head, rank0_id, host.home)
-        cont = facts.containers
-        mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
         have = next((c for c in mine if c["name"] == spec.name), None)
         strays = [c["name"] for c in mine if c["name"] != spec.name]
-        if have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash \
-                and have["status"] in ("running", "restarting"):
+        unchanged = bool(have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash
+                         and have["status"] in ("running", "restarting"))
+        if args.checks_only:
+            return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image",
+                        exports=STARTS({dep.name: not unchanged}))
+        if unchanged:
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
                         exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
                                                        "id": have["id"]}}))
@@ -131,6 +143,18 @@ class VllmContainer(Module):
         start.outcome = key_note
         changes.append(start)
         return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
+
+    @staticmethod
+    def _stale_rank(dep, host: HostContext, cont, mine) -> Plan:
+        """A rank of the old group removed before a new rank 0 starts (Args.stale_ranks)."""
+        if not (STARTS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or not mine:
+            return Plan(msg="no rank of an old group here" if not mine else "rank 0 stays: its ranks stay")
+        names = [c["name"] for c in mine]
+        left = {**cont, "containers": [c for c in cont["containers"] if c not in mine]}
+        return Plan([Change(f"remove {', '.join(names)} before rank 0 ({dep.hosts[0]}) starts again: a rank of the "
+                            "old group would join the new one", cmd("docker", "rm", "-f", *names) + " >/dev/null",
+                            Diff(f"{host.name}: {', '.join(names)}", "".join(f"{n} running\n" for n in names), ""),
+                            touches=[ManagedContainers()], predicts=[(ManagedContainers(), left)])])
 
     @staticmethod
     def _cluster_checks(dep, host: HostContext) -> list[str]:

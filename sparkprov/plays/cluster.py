@@ -18,6 +18,7 @@ from sparkprov.modules.allreduce import ALLREDUCE, AllreduceResult
 from sparkprov.modules.serve_absent import REMOVED
 from sparkprov.modules.vllm_container import CONTAINERS
 from sparkprov.modules.vllm_ready import SERVING
+from sparkprov.plays import replace as replacing_plays
 from sparkprov.plays import upgrade
 from sparkprov.plays.book import run_book
 from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, nccl_book, playbook_deployments, read_status,
@@ -64,6 +65,7 @@ class UpResult:
     deployments: dict[str, dict[str, Any]]  # name -> alias, layout, hosts, state, endpoint, containers, ...
     remote_calls: dict[str, int]
     upgrade: list[str] = field(default_factory=list)  # per failed upgrade: what failed and what serves again
+    replaced: list[str] = field(default_factory=list)  # --replace: what was removed, and brought back on a failure
     serving_changed: bool = False  # a container started, replaced or removed: a running gateway re-routes
 
     def summary(self) -> dict[str, Any]:
@@ -72,25 +74,42 @@ class UpResult:
                                "remote_calls": self.remote_calls}
         if self.upgrade:
             out["upgrade"] = self.upgrade
+        if self.replaced:
+            out["replaced"] = self.replaced
         return out
 
 
 def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets: list[str], *, stage: bool,
-               options: RunOptions, report: Report) -> UpResult:
+               options: RunOptions, report: Report, gate: upgrade.BenchGate | None = None,
+               replace_others: bool = False) -> UpResult:
     """The deployments' plays (with --stage their stage plays first), then, not in check mode, each
-    start recorded on its rank 0 and a failed one rolled back to its last good start (or removed)."""
+    start recorded on its rank 0 (with `gate`, an upgrade benched against its last good start first)
+    and a failed one rolled back to its last good start (or removed). With `replace_others`, the
+    deployments serving on their hosts are removed first and brought back if the new one fails
+    (plays/replace.py)."""
     check = options.check
-    book = up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
     t0 = time.monotonic()
+    # each later run (removals, records, rollbacks) with options of its own, as the first run's
+    again = lambda: replace(options)  # noqa: E731
+    making_room = replacing_plays.find_replaced(inv, deps, again(), report) if replace_others else None
+    if making_room and making_room.replaced:
+        opts = replace(opts, replacing=making_room.names_for())
+        if not check:
+            replacing_plays.remove_replaced(inv, making_room, again(), report)
+    book = up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
     runner = run_book(inv, book, targets, options, report)
-    # each later run (records, rollbacks, removals) with options of its own, as the first run's
-    settled = None if check else upgrade.settle(inv, deps, opts, targets, lambda: replace(options), report)
+    settled = None if check else upgrade.settle(inv, deps, opts, targets, again, report, gate)
     cleaned = settled.cleaned if settled else []
     bad = {d.name for d in failed_deployments(report, deps)}
+    if making_room and not check:
+        # what a failed new deployment replaced comes back (unless its own rollback serves again)
+        gone = [d for d in deps if d.name in bad and not (settled and settled.rolled_back.get(d.name, {}).get("serving"))]
+        replacing_plays.bring_back(inv, making_room, gone, opts, again, report)
     result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
                       remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
-                      serving_changed=not check and (bool(cleaned) or any(
+                      serving_changed=not check and (bool(cleaned) or bool(making_room and making_room.replaced) or any(
                           r.module == "vllm_container" and r.status == "changed" for r in report.results)))
+    result.replaced = [replacing_plays.describe(r, check) for r in (making_room.replaced if making_room else [])]
     for d in deps:
         changed = started_anything(report, d)
         state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
@@ -120,6 +139,8 @@ def add_settled(result: UpResult, name: str, settled: upgrade.Settled) -> None:
     rec = settled.recorded.get(name)
     if rec:
         out["history"] = {"start": rec["n"], "result": rec["result"]}
+    if name in settled.gated:
+        out["gate"] = settled.gated[name]
     r = settled.rolled_back.get(name)
     if r:
         out["rollback"] = r

@@ -14,6 +14,7 @@ cluster-up, per deployment, plays in this order (plays are barriers):
     NAME: image             every node     the image present (pull, or copy from a peer), same build
     NAME: ranks can start   every node     a cluster's start checks (G34, the image's flags)
                                            before anything starts: a rank that would fail fails first
+    NAME: old ranks         the others     when rank 0 is (re)started, the old group's ranks removed first
     NAME: firewall, token   every node     a cluster's internal ports closed; Ray's token
     NAME: rank 0            rank 0         its container (Ray head: before the workers join it)
     NAME: ranks             the others     their containers (Ray workers, or native --headless ranks)
@@ -24,7 +25,7 @@ A deployment that fails after something started is removed again (cleanup play, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparkprov.data.playbook import Playbook
@@ -47,6 +48,8 @@ class UpOptions:
     health_timeout: float | None = None
     verify: bool = False
     force_degraded_fabric: bool = False  # the preflight's refusal of a rail qualified degraded, overridden
+    # --replace: per deployment, the other deployments removed before it starts (plays/replace.py)
+    replacing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,
@@ -96,7 +99,8 @@ def up_book(deployments: list[Deployment], o: UpOptions,
             # the tasks themselves run as the login user
             play(f"{d.name}: preflight", d.hosts, [task(f"{d.name}: preflight", "serve_preflight",
                                                         {**pre, "staged_here": bool(staged),
-                                                         "force_degraded_fabric": o.force_degraded_fabric},
+                                                         "force_degraded_fabric": o.force_degraded_fabric,
+                                                         "replacing": o.replacing.get(d.name, [])},
                                                         where, become=False)],
                  become=o.drop_caches, where=where),
             *group_plays(d, where),
@@ -121,6 +125,9 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         if d.cluster:
             book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
                 task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
+                     become=False)], where=where))
+            book.plays.append(play(f"{d.name}: old ranks", d.hosts[1:], [
+                task(f"{d.name}: old ranks", "vllm_container", {**pre, "stale_ranks": True}, where,
                      become=False)], where=where))
             book.plays += internals_plays(d, args, where)
         # rank 0 first (the Ray head the workers join; the native rank 0 the others rendezvous

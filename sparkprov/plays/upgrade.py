@@ -8,33 +8,46 @@ again (its smoke test), else removed as before.
 
 A deployment that started nothing in this run (already up and unchanged, or refused before any
 container) is not recorded: a run that changes nothing stays one round trip per host.
+
+With `--gate bench` an upgrade must also keep up: before anything starts, each deployment's last
+good start and the stored bench run of it (its image and recipe, serving/bench.py gate_baseline)
+are found, or the run is refused; after a start that replaced a running one passes its smoke
+test, the bench runs again with that run's parameters, and a start below the gate's ratio of its
+output tok/s is recorded as failed and rolled back like a start that failed its smoke test.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time as _time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from sparkprov.data.playbook import Playbook
-from sparkprov.engine.report import Report
+from sparkprov.engine.report import Report, TaskResult
 from sparkprov.engine.run import RunOptions
 from sparkprov.modules.deployment_history import HISTORY
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
+from sparkprov.serving import bench as sb
 from sparkprov.serving import history
 from sparkprov.serving.deployment import Deployment
 
 
+def recorded(d: Deployment) -> Deployment:
+    """The deployment as its history records it: the recipe files as absolute paths (a rollback may
+    run from another directory)."""
+    return d.model_copy(update={"recipe_files": [os.path.abspath(f) for f in d.recipe_files]})
+
+
 def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int | None = None,
-                 failure: str | None = None, when: str | None = None) -> Playbook:
+                 failure: str | None = None, when: str | None = None, bench: dict[str, Any] | None = None) -> Playbook:
     where = ("history", None, None)
-    # the recipe files as absolute paths: a rollback may run from another directory
-    files = [os.path.abspath(f) for f in d.recipe_files]
-    args: dict[str, Any] = {"deployment": d.model_copy(update={"recipe_files": files}).as_args(), "kind": kind,
-                            "rollback_of": rollback_of,
+    args: dict[str, Any] = {"deployment": recorded(d).as_args(), "kind": kind,
+                            "rollback_of": rollback_of, "bench": bench,
                             "failure": failure[:4000] if failure else None,
                             "time": when or _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
     return Playbook("history", [
@@ -65,15 +78,91 @@ def deployment_from(spec: dict[str, Any]) -> Deployment:
 
 
 @dataclass
+class BenchGate:
+    """cluster-up --gate bench: what each deployment's upgrade is measured against."""
+    ratio: float
+    results: Path                                                       # where bench runs are stored
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"start": N, "run": stored run}
+    ungated: dict[str, str] = field(default_factory=dict)               # name -> why nothing gates it
+
+
+def bench_gate(inv, deps: list[Deployment], ratio: float, results: Path, *, forks: int,
+               accept_new_host_keys: bool) -> BenchGate:
+    """Before anything starts: each deployment's last good start (its rank 0's history, one read per
+    rank 0) and the stored run of it. A deployment never started, or asked for as it last passed, has
+    nothing to gate; one whose last good start has no stored run is refused here, nothing started."""
+    from sparkprov.engine.gather import gather_facts
+    from sparkprov.errors import SparkprovError
+    from sparkprov.facts.history import HistoryFile
+    from sparkprov.modules.deployment_history import spec_of
+
+    out = BenchGate(ratio, results)
+    heads = sorted({d.hosts[0] for d in deps})
+    got = gather_facts(inv, heads, {d.name: HistoryFile(history.history_file(d.name)) for d in deps}, forks=forks,
+                       accept_new_host_keys=accept_new_host_keys)
+    for d in deps:
+        r = got[d.hosts[0]]
+        if d.name not in r["facts"]:
+            why = r["errors"].get(d.name) or next(iter(r["errors"].values()), "unreachable")
+            raise SparkprovError(f"--gate bench: the history of {d.name} on {d.hosts[0]} could not be read: {why}",
+                                 fix="reach the host, or leave out --gate bench")
+        good = history.last_good(history.parse(r["facts"][d.name]["text"]))
+        if good is None:
+            out.ungated[d.name] = "no start of it passed before: nothing to measure against"
+            continue
+        if history.comparable_spec(good.get("spec") or {}) == history.comparable_spec(spec_of(recorded(d))):
+            out.ungated[d.name] = f"its spec is start #{good['n']}'s, the last good: not an upgrade"
+            continue
+        rank0 = (good.get("nodes") or {}).get((good.get("spec") or {}).get("hosts", [d.hosts[0]])[0]) or {}
+        runs = []
+        for path in sb.stored_runs(results, d.name):
+            try:
+                runs.append({**json.loads(path.read_text()), "path": str(path)})
+            except (OSError, ValueError):
+                continue
+        baseline = sb.gate_baseline(runs, rank0)
+        if baseline is None:
+            raise SparkprovError(
+                f"--gate bench: no stored bench run of {d.name}'s last good start #{good['n']} (image "
+                f"{(rank0.get('image_id') or '?')[7:19]}, recipe {rank0.get('recipe_hash') or '?'}) under {results}",
+                fix=f"run invoke bench {d.name} before the upgrade (the gate reruns its parameters), "
+                    "or leave out --gate bench")
+        out.baselines[d.name] = {"start": good["n"], "run": baseline}
+    return out
+
+
+def run_gate(inv, d: Deployment, gate: BenchGate, live: list[str], options: Callable[[], RunOptions],
+             report: Report) -> dict[str, Any]:
+    """The bench at the baseline's parameters on the new start, judged against it (serving/bench.py
+    gate); a gate that fails is a failed task of the deployment in the report (exit 2)."""
+    from sparkprov.plays.bench import run_bench
+
+    base = gate.baselines[d.name]
+    found = run_bench(inv, live, sb.gate_args(d.name, base["run"]), options(), report, results=gate.results)
+    new = next((run for run in found.runs if run["host"] == d.hosts[0]), None)
+    if new is None:
+        judged = {"passed": False, "line": "bench gate: the bench of the new start brought back no run"}
+    else:
+        judged = {**sb.gate(new, base["run"], gate.ratio), "run": new["path"]}
+    judged["against_start"] = base["start"]
+    if not judged["passed"]:
+        report.record(TaskResult(d.hosts[0], f"{d.name}: bench gate", f"{d.name}: bench gate", "serve_bench",
+                                 "failed", judged["line"]))
+    return judged
+
+
+@dataclass
 class Settled:
     cleaned: list[str] = field(default_factory=list)             # removed again, as before (no last good)
     rolled_back: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> what failed, what serves now
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)     # name -> the record of its start
+    gated: dict[str, dict[str, Any]] = field(default_factory=dict)        # name -> its bench gate (--gate bench)
 
 
 def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
-           options: Callable[[], RunOptions], report: Report) -> Settled:
-    """After cluster-up's plays (not in check mode): record each start; roll a failed upgrade back."""
+           options: Callable[[], RunOptions], report: Report, gate: BenchGate | None = None) -> Settled:
+    """After cluster-up's plays (not in check mode): record each start; roll a failed upgrade back
+    (failed: a play of it failed, or with `gate` its bench fell below the gate)."""
     out = Settled()
     failed = {d.name for d in failed_deployments(report, deps)}
     for d in deps:
@@ -81,8 +170,13 @@ def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
             continue
         live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
         failure = failure_of(report, d) if d.name in failed else None
+        gated = None
+        if failure is None and gate is not None and d.name in gate.baselines and replaced_running(report, d):
+            gated = out.gated[d.name] = run_gate(inv, d, gate, live, options, report)
+            failure = None if gated["passed"] else gated["line"]
         if d.hosts[0] in live:
-            hist = read_history(run_book(inv, history_book(d, failure=failure), live, options(), report), d)
+            hist = read_history(run_book(inv, history_book(d, failure=failure, bench=gated), live, options(),
+                                         report), d)
             if hist.get("record"):
                 out.recorded[d.name] = hist["record"]
         else:

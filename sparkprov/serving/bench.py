@@ -34,6 +34,7 @@ from typing import Any
 from sparkprov.transport.shell import quote
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
+RESULTS_DIR = "~/.local/share/sparkprov/bench"  # on this machine: DEPLOYMENT/RECIPE_HASH/*.json (invoke bench, the gate)
 
 # Run inside the serving container (python3 is in every vLLM image): the refs (branch or tag ->
 # commit) of one repo of the store the container reads, as JSON. Which commit the server loaded.
@@ -480,3 +481,55 @@ def performance_yaml(rec: dict[str, Any]) -> str:
     import yaml
 
     return yaml.safe_dump(performance_doc(rec), sort_keys=False, allow_unicode=True, width=120)
+
+
+# -- the bench gate of an upgrade (cluster-up --gate bench) -----------------------------------------
+
+DEFAULT_GATE_RATIO = 0.9  # issue 26: the new start keeps at least 0.9 of the last good's output tok/s
+
+
+def gate_baseline(runs: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str, Any] | None:
+    """The newest stored run (oldest first in `runs`) of the build and recipe a start ran on its
+    rank 0 (`rank0`: the history's node entry: image ID and recipe hash): what an upgrade of that
+    start is measured against. A run of another image or recipe measured something else."""
+    for run in reversed(runs):
+        if run.get("image_id") and run.get("image_id") == rank0.get("image_id") \
+                and run.get("recipe_hash") == rank0.get("recipe_hash") and run.get("rows"):
+            return run
+    return None
+
+
+def gate_args(deployment: str, baseline: dict[str, Any]) -> dict[str, Any]:
+    """serve_bench's arguments for the gate's run: the baseline's own parameters."""
+    p = baseline.get("params") or {}
+    return {"deployment": deployment, "concurrency": list(p.get("concurrency") or [r["concurrency"]
+                                                                                for r in baseline["rows"]]),
+            "input_len": p.get("input_len") or 1024, "output_len": p.get("output_len") or 128,
+            "prompts": p.get("prompts"), "timeout": 3600.0, "profile": baseline.get("profile")}
+
+
+def gate(new: dict[str, Any], baseline: dict[str, Any], ratio: float) -> dict[str, Any]:
+    """Whether a new start's run keeps up with the baseline: the output tok/s summed over the
+    concurrency levels both measured, new against old, at least `ratio`. Summed, not per level:
+    one level's noise (a 2-core lab measures +-10% at concurrency 1) does not decide alone, and a
+    build that batches worse loses at every level above 1. A level that failed requests counts 0."""
+    def per_level(rec):
+        out = {}
+        for r in rec.get("rows") or []:
+            v = r.get("output_throughput")
+            if isinstance(v, (int, float)):
+                out[r["concurrency"]] = 0.0 if r.get("failed") else float(v)
+        return out
+
+    old, now = per_level(baseline), per_level(new)
+    levels = sorted(set(old) & set(now))
+    before, after = sum(old[c] for c in levels), sum(now[c] for c in levels)
+    kept = after / before if before > 0 else None
+    passed = kept is not None and kept >= ratio
+    at = ",".join(str(c) for c in levels) or "none"
+    line = (f"bench gate: {after:.1f} output tok/s (concurrency {at}) against {before:.1f} of the last good start"
+            + (f", {kept:.2f} of it (gate {ratio:.2f})" if kept is not None else ": no level measured by both")
+            + ("" if passed else ": below the gate"))
+    return {"passed": passed, "ratio": ratio, "kept": None if kept is None else round(kept, 3), "levels": levels,
+            "output_tok_s": round(after, 1), "baseline_tok_s": round(before, 1),
+            "baseline": baseline.get("path"), "line": line}

@@ -3,8 +3,10 @@
 Each start records what ran, per node (the image reference, its ID and registry digest as that
 node's docker reports them, the container and its recipe hash), the model repo and the commit
 rank 0's store resolves, the spec cluster-up started it from (model, hosts, layout, executor,
-overrides, image override, recipe files: enough to start it again), and the smoke test's result.
-The last start whose smoke test passed is "last good": what a failed upgrade rolls back to.
+overrides, image override, recipe files: enough to start it again), the smoke test's result and, with
+cluster-up --gate bench, the bench gate's run against the last good start's.
+The last start that passed (its smoke test, and the gate when one ran) is "last good": what a
+failed upgrade rolls back to.
 
 Pure functions: the deployment_history module builds and appends records, the commands read them.
 """
@@ -74,7 +76,7 @@ def same_start(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> bool
 
 def new_record(records: list[dict[str, Any]], *, time: str, kind: str, rollback_of: int | None, spec: dict[str, Any],
                nodes: dict[str, dict[str, Any]], model: dict[str, Any], smoke: dict[str, Any] | None,
-               failure: str | None, smoke_check) -> dict[str, Any]:
+               failure: str | None, smoke_check, bench: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record of a start. It passed when the start reported no failure and its smoke answer,
     recorded on rank 0 for the container running now, passes the recipe's check (`smoke_check`:
     the answer's problems, as cluster-up's ready step judges them)."""
@@ -88,7 +90,8 @@ def new_record(records: list[dict[str, Any]], *, time: str, kind: str, rollback_
             "result": FAILED if problems else PASSED, "problem": "; ".join(problems) or None,
             "spec": spec, "model": model, "nodes": nodes,
             "smoke": None if smoke is None else {k: smoke.get(k) for k in ("prompt", "content", "status", "error")
-                                                 if k in smoke}}
+                                                 if k in smoke},
+            **({"bench": bench} if bench is not None else {})}
 
 
 def comparable_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -118,12 +118,45 @@ def test_a_worker_follows_rank0s_container():
     assert hashes[0] != hashes[1]
 
 
-def test_worker_on_another_subnet_fails_naming_G33():
+def test_worker_on_another_subnet_fails_naming_G33_before_anything_is_copied_or_started():
+    """The preflight's group phase, a play after every node's preflight (before the image play,
+    whose copy from rank 0 runs over the fabric): the rank off rank 0's subnet fails, rank 0 passes."""
     exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
                "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.200.12", "rail_net": "192.168.200.0/24"}}}}
+    group = {"deployment": DEP, "phase": "group"}
+    p = run(serve_preflight.ServePreflight, group, {}, ctx("spark2", exports))
+    assert "192.168.200.12 is not on rank 0's subnet 192.168.100.0/24" in p.failed and "G33" in p.failed, p.failed
+    ok = run(serve_preflight.ServePreflight, group, {}, ctx("spark1", exports))
+    assert ok.failed is None and not ok.changes
+    assert serve_preflight.ServePreflight().needs(serve_preflight.Args.model_validate(group), ctx()) == {}
+
+
+def test_the_start_checks_run_alone_on_every_node_before_rank0_starts():
+    """checks_only (the 'ranks can start' play): the same checks as a start, no change."""
+    base = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
+            "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.100.12", "rail_net": "192.168.100.0/24"}}}}
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
-    p = run(vllm_container.VllmContainer, {"deployment": DEP}, values, ctx("spark2", exports))
-    assert "rank 0's subnet" in p.failed and "G33" in p.failed
+    ok = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", base))
+    assert ok.failed is None and not ok.changes and "can start its rank" in ok.msg
+    builds = {**base, "spark1": {**base["spark1"], "images": {node.image_ref(Deployment.model_validate(DEP)): "sha256:a"}},
+              "spark2": {**base["spark2"], "images": {node.image_ref(Deployment.model_validate(DEP)): "sha256:b"}}}
+    bad = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", builds))
+    assert "different builds" in bad.failed and "G34" in bad.failed and not bad.changes
+
+
+def test_replacing_counts_the_replaced_deployments_port_and_memory_as_free():
+    """cluster-up --replace: the deployment serving on the port is removed before the new one starts,
+    so the preflight (and --check) does not refuse the port it holds, nor the memory it holds."""
+    one = {"deployment": DEP}
+    other = {"name": "sparkprov-two", "id": "t" * 64, "status": "running",
+             "labels": {"sparkprov.deployment": "two", "sparkprov.port": "8000", "sparkprov.managed": "1"}}
+    short = {"MemTotal": 128 * 2**30, "MemAvailable": 20 * 2**30, "Cached": 1 * 2**30}
+    values = preflight_values("spark1", containers=containers(other), listening=[8000], mem=short)
+    refused = run(serve_preflight.ServePreflight, one, values, ctx())
+    assert "container sparkprov-two of deployment 'two' holds port 8000" in refused.failed, refused.failed
+    assert "available" in refused.failed  # and its memory
+    made_room = run(serve_preflight.ServePreflight, {**one, "replacing": ["two"]}, values, ctx())
+    assert made_room.failed is None, made_room.failed
 
 
 def ready(status="running", health=200, smoke=None):
@@ -286,3 +319,26 @@ def test_preflight_with_stage_plays_before_it():
     assert m.stale(a, ctx()) == [m.needs(a, ctx())["store"]] and m.stale(a, ctx(check=True)) == []
     p = run(serve_preflight.ServePreflight, args, preflight_values("spark1", store=empty), ctx())
     assert "weights not staged" in p.failed
+
+
+def test_an_old_rank_goes_before_a_new_rank0_starts_and_stays_when_rank0_stays():
+    """The 'old ranks' play: rank 0's checks say whether this run starts it again; if so, the old
+    group's rank on spark2 is removed before the new rank 0 listens (else it would join it)."""
+    base = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
+            "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.100.12", "rail_net": "192.168.100.0/24"}}}}
+    old = {"name": "sparkprov-tp-worker", "id": "w" * 64, "status": "running",
+           "labels": {"sparkprov.deployment": "tp", "sparkprov.recipe_hash": "0123456789abcdef"}}
+    rank0 = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark1")}
+    checks = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, rank0, ctx("spark1", base))
+    assert checks.exports == {"starts": {"tp": True}} and not checks.changes  # nothing runs there: it starts
+
+    values = {"containers": containers(old), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
+    starts = {**base, "spark1": {**base["spark1"], **checks.exports}}
+    p = run(vllm_container.VllmContainer, {"deployment": DEP, "stale_ranks": True}, values, ctx("spark2", starts))
+    (rm,) = p.changes
+    assert rm.script == "docker rm -f sparkprov-tp-worker >/dev/null" and "would join the new one" in rm.summary
+    assert rm.predicts[0][1]["containers"] == []
+
+    stays = {**base, "spark1": {**base["spark1"], "starts": {"tp": False}}}
+    kept = run(vllm_container.VllmContainer, {"deployment": DEP, "stale_ranks": True}, values, ctx("spark2", stays))
+    assert not kept.changes and kept.msg == "rank 0 stays: its ranks stay"

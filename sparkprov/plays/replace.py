@@ -1,0 +1,136 @@
+"""cluster-up --replace (issue 26, model switching): put another model on Sparks that serve one.
+
+A Spark's unified memory holds one engine's weights and KV cache (recipes size an engine at 0.7-0.9
+of it), so the deployments already serving on the new deployment's hosts are what it replaces:
+
+1. before anything changes: every other sparkprov deployment with a container on those hosts
+   (one status read of every host of the inventory: a deployment may span hosts outside the new
+   one's) and its last good start (its rank 0's history). One that has none could not be brought
+   back: the run is refused, nothing changed (fix: cluster-down it first);
+2. they are removed on every host they run on (a cluster loses all its ranks with one);
+3. the new deployment starts through cluster-up's plays (the preflight counts the replaced
+   deployments' port and memory as free, so --check says what the run would do); its page cache
+   drop and smoke test as always;
+4. if it fails, it is removed (or rolled back to its own last good start) as any failed start, and
+   each replaced deployment's last good start is started again on its own hosts, smoke-tested and
+   recorded in its history as a rollback.
+
+In check mode steps 2 and 4 are said, not done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkprov.data.inventory import Inventory
+from sparkprov.engine.report import Report
+from sparkprov.engine.run import RunOptions
+from sparkprov.errors import SparkprovError
+from sparkprov.plays.book import run_book
+from sparkprov.plays.serve import UpOptions, down_book, read_status
+from sparkprov.plays.upgrade import rollback
+from sparkprov.serving import history
+from sparkprov.serving.deployment import Deployment
+
+
+@dataclass
+class Replaced:
+    name: str
+    hosts: list[str]                     # where its containers run
+    good: dict[str, Any]                 # its last good start: what comes back if the new one fails
+    for_: str                            # the deployment it makes room for
+    back: dict[str, Any] | None = None   # after a failed new start: upgrade.rollback's result
+
+
+@dataclass
+class Replacing:
+    replaced: list[Replaced] = field(default_factory=list)
+
+    def names_for(self) -> dict[str, list[str]]:
+        """deployment -> the deployments removed before it starts (UpOptions.replacing)."""
+        out: dict[str, list[str]] = {}
+        for r in self.replaced:
+            out.setdefault(r.for_, []).append(r.name)
+        return out
+
+
+def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, report: Report) -> Replacing:
+    """Step 1: the deployments the new ones replace, each with its hosts and last good start."""
+    from sparkprov.engine.gather import gather_facts
+    from sparkprov.facts.history import HistoryFile
+
+    every = list(inv.hosts)
+    st, _ = read_status(inv, every, options)
+    unread = [h for h in every if not st[h]["reachable"]]
+    runs: dict[str, set[str]] = {}   # deployment -> hosts with a container of it
+    heads: dict[str, str] = {}       # deployment -> the host of its rank 0 (or single server)
+    for h in every:
+        for c in st[h]["containers"]:
+            labels = c.get("labels") or {}
+            name = labels.get("sparkprov.deployment")
+            if not name or labels.get("sparkprov.role") in ("gateway", "monitor"):
+                continue
+            runs.setdefault(name, set()).add(h)
+            if str(labels.get("sparkprov.rank") or "0") == "0":
+                heads[name] = h
+    new = {d.name for d in deps}
+    out = Replacing()
+    wanted: list[tuple[str, Deployment]] = []
+    for d in deps:
+        if any(h in unread for h in d.hosts):
+            raise SparkprovError(f"--replace: {', '.join(h for h in d.hosts if h in unread)} could not be read, so "
+                                 f"what serves there is not known", fix="reach the host, or leave out --replace")
+        for name, hosts in sorted(runs.items()):
+            if name not in new and hosts & set(d.hosts) and name not in {n for n, _ in wanted}:
+                wanted.append((name, d))
+    if not wanted:
+        return out
+    got = gather_facts(inv, sorted({heads.get(n, sorted(runs[n])[0]) for n, _ in wanted}),
+                       {n: HistoryFile(history.history_file(n)) for n, _ in wanted},
+                       forks=options.forks, accept_new_host_keys=options.accept_new_host_keys)
+    for name, d in wanted:
+        head = heads.get(name, sorted(runs[name])[0])
+        text = ((got.get(head) or {}).get("facts") or {}).get(name, {}).get("text", "")
+        good = history.last_good(history.parse(text))
+        if good is None:
+            raise SparkprovError(
+                f"--replace: {name} serves on {', '.join(sorted(runs[name]))} but has no recorded start that passed "
+                f"(on {head}), so it could not be brought back if {d.name} fails",
+                fix=f"invoke cluster-down --deployments {name} first, or leave out --replace")
+        hosts = sorted(runs[name] | set((good.get("spec") or {}).get("hosts") or []))
+        out.replaced.append(Replaced(name, hosts, good, d.name))
+    for r in out.replaced:
+        report.note(r.hosts[0], f"--replace: {r.name} (on {', '.join(r.hosts)}; last good start #{r.good['n']}) "
+                                f"{'would be' if options.check else 'is'} removed for {r.for_}")
+    return out
+
+
+def remove_replaced(inv: Inventory, replacing: Replacing, options: RunOptions, report: Report) -> None:
+    """Step 2: each replaced deployment removed on every host it runs on."""
+    for r in replacing.replaced:
+        run_book(inv, down_book(r.hosts, [r.name], reason=f"replaced by {r.for_}"), r.hosts, options, report)
+
+
+def bring_back(inv: Inventory, replacing: Replacing, failed: list[Deployment], opts: UpOptions,
+               options: Callable[[], RunOptions], report: Report) -> None:
+    """Step 4: for each new deployment that failed, what it replaced started again from its last good
+    start (the failed one's containers removed first: unified memory holds one engine)."""
+    bad = {d.name: d for d in failed}
+    for r in replacing.replaced:
+        if r.for_ in bad:
+            live = sorted(set(r.hosts) | set(bad[r.for_].hosts))
+            r.back = rollback(inv, bad[r.for_], r.good, opts, live, options, report,
+                              failure=f"{r.for_} failed after replacing it")
+
+
+def describe(r: Replaced, check: bool = False) -> str:
+    if r.back is None:
+        return (f"{r.name}: {'would be ' if check else ''}removed for {r.for_} (its last good start "
+                f"#{r.good['n']} comes back if {r.for_} fails)")
+    if r.back["serving"]:
+        return (f"{r.name}: {r.for_} failed, so {r.name}'s start #{r.good['n']} runs again on "
+                f"{', '.join(r.hosts)} and passed its smoke test (recorded as #{r.back['record']}, "
+                f"{r.back['seconds']:.0f}s)")
+    return (f"{r.name}: {r.for_} failed, and bringing {r.name} back failed too "
+            f"({r.back['rollback_failure'] or 'its smoke test'})")
