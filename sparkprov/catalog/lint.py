@@ -73,6 +73,7 @@ class LintContext:
     colocated: tuple[Launch, ...] = ()  # other launches placed on the same host (G13)
     flags_cache: str | None = None  # dir of cached `vllm serve --help=all` answers (knownflags)
     image_digest: str | None = None  # the digest the host resolved the image to (preflight)
+    pinned: bool = False  # the deployment runs by the digest its nodes hold (cluster-up --pin)
 
     def flag_set(self, launch: Launch):
         from sparkprov.catalog.knownflags import known_flags
@@ -296,11 +297,12 @@ def g3_gemma_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 @rule("G4", ERROR, "pin images; every flag must exist in the image's vLLM", "001 §6 image table")
 def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
-    pinned = "@" in launch.image
+    pinned = "@" in launch.image or lc.pinned
     if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
         what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
         yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",
-                  "pin it: `invoke images --pin --host H` or digest: sha256:... in an images: list",
+                  "pin it: `invoke images --pin --host H` or digest: sha256:... in an images: list; or run "
+                  "the deployment by the digest its nodes hold: cluster-up --pin",
                   severity=WARNING,
                   sources=tuple(dict.fromkeys(("001 §6 image table", _cite(info.source) if info else "001 §6"))))
     fs = lc.flag_set(launch)
@@ -869,12 +871,13 @@ def g35_tp(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 
 def lint_launch(launch: Launch, *, catalog: Catalog, colocated: Iterable[Launch] = (),
                 only: Iterable[str] | None = None, flags_cache: str | None = None,
-                image_digest: str | None = None) -> list[Finding]:
+                image_digest: str | None = None, pinned: bool = False) -> list[Finding]:
     """Every rule over one launch. Warnings named in the recipe's lint_ignore come back silenced.
     `flags_cache`: the directory of cached `vllm serve --help=all` answers (knownflags.write_cache);
-    `image_digest`: the digest the host resolved the image to, to find its cached answer."""
+    `image_digest`: the digest the host resolved the image to, to find its cached answer; `pinned`:
+    the deployment runs by digest (cluster-up --pin), whatever tag its image names (G4)."""
     lc = LintContext(catalog=catalog, colocated=tuple(colocated), flags_cache=flags_cache,
-                     image_digest=image_digest)
+                     image_digest=image_digest, pinned=pinned)
     wanted = set(only) if only is not None else None
     ignores = {i.rule: i.reason for i in launch.recipe.lint_ignore}
     out: list[Finding] = []

@@ -45,6 +45,10 @@ UP_HELP = {
                "host they run on) and, if the new one fails, started again from their last good start",
     "results": "With --gate bench: the folder invoke bench stores its runs in, where the last good start's run is "
                "found and the gate's run is stored (default ~/.local/share/sparkprov/bench)",
+    "pin": "Run each deployment by the registry digest its nodes' docker holds for its image (REPO@sha256:..., "
+           "after the image play): a restart or a later tag move cannot change what runs. Refused before any "
+           "container starts when a node's image has no registry digest (built or copied there) or the nodes "
+           "hold different digests; a pinned deployment started again with --pin is left running",
 }
 DOWN_HELP = {
     **COMMON,
@@ -107,7 +111,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
                check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
                drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
                limit=None, forks=None, accept_new_host_keys=False, image=None,
-               force_degraded_fabric=False, gate=None, gate_ratio=None, results=None, replace=False):
+               force_degraded_fabric=False, gate=None, gate_ratio=None, results=None, replace=False, pin=False):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
     from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
     from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, hosts_option, int_option,
@@ -149,6 +153,8 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
                                     recipe_files=list(recipes or []))
         if image is not None:
             apply_image_option(image, deps)
+        if pin:
+            apply_pin_option(deps)
         targets = plays.up_targets(inv, deps, select_hosts(inv, None, limit) if limit else None)
         opts = UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
                          ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
@@ -188,6 +194,20 @@ def apply_image_option(image, deps) -> None:
         raise OptionError(f"--image names the image of one deployment; this run starts {len(deps)}: "
                           + ", ".join(d.name for d in deps), fix="add --deployments NAME, or --model ALIAS")
     deps[0].image_override = image
+
+
+def apply_pin_option(deps) -> None:
+    """--pin: every deployment runs by its nodes' registry digest; one that cannot (its image is one
+    cluster-up builds) is refused before any host."""
+    from sparkprov.cli.options import OptionError
+    from sparkprov.serving import node
+
+    for d in deps:
+        refusal = node.pin_refusal(d)
+        if refusal:
+            raise OptionError(refusal, fix="leave out --pin, or --executor native (the image's own multi-node, "
+                                           "no Ray to add)")
+        d.pin = True
 
 
 def print_summary(summary) -> None:

@@ -3,7 +3,8 @@
 Absent: pulled from its registry, or (source peer, or auto when the pull fails) copied from a
 peer that has it, over the fabric: this node runs `ssh PEER docker save IMAGE | docker load`
 through the SSH mesh provision set up, so every change is made by the node it changes.
-Exports the image ID; `same_as` names the hosts whose IDs must match this one's.
+Exports the image ID, and its registry digest where the image came from a registry (cluster-up
+--pin runs the deployment by it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.facts.serving import ImageId
+from sparkprov.facts.serving import ImageDigests, ImageId
 from sparkprov.modules._serving import preflight_export
 from sparkprov.transport.shell import cmd
 
@@ -28,6 +29,8 @@ class Args(ModuleArgs):
 
 
 IMAGE_IDS: Export[dict[str, str]] = Export("images", dict, "image reference -> its ID on this host")
+IMAGE_DIGESTS: Export[dict[str, str]] = Export("image_digests", dict,
+                                               "image reference -> its registry digest on this host (sha256:...)")
 
 
 class DockerImage(Module):
@@ -36,14 +39,17 @@ class DockerImage(Module):
     doc = "An image on the host (pulled, or copied from a peer over the fabric); exports its ID."
 
     def needs(self, args: Args, host: HostContext):
-        return {"image": ImageId(args.image)}
+        return {"image": ImageId(args.image), "digests": ImageDigests((args.image,))}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         got = facts.image
         if got.get("error"):
             return Plan.fail(f"{host.name}: docker cannot inspect {args.image}: {got['error']}")
         if got.get("id"):
-            return Plan(msg=f"{args.image} {got['id'][7:19]}", exports=IMAGE_IDS({args.image: got["id"]}))
+            digest = held_digest(args.image, facts.digests)
+            return Plan(msg=f"{args.image} {got['id'][7:19]}" + (f" ({digest})" if digest else ""),
+                        exports={**IMAGE_IDS({args.image: got["id"]}),
+                                 **(IMAGE_DIGESTS({args.image: digest}) if digest else {})})
         tries: list[str] = []
         how: list[str] = []
         if args.source in ("auto", "registry"):
@@ -65,3 +71,9 @@ class DockerImage(Module):
                            + [f'[ $ok = 0 ] || {{ echo "could not get {args.image} ({" / ".join(how)})" >&2; exit 1; }}'])
         return Plan([Change(f"get {args.image} ({', then '.join(how)})", script, touches=[ImageId(args.image)],
                             timeout=args.timeout, predicts=[(ImageId(args.image), {"id": "(to be pulled)", "error": None})])])
+
+
+def held_digest(image: str, digests: dict[str, str]) -> str | None:
+    """The registry digest of the image a host holds: the one its docker names for the reference's
+    repository (ImageDigests), or the reference's own (docker holds REPO@DIGEST by that digest only)."""
+    return image.split("@", 1)[1] if "@sha256:" in image else digests.get(image)

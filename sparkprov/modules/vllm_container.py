@@ -6,7 +6,9 @@ server, a Ray head or worker, or a native rank. Running with the wanted hash: no
 Otherwise the deployment's containers on this node are removed, the page cache is dropped as
 root (G15) and Ollama's models unloaded (G14) when asked, the API key file is created 0600 if
 missing (rank 0 only; never in argv or `docker inspect`), and the container is started.
-Also checks G34 (every node holds the same image build).
+Also checks G34 (every node holds the same image build). A pinned deployment (cluster-up --pin)
+runs by the registry digest its nodes hold (REPO@sha256:..., in its argv and so its recipe hash),
+refused on every node when one holds no digest or the nodes hold different ones.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs, head_ip
-from sparkprov.modules.docker_image import IMAGE_IDS
+from sparkprov.modules.docker_image import IMAGE_DIGESTS, IMAGE_IDS
 from sparkprov.modules.image_flags import IMAGE_FLAGS
 from sparkprov.serving import node
 from sparkprov.transport.shell import cmd, quote
@@ -77,11 +79,12 @@ class VllmContainer(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
-        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi)
+        pinned, problems = self._pin(dep, host)
+        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, pinned)
         head = head_ip(host, dep)
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
-        problems = self._cluster_checks(dep, host)
+        problems += self._cluster_checks(dep, host)
         flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0]) or {}
         problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
         if problems:
@@ -100,8 +103,8 @@ class VllmContainer(Module):
         unchanged = bool(have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash
                          and have["status"] in ("running", "restarting"))
         if args.checks_only:
-            return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image",
-                        exports=STARTS({dep.name: not unchanged}))
+            return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image"
+                            + (f", pinned to {pinned}" if pinned else ""), exports=STARTS({dep.name: not unchanged}))
         if unchanged:
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
                         exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
@@ -155,6 +158,17 @@ class VllmContainer(Module):
                             "old group would join the new one", cmd("docker", "rm", "-f", *names) + " >/dev/null",
                             Diff(f"{host.name}: {', '.join(names)}", "".join(f"{n} running\n" for n in names), ""),
                             touches=[ManagedContainers()], predicts=[(ManagedContainers(), left)])])
+
+    @staticmethod
+    def _pin(dep, host: HostContext) -> tuple[str | None, list[str]]:
+        """--pin: the reference by digest this deployment runs, from what every node's image play
+        exported (node.pinned_image), and why it cannot be pinned."""
+        if not dep.pin:
+            return None, []
+        ref = node.image_ref(dep)
+        held = {h: ((IMAGE_IDS.read(host.exports, h) or {}).get(ref), (IMAGE_DIGESTS.read(host.exports, h) or {}).get(ref))
+                for h in dep.hosts}
+        return node.pinned_image(ref, held, host.name)
 
     @staticmethod
     def _cluster_checks(dep, host: HostContext) -> list[str]:

@@ -74,6 +74,8 @@ class Deployment(BaseModel):
     recipe_files: list[str] = Field(default_factory=list)  # user recipe files merged over the catalog
     image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
     image_override: str | None = None  # cluster-up --image: the deployment's image instead of the recipe's
+    # cluster-up --pin: runs by the registry digest every node's docker holds for its image (REPO@sha256:...)
+    pin: SkipJsonSchema[bool] = False
     # where it was written (errors name it); never part of the arguments the modules receive
     where: SkipJsonSchema[Where] = Field(default=(None, None, None), exclude=True)
     override_where: SkipJsonSchema[dict[str, tuple[int | None, int | None]]] = Field(default_factory=dict,
@@ -146,7 +148,8 @@ class Deployment(BaseModel):
 
     def as_args(self) -> dict[str, Any]:
         """What the serving modules take as their `deployment` argument (plain data)."""
-        return self.model_dump(exclude_none=False, exclude={"image_override"} if not self.image_override else None)
+        unset = {k for k in ("image_override", "pin") if not getattr(self, k)}  # cluster-up's --image, --pin
+        return self.model_dump(exclude_none=False, exclude=unset or None)
 
     def port_on(self, host_vars: dict[str, Any]) -> int:
         """The API port on a host: the deployment's, else the host's serve_port var (8000)."""
@@ -208,7 +211,7 @@ def override_value_problem(value: Any, top: bool = True) -> str | None:
     return None
 
 
-SET_BY_SPARKPROV = {"recipe_files", "image", "image_override", "where", "override_where"}  # not a playbook's keys
+SET_BY_SPARKPROV = {"recipe_files", "image", "image_override", "pin", "where", "override_where"}  # not a playbook's keys
 
 
 class ServePlaybookFile(_Strict):
@@ -233,7 +236,8 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
         set_here = sorted(set(entry) & SET_BY_SPARKPROV) if isinstance(entry, dict) else []
         if set_here:
             raise pos.error(("deployments", i, set_here[0]), f"{set_here[0]} is not a key of a deployment",
-                            fix="recipe files go under the playbook's recipes:; cluster-up --image runs another image")
+                            fix="recipe files go under the playbook's recipes:; cluster-up --image runs another image, "
+                                "--pin runs it by digest")
     model: ServePlaybookFile = parse_model(ServePlaybookFile, data, pos)
     base = Path(file).resolve().parent
     recipes = [str(p if Path(p).is_absolute() else base / p) for p in model.recipes]

@@ -64,8 +64,9 @@ def container_name(dep: Deployment, host: str) -> str:
 
 
 def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fabric: dict | None,
-           smi: dict | None) -> Launch:
-    """The catalog's launch for this node, with the node's fabric bindings and driver."""
+           smi: dict | None, pinned: str | None = None) -> Launch:
+    """The catalog's launch for this node, with the node's fabric bindings and driver. `pinned`:
+    the reference by digest a pinned deployment runs instead of its image (pinned_image)."""
     cat = catalog_for(dep)
     extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": dep.port_on(host_vars)}
     if "api_key_file" not in host_vars:
@@ -86,7 +87,7 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
             extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
     out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
-    image = dep.image or dep.image_override
+    image = dep.image or pinned or dep.image_override
     return out.model_copy(update={"image": image}) if image else out
 
 
@@ -109,6 +110,43 @@ def flag_problems(node_launch: Launch, dep: Deployment, cache_dir: str | None, i
     return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_launch(base, catalog=cat, only=["G4"],
                                                                          flags_cache=cache_dir, image_digest=image_id)
             if f.severity != WARNING and not f.silenced]
+
+
+def pinned_ref(ref: str, digest: str) -> str:
+    """REPO@DIGEST: the image reference `ref` names, by its registry digest (sha256:...); a reference
+    that carries a digest already is its own pin."""
+    from sparkprov.serving.bench import image_repository
+
+    return ref if "@sha256:" in ref else f"{image_repository(ref)}@{digest}"
+
+
+def pinned_image(ref: str, held: dict[str, tuple[str | None, str | None]], me: str) -> tuple[str | None, list[str]]:
+    """cluster-up --pin: the reference by digest the deployment runs, and why it cannot be pinned,
+    from what each node's docker holds of `ref` after the image play: (image ID, registry digest),
+    the ID None where the node holds none yet (check mode: it would pull it; left out). A node
+    whose image has no registry digest (built there, or copied from a peer: docker load keeps
+    none) cannot be pinned; nodes that hold different digests run different code. `me`: the node
+    that asks (it names the problem, as every node of the deployment does)."""
+    problems = [f"{h}: {ref} on {h} has no registry digest (built or loaded there, never pulled): --pin cannot "
+                f"pin it (fix: docker pull {ref} on {h}, then cluster-up --pin again; or leave out --pin)"
+                for h, (image_id, digest) in held.items() if image_id and not digest]
+    digests = {h: d for h, (image_id, d) in held.items() if image_id and d}
+    if len(set(digests.values())) > 1:
+        problems.append(f"{me}: the nodes hold different registry digests of {ref}: "
+                        + ", ".join(f"{h} {d}" for h, d in digests.items())
+                        + f" (--pin) (fix: docker pull {ref} on every node so they hold one build, "
+                          f"or --image {pinned_ref(ref, 'sha256:...')} naming the one to run)")
+        return None, problems
+    one = next(iter(digests.values()), None)
+    return (pinned_ref(ref, one) if one else None), problems
+
+
+def pin_refusal(dep: Deployment) -> str | None:
+    """Why cluster-up --pin cannot pin a deployment, known before any host (None: it can)."""
+    if needs_ray_image(dep):
+        return (f"--pin: deployment {dep.name!r} runs the Ray image cluster-up builds from {image_ref(dep)} on "
+                "rank 0, which has no registry digest")
+    return None
 
 
 def needs_ray_image(dep: Deployment) -> bool:
@@ -138,7 +176,7 @@ def lint_problems(node_launch: Launch, dep: Deployment) -> tuple[list[str], list
     """(errors, warnings) of the linter on this node's launch; cluster-wide rules on rank 0."""
     errors, warnings = [], []
     cat = catalog_for(dep)
-    for f in lint_launch(node_launch, catalog=cat):
+    for f in lint_launch(node_launch, catalog=cat, pinned=dep.pin):
         if f.silenced:
             continue
         line = f"{f.severity} {f.rule}: {f.message} (fix: {f.fix}) [{'; '.join(f.sources)}]"

@@ -38,7 +38,7 @@ def test_the_executor_defaults_to_ray_and_to_native_with_replicas():
     assert Deployment(name="a", model="lab-tiny", hosts=["spark1", "spark2"], dp=2).executor == "native"
 
 
-@pytest.mark.parametrize("key", ["image_override", "recipe_files", "where"])
+@pytest.mark.parametrize("key", ["image_override", "pin", "recipe_files", "where"])
 def test_keys_sparkprov_sets_are_refused_in_a_playbook_at_their_line(tmp_path, key):
     entry = {"name": "one", "model": "lab-tiny", "hosts": "spark1", key: "x"}
     with pytest.raises(InputError) as e:

@@ -82,10 +82,10 @@ def test_preflight_names_missing_weights_a_busy_port_and_no_rail():
 
 def test_image_present_is_exported_absent_is_pulled_then_copied_from_a_peer():
     args = {"image": "img:1", "peers": ["spark1", "spark2"], "deployment": "tp"}
-    ok = run(docker_image.DockerImage, args, {"image": {"id": "sha256:abc", "error": None}}, ctx())
+    ok = run(docker_image.DockerImage, args, {"image": {"id": "sha256:abc", "error": None}, "digests": {}}, ctx())
     assert not ok.changes and ok.exports == {"images": {"img:1": "sha256:abc"}}
     exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11"}}}}
-    p = run(docker_image.DockerImage, args, {"image": {"id": None, "error": None}}, ctx("spark2", exports))
+    p = run(docker_image.DockerImage, args, {"image": {"id": None, "error": None}, "digests": {}}, ctx("spark2", exports))
     (change,) = p.changes
     assert "docker pull -q img:1" in change.script
     assert "nvidia@192.168.100.11 docker save img:1 | docker load" in change.script  # over the fabric, from the peer
