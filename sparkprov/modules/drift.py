@@ -13,6 +13,10 @@ start on two Sparks (eugr/spark-vllm-docker#392). Two phases, each its own play 
 - `compare` (the play after): the versions every host of the play exported; a difference is a
   warning naming each host's version. `strict: true`, as cluster-up runs it for a multi-node
   deployment: a difference or a refusal fails the task, every node's version named.
+- `compare` with `nccl: true` (cluster-up's "same NCCL" play, after the image is on every node and
+  image_nccl probed it): the NCCL each node's serving image loads (the system's or a pip wheel's, and
+  its version); nodes that differ are a warning, with `strict` a refusal naming both. A node whose
+  probe failed ("unknown") is a warning, never a refusal: the probe, not the node, may be at fault.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from sparkprov.facts.files import PathState
 from sparkprov.facts.fabric import RdmaFirmware, firmware_summary
 from sparkprov.facts.hardware import KernelCmdline, NvidiaSmi
 from sparkprov.modules._provision import write_file_script
+from sparkprov.facts.nccl import NcclRecord, describe
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.modules.image_nccl import IMAGE_NCCL
 
 VERSIONS_PATH = "/var/lib/sparkprov/versions.json"
 # ConnectX-7 firmware: NCCL over RoCE runs on it, and an NVIDIA system update can move it with the
@@ -49,6 +55,7 @@ class Args(ModuleArgs):
     record: bool = True        # record: write versions.json on the node
     multinode: bool = False    # record: a KNOWN_BAD row that breaks multi-node serving fails the task
     strict: bool = False       # compare: a difference fails the task
+    nccl: bool = False         # compare: the NCCL each node's image loads (image_nccl), not the versions
 
 
 def versions_of(info: dict[str, str], smi: dict[str, Any], rdma: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -86,6 +93,23 @@ def differences(seen: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def nccl_differences(seen: dict[str, dict[str, NcclRecord]]) -> tuple[list[str], list[str]]:
+    """(differences, unknowns) of the NCCL each host's images load (host -> image -> record): one line
+    naming every host's NCCL where the known ones differ (source or version); one line per host whose
+    probe failed. Pure."""
+    known: dict[str, tuple] = {}
+    unknown = []
+    for h, recs in sorted(seen.items()):
+        if any(r.get("source") == "unknown" for r in recs.values()):
+            unknown.extend(f"{h}: {ref}: {describe(r)}" for ref, r in sorted(recs.items()) if r.get("source") == "unknown")
+            continue
+        known[h] = tuple(sorted((r.get("source"), r.get("version")) for r in recs.values()))
+    if len(set(known.values())) <= 1:
+        return [], unknown
+    line = ", ".join(f"{h} " + " + ".join(describe(r) for _, r in sorted(seen[h].items())) for h in known)
+    return [f"NCCL differs: {line}"], unknown
+
+
 class Versions(TypedDict):
     kernel: str | None
     driver: str | None
@@ -112,6 +136,8 @@ class DriftModule(Module):
         return named
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
+        if args.phase == "compare" and args.nccl:
+            return compare_nccl(args, host)
         if args.phase == "compare":
             seen = VERSIONS.of_play(host)
             if host.name not in seen:
@@ -147,3 +173,16 @@ class DriftModule(Module):
                 warns.append(f"{host.name}: " + ", ".join(moved) + " since the last provision")
         return Plan(changes, msg=versions_line(versions), warnings=warns,
                     exports=exports)
+
+
+def compare_nccl(args: Args, host: HostContext) -> Plan:
+    seen = IMAGE_NCCL.of_play(host)
+    if host.name not in seen:
+        return Plan.skip("no NCCL recorded for this host's image (not probed: check mode, or the image is not here)")
+    diffs, unknown = nccl_differences(seen)
+    if diffs and args.strict:
+        return Plan.fail(f"the nodes' images load different NCCL: {'; '.join(diffs)} (fix: run one image build on "
+                         "every node: the same tag and digest, or one registry's image, then invoke cluster-up)",
+                         warnings=[f"drift: {u}" for u in unknown])
+    return Plan(msg=f"{len(seen)} host(s) load the same NCCL: {describe(next(iter(seen[host.name].values()), None))}"
+                if not diffs else "", warnings=[f"drift: {d}" for d in diffs + unknown])

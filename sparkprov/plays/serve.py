@@ -12,6 +12,8 @@ cluster-up, per deployment, plays in this order (plays are barriers):
     NAME: one fabric        every node     a cluster's ranks on rank 0's fabric subnet (G33)
     NAME: versions          every node     a cluster's kernel, driver, CUDA, firmware alike
     NAME: image             every node     the image present (pull, or copy from a peer), same build
+    NAME: image NCCL        every node     a cluster's image: system NCCL or a pip wheel (once per build)
+    NAME: same NCCL         every node     a cluster's nodes load the same NCCL
     NAME: ranks can start   every node     a cluster's start checks (G34, the image's flags)
                                            before anything starts: a rank that would fail fails first
     NAME: old ranks         the others     when rank 0 is (re)started, the old group's ranks removed first
@@ -112,6 +114,7 @@ def up_book(deployments: list[Deployment], o: UpOptions,
             play(f"{d.name}: image options", d.hosts[:1],
                  [task(f"{d.name}: image options", "image_flags",
                        {"images": [image], "versions": {image: node.image_version(d)}}, where)], where=where),
+            *nccl_plays(d, image, where),
         ]
         if derived:
             # rank 0 builds it (Ray's wheels from this machine), the others copy it from rank 0
@@ -182,6 +185,19 @@ def drift_plays(d: Deployment, where: tuple) -> list:
                                                             {"phase": "compare", "strict": True}, where)], where=where)]
 
 
+def nccl_plays(d: Deployment, image: str, where: tuple) -> list:
+    """Once the image is on every node of a multi-node deployment: which NCCL its vLLM loads there (the
+    system's or a pip wheel's, its version; probed once per build, modules/image_nccl.py), and the nodes
+    alike (drift's compare): refused before anything starts, every node's NCCL named."""
+    if not d.cluster:
+        return []
+    return [play(f"{d.name}: image NCCL", d.hosts, [task(f"{d.name}: image NCCL", "image_nccl", {"images": [image]},
+                                                         where)], where=where),
+            play(f"{d.name}: same NCCL", d.hosts, [task(f"{d.name}: same NCCL", "drift",
+                                                        {"phase": "compare", "nccl": True, "strict": True}, where)],
+                 where=where)]
+
+
 def down_book(hosts: list[str], deployments: list[str] | None, reason: str = "") -> Playbook:
     where = ("cluster-down", None, None)
     return Playbook("cluster-down", [play("cluster-down", hosts, [
@@ -234,7 +250,10 @@ def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
     where = ("nccl-check", None, None)
     common = {"hosts": hosts, "image": image, **bench}
     return Playbook("nccl-check", [
-        play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where)]),
+        play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where),
+                                          # which NCCL the image loads on each host (once per build)
+                                          task("image NCCL", "image_nccl", {"images": [image]}, where)]),
+        play("nccl-check: same NCCL", hosts, [task("same NCCL", "drift", {"phase": "compare", "nccl": True}, where)]),
         play("nccl-check: all-reduce", hosts, [task("all-reduce", "allreduce", {**common, "phase": "run"}, where)]),
     ])
 
