@@ -160,8 +160,12 @@ def parse_probe(out: str) -> NcclRecord:
     note = []
     if len(maps) > 1:
         note.append("also mapped: " + ", ".join(p for p in maps if p != path))
-    if source == "system" and wheel:
+    if source == "system" and wheel and not any(classify_path(p) == "pip" for p in maps):
         note.append(f"{wheel} is installed but not loaded")
+    elif source == "system" and wheel:
+        # VLLM_NCCL_SO_PATH names the system's: vLLM's own communicator uses it, torch its wheel
+        # (captured on an H100 host: tests/fixtures/nccl/h100-probes.txt)
+        note.append(f"torch loads {wheel}, vLLM the library VLLM_NCCL_SO_PATH names")
     return _record(source, version=version, path=path, wheel=wheel, torch=torch, why="; ".join(note) or None)
 
 

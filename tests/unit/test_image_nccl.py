@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from sparkprov.facts.base import ShellCtx
 from sparkprov.facts.nccl import (FAILED, MARKER, PROBE, NcclCache, cache_file, classify_path, describe,
@@ -222,3 +223,22 @@ def test_cluster_up_probes_every_node_after_the_image_and_refuses_different_nccl
     assert same.tasks[0].args == {"phase": "compare", "nccl": True, "strict": True}
     one = Deployment.model_validate({"name": "one", "model": "llama-3.3-70b", "hosts": ["spark1"]})
     assert not [p for p in up_book([one], UpOptions()).plays if "NCCL" in p.name]
+
+
+# Real probe output: sparkprov.facts.nccl.PROBE run with `python3 -c` on the device machine of this
+# workplace (an NVIDIA H100 80GB HBM3, driver 580.159.04, Ubuntu 24.04, torch 2.11.0+cu130 from PyPI
+# in /opt/torch/.venv with nvidia-nccl-cu13 2.28.9; the system's libnccl 2.28.3 in
+# /usr/lib/x86_64-linux-gnu), 2026-11-26: as it is, with VLLM_NCCL_SO_PATH naming the system's
+# library, and with a Python that has no torch (/usr/bin/python3).
+H100_PROBES = (Path(__file__).resolve().parents[1] / "fixtures" / "nccl" / "h100-probes.txt").read_text().splitlines()
+
+
+def test_real_probes_on_an_h100_host():
+    wheel, system_by_env, no_torch = (parse_probe(line) for line in H100_PROBES)
+    assert (wheel["source"], wheel["version"], wheel["wheel"]) == ("pip", "2.28.9", "nvidia-nccl-cu13 2.28.9")
+    assert wheel["path"].endswith("/site-packages/nvidia/nccl/lib/libnccl.so.2") and wheel["why"] is None
+    assert describe(wheel) == "pip NCCL 2.28.9 (nvidia-nccl-cu13 2.28.9)"
+    assert (system_by_env["source"], system_by_env["version"]) == ("system", "2.28.3"), system_by_env
+    assert system_by_env["path"] == "/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.3"
+    assert "torch loads nvidia-nccl-cu13 2.28.9" in system_by_env["why"] and "not loaded" not in system_by_env["why"]
+    assert no_torch["source"] == "unknown" and "No module named 'torch'" in no_torch["why"], no_torch
