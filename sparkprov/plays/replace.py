@@ -29,8 +29,7 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.plays.book import run_book
 from sparkprov.plays.serve import UpOptions, down_book, read_status
-from sparkprov.plays.upgrade import rollback
-from sparkprov.serving import history
+from sparkprov.plays.upgrade import last_good_starts, rollback
 from sparkprov.serving.deployment import Deployment
 
 
@@ -57,9 +56,6 @@ class Replacing:
 
 def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, report: Report) -> Replacing:
     """Step 1: the deployments the new ones replace, each with its hosts and last good start."""
-    from sparkprov.engine.gather import gather_facts
-    from sparkprov.facts.history import HistoryFile
-
     every = list(inv.hosts)
     st, _ = read_status(inv, every, options)
     unread = [h for h in every if not st[h]["reachable"]]
@@ -86,17 +82,15 @@ def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, r
                 wanted.append((name, d))
     if not wanted:
         return out
-    got = gather_facts(inv, sorted({heads.get(n, sorted(runs[n])[0]) for n, _ in wanted}),
-                       {n: HistoryFile(history.history_file(n)) for n, _ in wanted},
-                       forks=options.forks, accept_new_host_keys=options.accept_new_host_keys)
+    head_of = {n: heads.get(n, sorted(runs[n])[0]) for n, _ in wanted}
+    goods = last_good_starts(inv, head_of, what="--replace", forks=options.forks,
+                             accept_new_host_keys=options.accept_new_host_keys)
     for name, d in wanted:
-        head = heads.get(name, sorted(runs[name])[0])
-        text = ((got.get(head) or {}).get("facts") or {}).get(name, {}).get("text", "")
-        good = history.last_good(history.parse(text))
+        good = goods[name]
         if good is None:
             raise SparkprovError(
                 f"--replace: {name} serves on {', '.join(sorted(runs[name]))} but has no recorded start that passed "
-                f"(on {head}), so it could not be brought back if {d.name} fails",
+                f"(on {head_of[name]}), so it could not be brought back if {d.name} fails",
                 fix=f"invoke cluster-down --deployments {name} first, or leave out --replace")
         hosts = sorted(runs[name] | set((good.get("spec") or {}).get("hosts") or []))
         out.replaced.append(Replaced(name, hosts, good, d.name))

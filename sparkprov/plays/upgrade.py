@@ -86,27 +86,41 @@ class BenchGate:
     ungated: dict[str, str] = field(default_factory=dict)               # name -> why nothing gates it
 
 
+def last_good_starts(inv, heads: dict[str, str], *, what: str, forks: int,
+                     accept_new_host_keys: bool) -> dict[str, dict[str, Any] | None]:
+    """Each deployment's last good start (None: none passed), read from its rank 0's history
+    (`heads`: deployment -> host), one read per host. A history that cannot be read is refused,
+    naming the option that needs it (`what`)."""
+    from sparkprov.engine.gather import gather_facts
+    from sparkprov.errors import SparkprovError
+    from sparkprov.facts.history import HistoryFile
+
+    got = gather_facts(inv, sorted(set(heads.values())), {n: HistoryFile(history.history_file(n)) for n in heads},
+                       forks=forks, accept_new_host_keys=accept_new_host_keys)
+    out = {}
+    for name, host in heads.items():
+        r = got[host]
+        if name not in r["facts"]:
+            why = r["errors"].get(name) or next(iter(r["errors"].values()), "unreachable")
+            raise SparkprovError(f"{what}: the history of {name} on {host} could not be read: {why}",
+                                 fix=f"reach the host, or leave out {what}")
+        out[name] = history.last_good(history.parse(r["facts"][name]["text"]))
+    return out
+
+
 def bench_gate(inv, deps: list[Deployment], ratio: float, results: Path, *, forks: int,
                accept_new_host_keys: bool) -> BenchGate:
     """Before anything starts: each deployment's last good start (its rank 0's history, one read per
     rank 0) and the stored run of it. A deployment never started, or asked for as it last passed, has
     nothing to gate; one whose last good start has no stored run is refused here, nothing started."""
-    from sparkprov.engine.gather import gather_facts
     from sparkprov.errors import SparkprovError
-    from sparkprov.facts.history import HistoryFile
     from sparkprov.modules.deployment_history import spec_of
 
     out = BenchGate(ratio, results)
-    heads = sorted({d.hosts[0] for d in deps})
-    got = gather_facts(inv, heads, {d.name: HistoryFile(history.history_file(d.name)) for d in deps}, forks=forks,
-                       accept_new_host_keys=accept_new_host_keys)
+    goods = last_good_starts(inv, {d.name: d.hosts[0] for d in deps}, what="--gate bench", forks=forks,
+                             accept_new_host_keys=accept_new_host_keys)
     for d in deps:
-        r = got[d.hosts[0]]
-        if d.name not in r["facts"]:
-            why = r["errors"].get(d.name) or next(iter(r["errors"].values()), "unreachable")
-            raise SparkprovError(f"--gate bench: the history of {d.name} on {d.hosts[0]} could not be read: {why}",
-                                 fix="reach the host, or leave out --gate bench")
-        good = history.last_good(history.parse(r["facts"][d.name]["text"]))
+        good = goods[d.name]
         if good is None:
             out.ungated[d.name] = "no start of it passed before: nothing to measure against"
             continue
