@@ -73,6 +73,15 @@ def pytest_collection_modifyitems(config, items):
     items[:] = unit + fresh + in_lab + real + [i for i in others if Path(str(i.fspath)).parent != lab_dir] + last
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report kept on the test (`rep_call`): a fixture that cleans up only after a
+    failure reads it (tests/lab/test_real_vllm.py's tests share a deployment when they pass)."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: tears the lab down; runs last")
 

@@ -67,11 +67,15 @@ def env(lab, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_running(env):
-    """A test that fails half-way leaves nothing for the next: its deployments are removed after it."""
+def nothing_left_running(env, request):
+    """A test that fails half-way leaves nothing for the next: its deployments are removed after it.
+    One that passes leaves what its docstring says it leaves: the tp 1 tests share deployment `one`
+    on spark1 (a start is most of a minute on two cores), each starting it only if it is not there."""
     yield
-    subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"])], cwd=REPO_ROOT, capture_output=True,
-                   timeout=300)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"])], cwd=REPO_ROOT, capture_output=True,
+                       timeout=300)
 
 
 def up(env, *args):
@@ -126,7 +130,7 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
     answer holds 204; a rerun is a no-op; status proves liveness with a token; bench stores the real
     client's results; the flag check used the image's own --help=all; every metric monitor's
     dashboard queries is on the real /metrics; killing the engine core makes status exit 2 within
-    30 s and the server (which exits 0) is brought back by its restart policy."""
+    30 s and the server (which exits 0) is brought back by its restart policy. Leaves `one` serving."""
     lab = env["lab"]
     rc, doc, out = up(env, "--tp", "1", "--hosts", "spark1", "--name", "one")
     assert rc == 0, out
@@ -194,7 +198,110 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
     assert back is not None, f"the server did not come back within {RECOVERY_BOUND_S}s"
     restarts = lab.ssh("spark1", "docker inspect --format '{{.RestartCount}} {{.State.Status}}' sparkprov-one").stdout
     assert restarts.split()[1] == "running" and int(restarts.split()[0]) >= 1, restarts
-    rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "one")
+
+
+def test_an_upgrade_below_the_bench_gate_is_rolled_back(env, tmp_path):
+    """cluster-up --gate bench (issue 26): lab-tiny `one` on spark1 (started if the test before left
+    none), benched (the run the gate measures against); an upgrade to a build that answers right but runs one request at a time
+    (sparklab/image.py VARIANTS: the real vLLM with --max-num-seqs 1) passes its smoke test, falls
+    below the gate when the bench reruns the baseline's parameters, and is rolled back: exit 2, the
+    previous build serves again, and `invoke history` shows the three starts, the failed one with
+    its bench. The gate ratio is 0.6: this machine measures one build at 0.74-1.35 of itself
+    (tests/fixtures/bench-lab/guard-run-*.json); the slow build keeps about a quarter. Leaves `one`
+    serving the previous build."""
+    from sparklab.image import VLLM_CPU_IMAGE, VLLM_CPU_SLOW_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
+
+    lab = env["lab"]
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_SLOW_IMAGE])
+    results = tmp_path / "bench"
+    where = ("--tp", "1", "--hosts", "spark1", "--name", "one")
+    rc, doc, out = up(env, *where)
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"]["one"]
+    rc, hist, out = cli(env, "history", "one")
+    assert rc == 0 and hist["last_good"], out
+    first = hist["last_good"]
+    params = ("--concurrency", "1,8", "--input-len", "32", "--output-len", "32", "--prompts", "16")
+    rc, b, out = cli(env, "bench", "one", *params, "--results", str(results))
+    assert rc == 0, out
+    (base,) = b["bench"]["runs"]
+
+    # the gate without a stored run of the last good start: refused before anything changes
+    rc, _, out = up(env, *where, "--image", VLLM_CPU_SLOW_IMAGE, "--gate", "bench", "--results", str(tmp_path / "none"))
+    assert rc == 1 and "no stored bench run of one's last good start" in out, out
+
+    t0 = time.monotonic()
+    rc, doc, out = up(env, *where, "--image", VLLM_CPU_SLOW_IMAGE, "--gate", "bench", "--gate-ratio", "0.6",
+                      "--results", str(results))
+    took = time.monotonic() - t0
+    assert rc == 2, out
+    dep = doc["cluster"]["deployments"]["one"]
+    gate, back = dep["gate"], dep["rollback"]
+    assert not gate["passed"] and gate["levels"] == [1, 8] and gate["kept"] < 0.6, gate
+    assert gate["against_start"] == first and gate["baseline"] == base["path"], gate
+    assert back["serving"] and back["to"] == first and "below the gate" in back["failure"], back
+    assert "204" in ask(d["endpoint"], d["model"], key_of(env, d))
+    image = lab.ssh("spark1", "docker inspect --format '{{.Config.Image}}' sparkprov-one").stdout.strip()
+    assert image == VLLM_CPU_IMAGE, image
+
+    rc, hist, out = cli(env, "history", "one")
+    assert rc == 0, out
+    was, slow, again = hist["records"][-3:]
+    assert [(r["kind"], r["result"]) for r in (was, slow, again)] == [
+        ("start", "passed"), ("start", "failed"), ("rollback", "passed")], hist
+    assert slow["smoke"]["content"] and "204" in slow["smoke"]["content"], slow  # it answered right
+    assert slow["bench"]["kept"] == gate["kept"] and slow["spec"]["image_override"] == VLLM_CPU_SLOW_IMAGE, slow
+    assert hist["last_good"] == again["n"] and again["nodes"]["spark1"]["image_id"] == was["nodes"]["spark1"]["image_id"]
+    print(f"\n[real vLLM tp1] --gate bench: {base['rows'][0]['output_throughput']:.0f}+"
+          f"{base['rows'][1]['output_throughput']:.0f} output tok/s before; the one-at-a-time build kept "
+          f"{gate['kept']:.2f}; exit 2 after {took:.1f}s, rolled back in {back['seconds']:.1f}s")
+
+
+def test_replace_switches_a_host_to_another_model_and_back_when_it_fails(env):
+    """cluster-up --replace (issue 26, model switching): lab-tiny `one` serves on spark1 (started if
+    the test before left none). A second deployment `b` on spark1 is refused without --replace (one
+    holds its port). With --replace and a build that starts but fails its smoke test (the real vLLM
+    answering another question), one is removed, b fails, and one comes back by itself from its last
+    good start (exit 2, recorded in one's history as a rollback). With --replace and the real build,
+    b serves and one is gone. Leaves nothing."""
+    from sparklab.image import VLLM_CPU_WRONG_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
+
+    lab = env["lab"]
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_WRONG_IMAGE])
+    on = ("--tp", "1", "--hosts", "spark1")
+    rc, doc, out = up(env, *on, "--name", "one")
+    assert rc == 0, out
+    a = doc["cluster"]["deployments"]["one"]
+
+    rc, doc, out = up(env, *on, "--name", "b")
+    assert rc == 2 and "of deployment 'one' holds port" in out, out
+    rc, hist, out = cli(env, "history", "one")
+    assert rc == 0 and hist["last_good"], out
+    good = hist["records"][-1]["n"]
+
+    t0 = time.monotonic()
+    rc, doc, out = up(env, *on, "--name", "b", "--image", VLLM_CPU_WRONG_IMAGE, "--replace")
+    took = time.monotonic() - t0
+    assert rc == 2, out
+    (line,) = doc["cluster"]["replaced"]
+    assert line.startswith("one: b failed, so one's start #") and "passed its smoke test" in line, line
+    assert "204" in ask(a["endpoint"], a["model"], key_of(env, a))
+    names = lab.ssh("spark1", "docker ps --filter label=sparkprov.managed=1 --format '{{.Names}}'").stdout.split()
+    assert "sparkprov-one" in names and "sparkprov-b" not in names, names
+    rc, hist, out = cli(env, "history", "one")
+    assert rc == 0 and [(r["n"], r["kind"], r["result"]) for r in hist["records"][-1:]] == [
+        (good + 1, "rollback", "passed")] and hist["last_good"] == good + 1, hist
+
+    rc, doc, out = up(env, *on, "--name", "b", "--replace")
+    assert rc == 0, out
+    b = doc["cluster"]["deployments"]["b"]
+    assert "204" in ask(b["endpoint"], b["model"], key_of(env, b))
+    names = lab.ssh("spark1", "docker ps -a --filter label=sparkprov.managed=1 --format '{{.Names}}'").stdout.split()
+    assert "sparkprov-one" not in names and "sparkprov-b" in names, names
+    print(f"\n[real vLLM tp1] --replace with a failing build: exit 2 after {took:.1f}s, one serving again")
+    rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "b")
     assert rc == 0, out
 
 
@@ -202,7 +309,10 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     """tp 2, executor native, across spark1 and spark2 over the fabric: serves 204. Then, with no
     sparkprov command in between and each time within RECOVERY_BOUND_S: rank 1's vLLM killed
     (status exits 2 within 30 s, without a user's request, naming rank 0's failed token), rank 0's
-    node rebooted, rank 1's node rebooted."""
+    node rebooted, rank 1's node rebooted. Then an upgrade (issue 26) to a build that starts and
+    serves but fails the smoke test (the real vLLM answering another question): exit 2, both nodes
+    rolled back to the previous build, which answers 204 again; the history shows the three starts
+    with every node's digest."""
     lab = env["lab"]
     rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat")
     assert rc == 0, out
@@ -234,103 +344,35 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     print("\n[real vLLM native tp2] " + "; ".join(timings))
     rc, st, out = cli(env, "status")
     assert rc == 0, out
+
+    from sparklab.image import VLLM_CPU_IMAGE, VLLM_CPU_WRONG_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
+
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_WRONG_IMAGE])
+    ranks = {"spark1": "sparkprov-nat-rank0", "spark2": "sparkprov-nat-rank1"}
+    ran = {h: lab.ssh(h, f"docker inspect --format '{{{{.Image}}}}' {c}").stdout.strip() for h, c in ranks.items()}
+    t0 = time.monotonic()
+    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat",
+                      "--image", VLLM_CPU_WRONG_IMAGE)
+    took = time.monotonic() - t0
+    assert rc == 2, out
+    back = doc["cluster"]["deployments"]["nat"]["rollback"]
+    assert back["serving"] and back["failure"], back
+    assert "204" in ask(d["endpoint"], d["model"], key)
+    for h, c in ranks.items():
+        now = lab.ssh(h, f"docker inspect --format '{{{{.Image}}}} {{{{.Config.Image}}}}' {c}").stdout.split()
+        assert now == [ran[h], VLLM_CPU_IMAGE], (h, now, ran[h])
+    rc, hist, out = cli(env, "history", "nat")
+    assert rc == 0, out
+    was, wrong, again = hist["records"][-3:]
+    assert [(r["kind"], r["result"]) for r in (was, wrong, again)] == [
+        ("start", "passed"), ("start", "failed"), ("rollback", "passed")], hist
+    for h in ranks:
+        assert wrong["nodes"][h]["digest"].startswith("sparkprov/lab-vllm-cpu@sha256:"), wrong["nodes"][h]
+        assert again["nodes"][h]["digest"] == was["nodes"][h]["digest"] != wrong["nodes"][h]["digest"], hist
+    print(f"\n[real vLLM native tp2] upgrade to a wrong-answering build: exit 2 after {took:.1f}s, rolled back "
+          f"in {back['seconds']:.1f}s")
     rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "nat")
     assert rc == 0, out
     for h in lab.names:
         assert lab.ssh(h, "docker ps -aq --filter label=sparkprov.deployment=nat").stdout == ""
-
-
-def test_an_upgrade_below_the_bench_gate_is_rolled_back(env, tmp_path):
-    """cluster-up --gate bench (issue 26): lab-tiny on spark1, benched (the run the gate measures
-    against); an upgrade to a build that answers right but runs one request at a time
-    (sparklab/image.py VARIANTS: the real vLLM with --max-num-seqs 1) passes its smoke test, falls
-    below the gate when the bench reruns the baseline's parameters, and is rolled back: exit 2, the
-    previous build serves again, and `invoke history` shows the three starts, the failed one with
-    its bench. The gate ratio is 0.6: this machine measures one build at 0.74-1.35 of itself
-    (tests/fixtures/bench-lab/guard-run-*.json); the slow build keeps about a quarter."""
-    from sparklab.image import VLLM_CPU_IMAGE, VLLM_CPU_SLOW_IMAGE, ensure_images
-    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
-
-    lab = env["lab"]
-    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_SLOW_IMAGE])
-    results = tmp_path / "bench"
-    where = ("--tp", "1", "--hosts", "spark1", "--name", "gate")
-    rc, doc, out = up(env, *where)
-    assert rc == 0, out
-    d = doc["cluster"]["deployments"]["gate"]
-    first = d["history"]
-    params = ("--concurrency", "1,8", "--input-len", "32", "--output-len", "32", "--prompts", "16")
-    rc, b, out = cli(env, "bench", "gate", *params, "--results", str(results))
-    assert rc == 0, out
-    (base,) = b["bench"]["runs"]
-
-    # the gate without a stored run of the last good start: refused before anything changes
-    rc, _, out = up(env, *where, "--image", VLLM_CPU_SLOW_IMAGE, "--gate", "bench", "--results", str(tmp_path / "none"))
-    assert rc == 1 and "no stored bench run of gate's last good start" in out, out
-
-    t0 = time.monotonic()
-    rc, doc, out = up(env, *where, "--image", VLLM_CPU_SLOW_IMAGE, "--gate", "bench", "--gate-ratio", "0.6",
-                      "--results", str(results))
-    took = time.monotonic() - t0
-    assert rc == 2, out
-    dep = doc["cluster"]["deployments"]["gate"]
-    gate, back = dep["gate"], dep["rollback"]
-    assert not gate["passed"] and gate["levels"] == [1, 8] and gate["kept"] < 0.6, gate
-    assert gate["against_start"] == first["start"] and gate["baseline"] == base["path"], gate
-    assert back["serving"] and back["to"] == first["start"] and "below the gate" in back["failure"], back
-    assert "204" in ask(d["endpoint"], d["model"], key_of(env, d))
-    image = lab.ssh("spark1", "docker inspect --format '{{.Config.Image}}' sparkprov-gate").stdout.strip()
-    assert image == VLLM_CPU_IMAGE, image
-
-    rc, hist, out = cli(env, "history", "gate")
-    assert rc == 0, out
-    was, slow, again = hist["records"][-3:]
-    assert [(r["kind"], r["result"]) for r in (was, slow, again)] == [
-        ("start", "passed"), ("start", "failed"), ("rollback", "passed")], hist
-    assert slow["smoke"]["content"] and "204" in slow["smoke"]["content"], slow  # it answered right
-    assert slow["bench"]["kept"] == gate["kept"] and slow["spec"]["image_override"] == VLLM_CPU_SLOW_IMAGE, slow
-    assert hist["last_good"] == again["n"] and again["nodes"]["spark1"]["image_id"] == was["nodes"]["spark1"]["image_id"]
-    print(f"\n[real vLLM tp1] --gate bench: {base['rows'][0]['output_throughput']:.0f}+"
-          f"{base['rows'][1]['output_throughput']:.0f} output tok/s before; the one-at-a-time build kept "
-          f"{gate['kept']:.2f}; exit 2 after {took:.1f}s, rolled back in {back['seconds']:.1f}s")
-
-
-def test_replace_switches_a_host_to_another_model_and_back_when_it_fails(env):
-    """cluster-up --replace (issue 26, model switching): lab-tiny `a` serves on spark1. A second
-    deployment `b` on spark1 is refused without --replace (a holds its port). With --replace and a
-    build that starts but fails its smoke test (the real vLLM answering another question), a is
-    removed, b fails, and a comes back by itself from its last good start (exit 2, recorded in a's
-    history as a rollback). With --replace and the real build, b serves and a is gone."""
-    from sparklab.image import VLLM_CPU_WRONG_IMAGE, ensure_images
-    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
-
-    lab = env["lab"]
-    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_WRONG_IMAGE])
-    on = ("--tp", "1", "--hosts", "spark1")
-    rc, doc, out = up(env, *on, "--name", "a")
-    assert rc == 0, out
-    a = doc["cluster"]["deployments"]["a"]
-
-    rc, doc, out = up(env, *on, "--name", "b")
-    assert rc == 2 and "of deployment 'a' holds port" in out, out
-
-    t0 = time.monotonic()
-    rc, doc, out = up(env, *on, "--name", "b", "--image", VLLM_CPU_WRONG_IMAGE, "--replace")
-    took = time.monotonic() - t0
-    assert rc == 2, out
-    (line,) = doc["cluster"]["replaced"]
-    assert line.startswith("a: b failed, so a's start #") and "passed its smoke test" in line, line
-    assert "204" in ask(a["endpoint"], a["model"], key_of(env, a))
-    names = lab.ssh("spark1", "docker ps --filter label=sparkprov.managed=1 --format '{{.Names}}'").stdout.split()
-    assert "sparkprov-a" in names and "sparkprov-b" not in names, names
-    rc, hist, out = cli(env, "history", "a")
-    assert rc == 0 and [(r["kind"], r["result"]) for r in hist["records"][-2:]] == [
-        ("start", "passed"), ("rollback", "passed")], hist
-
-    rc, doc, out = up(env, *on, "--name", "b", "--replace")
-    assert rc == 0, out
-    b = doc["cluster"]["deployments"]["b"]
-    assert "204" in ask(b["endpoint"], b["model"], key_of(env, b))
-    names = lab.ssh("spark1", "docker ps -a --filter label=sparkprov.managed=1 --format '{{.Names}}'").stdout.split()
-    assert "sparkprov-a" not in names and "sparkprov-b" in names, names
-    print(f"\n[real vLLM tp1] --replace with a failing build: exit 2 after {took:.1f}s, a serving again")
