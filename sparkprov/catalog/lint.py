@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
+from sparkprov.catalog.derive import start_steps
 from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.layout import GPUS_PER_SPARK
@@ -601,7 +602,7 @@ def g24_offline(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
     if "HF_HUB_OFFLINE" in r.env:
         yield Hit("the recipe sets HF_HUB_OFFLINE; sparkprov always serves with HF_HUB_OFFLINE=1", "remove it from env")
-    for cmd in r.pre_serve:
+    for cmd in start_steps(r.pre_serve):  # (a plain pip install is baked into a derived image instead)
         for inner in _commands(cmd):
             if _networked(inner):
                 via = "" if inner == cmd else f" (inside `{' '.join(cmd)[:60]}`)"
