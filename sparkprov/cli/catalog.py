@@ -132,6 +132,9 @@ def _print_launch(launch: Launch) -> None:
     if info is not None:
         print(f"image: {info.ref}: vLLM {info.vllm or '?'}, digest {info.digest or 'unpinned'}, multi-node executors "
               f"{', '.join(info.executors) or 'none known'}")
+    if launch.baked:
+        print(f"derived image: {launch.image}: the recipe's {' '.join(launch.baked)} baked in once by cluster-up "
+              "(wheels from the control machine; nothing installed at container start)")
     if launch.wrapped:
         print("entrypoint: sparkprov's sh wrapper (API key read from a mounted 0600 file into vLLM's environment)")
     for corr in launch.recipe.corrections:
