@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
-from sparkprov.catalog.derive import start_steps
+from sparkprov.catalog.derive import is_derived, start_steps
 from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.layout import GPUS_PER_SPARK
@@ -298,7 +298,9 @@ def g3_gemma_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 @rule("G4", ERROR, "pin images; every flag must exist in the image's vLLM", "001 §6 image table")
 def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
-    pinned = "@" in launch.image or lc.pinned
+    # (an image cluster-up derives is built FROM its base's ID and tagged by the base reference: as
+    # pinned as that reference)
+    pinned = "@" in launch.image or lc.pinned or (is_derived(launch.image) and info is not None and "@" in info.pinned)
     if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
         what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
         yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",

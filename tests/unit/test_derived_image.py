@@ -260,3 +260,22 @@ def test_a_ray_cluster_on_an_image_without_ray_plays_as_before():
     assert copies.tasks[0].module == "docker_image"
     assert copies.tasks[0].args == {"image": tag, "source": "peer", "peers": ["spark1"], "deployment": "tp"}
     assert plays["tp: rank 0"].tasks[0].args["deployment"]["image"] == tag
+
+
+def test_an_image_derived_from_a_pinned_base_is_pinned_for_g4():
+    """G4 warns of a deployment's unpinned image; the derived one is built FROM the base's ID and tagged
+    by its reference, so it is pinned where the base is."""
+    from sparkprov.catalog.lint import lint_launch
+    from sparkprov.catalog.render import HostServeContext, render_launch
+
+    cat = load_catalog()
+    r = cat.get("nemotron-3-nano-omni")
+    launch = render_launch(r, HostServeContext(host="spark1", host_known=True), 1, catalog=cat)
+    assert derive.is_derived(launch.image)
+
+    def pin_warnings(lc):
+        return [f for f in lint_launch(lc, catalog=cat, only=["G4"]) if "pinned" in f.message]
+    assert pin_warnings(launch)  # the catalog's vllm/vllm-openai:v0.20.0: a moving tag
+    pinned = launch.model_copy(update={"image_info": launch.image_info.model_copy(
+        update={"digest": "sha256:" + "5e" * 32})})
+    assert pin_warnings(pinned) == []
