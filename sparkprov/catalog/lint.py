@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
+from sparkprov.catalog.derive import is_derived, start_steps
 from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.layout import GPUS_PER_SPARK
@@ -297,7 +298,9 @@ def g3_gemma_image(launch: Launch, lc: LintContext) -> Iterator[Hit]:
 @rule("G4", ERROR, "pin images; every flag must exist in the image's vLLM", "001 §6 image table")
 def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
-    pinned = "@" in launch.image or lc.pinned
+    # (an image cluster-up derives is built FROM its base's ID and tagged by the base reference: as
+    # pinned as that reference)
+    pinned = "@" in launch.image or lc.pinned or (is_derived(launch.image) and info is not None and "@" in info.pinned)
     if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
         what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
         yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",
@@ -601,7 +604,7 @@ def g24_offline(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     r = launch.recipe
     if "HF_HUB_OFFLINE" in r.env:
         yield Hit("the recipe sets HF_HUB_OFFLINE; sparkprov always serves with HF_HUB_OFFLINE=1", "remove it from env")
-    for cmd in r.pre_serve:
+    for cmd in start_steps(r.pre_serve):  # (a plain pip install is baked into a derived image instead)
         for inner in _commands(cmd):
             if _networked(inner):
                 via = "" if inner == cmd else f" (inside `{' '.join(cmd)[:60]}`)"

@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sparkprov.catalog.derive import baked_requirements, derived_tag, start_steps
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
@@ -225,7 +226,18 @@ class Launch(BaseModel):
     def wrapped(self) -> bool:
         """vLLM starts under sparkprov's sh wrapper: it reads the API key file, runs the recipe's
         pre_serve commands, or stands in for an image's own entrypoint."""
-        return bool(self.ctx.api_key_file) or bool(self.recipe.pre_serve) or self.entrypoint_kind == "custom"
+        return bool(self.ctx.api_key_file) or bool(self.start_steps) or self.entrypoint_kind == "custom"
+
+    @property
+    def start_steps(self) -> list[list[str]]:
+        """The recipe's pre_serve commands the container runs before vllm serve: its plain pip
+        installs are baked into the derived image it runs instead (catalog/derive.py)."""
+        return start_steps(self.recipe.pre_serve)
+
+    @property
+    def baked(self) -> list[str]:
+        """The pip requirements baked into the derived image (none: the image is the catalog's)."""
+        return baked_requirements(self.recipe.pre_serve)
 
     # ----- lookups the linter and the serve step use -----
     def arg(self, flag: str) -> Arg | None:
@@ -361,6 +373,8 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         catalog = load_catalog()
     info = catalog.image(recipe.image)
     image = recipe.image if ("@" in recipe.image or info is None) else info.pinned
+    if baked_requirements(recipe.pre_serve):  # its pip installs run once, in the image derived from it
+        image = derived_tag(image, baked_requirements(recipe.pre_serve))
     kind = image_entrypoint(recipe.image, info)
     command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
 

@@ -132,6 +132,9 @@ def _print_launch(launch: Launch) -> None:
     if info is not None:
         print(f"image: {info.ref}: vLLM {info.vllm or '?'}, digest {info.digest or 'unpinned'}, multi-node executors "
               f"{', '.join(info.executors) or 'none known'}")
+    if launch.baked:
+        print(f"derived image: {launch.image}: the recipe's {' '.join(launch.baked)} baked in once by cluster-up "
+              "(wheels from the control machine; nothing installed at container start)")
     if launch.wrapped:
         print("entrypoint: sparkprov's sh wrapper (API key read from a mounted 0600 file into vLLM's environment)")
     for corr in launch.recipe.corrections:
@@ -245,6 +248,7 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
     import json
     import shlex
 
+    from sparkprov.catalog.derive import ray_requirement
     from sparkprov.catalog.layout import layout_of
     from sparkprov.errors import InputError
     from sparkprov.serving import node
@@ -273,10 +277,8 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
                          "would bind the management LAN (G32)", fix="set fabric_ip and fabric_ifaces in the hosts' "
                          "vars (invoke provision --tags fabric brings the link up)")
     dep = dep.model_copy(update={"hosts": names})
-    if node.needs_ray_image(dep):
-        from sparkprov.modules.ray_image import derived_tag
-
-        dep = dep.model_copy(update={"image": derived_tag(node.image_ref(dep))})
+    if node.derived_image(dep):
+        dep = dep.model_copy(update={"image": node.derived_image(dep)})
     out = []
     for h in names:
         launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None)
@@ -288,8 +290,11 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
         return
     print(f"# {layout.describe()} on {', '.join(names)}; cluster-up adds SPARKPROV_RANK0 (rank 0's container "
           "ID, known once it runs) to the other ranks")
-    if dep.image:
+    if dep.image and node.derived_requirements(dep) == [ray_requirement()]:
         print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
+    elif dep.image:
+        print(f"# cluster-up runs {dep.image}, derived once from {node.image_ref(dep)} with "
+              f"{' '.join(node.derived_requirements(dep))} (nothing installed at container start)")
     for h, s in out:
         print(f"# rank {dep.rank(h)} on {h}: {s.name} ({s.role})")
         print(shlex.join(s.argv))

@@ -34,7 +34,6 @@ from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.modules.listening_ports import PORTS
-from sparkprov.modules.ray_image import derived_tag
 from sparkprov.modules.serve_status import SERVING_STATUS
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
@@ -91,9 +90,10 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         args = {"deployment": d.as_args()}
         where = d.where
         image = node.image_ref(d)
-        derived = derived_tag(image) if node.needs_ray_image(d) else None
+        derived = node.derived_image(d)
         if derived:
-            # the image ships no Ray: every step after the image runs the one derived from it
+            # the image ships no Ray, or the recipe pip installs: every step after the image runs the
+            # one derived from it (nothing installed at container start)
             args = {"deployment": {**args["deployment"], "image": derived}}
         pre = {**args, "drop_caches": o.drop_caches, "unload_ollama": o.unload_ollama}
         book.plays += [
@@ -117,14 +117,7 @@ def up_book(deployments: list[Deployment], o: UpOptions,
             *nccl_plays(d, image, where),
         ]
         if derived:
-            # rank 0 builds it (Ray's wheels from this machine), the others copy it from rank 0
-            book.plays += [
-                play(f"{d.name}: ray image", d.hosts[:1], [task(f"{d.name}: ray image", "ray_image", {"base": image},
-                                                                where)], where=where),
-                play(f"{d.name}: ray image copies", d.hosts[1:], [task(
-                    f"{d.name}: ray image", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
-                                                             "deployment": d.name}, where)], where=where),
-            ]
+            book.plays += derived_plays(d, image, derived, where)
         if d.cluster:
             book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
                 task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
@@ -149,6 +142,20 @@ def up_book(deployments: list[Deployment], o: UpOptions,
             for p in book.plays[first:]:
                 p.any_errors_fatal, p.stops_together = True, tuple(d.hosts)
     return book
+
+
+def derived_plays(d: Deployment, image: str, derived: str, where: tuple) -> list:
+    """Rank 0 builds the derived image (its wheels from this machine), the others copy it from rank 0.
+    Named `ray image` where Ray alone goes in, as before pip steps were baked too."""
+    reqs = node.derived_requirements(d)
+    what = "ray image" if all(r.startswith("ray==") for r in reqs) else "derived image"
+    plays = [play(f"{d.name}: {what}", d.hosts[:1], [task(f"{d.name}: {what}", "derived_image",
+                                                          {"base": image, "requirements": reqs}, where)], where=where)]
+    if d.hosts[1:]:
+        plays.append(play(f"{d.name}: {what} copies", d.hosts[1:], [task(
+            f"{d.name}: {what}", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
+                                                  "deployment": d.name}, where)], where=where))
+    return plays
 
 
 def internals_plays(d: Deployment, args: dict[str, Any], where: tuple) -> list:

@@ -10,6 +10,7 @@ import posixpath
 from functools import lru_cache
 from typing import Any
 
+from sparkprov.catalog.derive import baked_requirements, derived_tag, ray_requirement
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
@@ -88,6 +89,8 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
     out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
     image = dep.image or pinned or dep.image_override
+    if image and not dep.image and out.baked:  # (the recipe's pip installs: an image derived from that one)
+        image = derived_tag(image, out.baked)
     return out.model_copy(update={"image": image}) if image else out
 
 
@@ -146,6 +149,9 @@ def pin_refusal(dep: Deployment) -> str | None:
     if needs_ray_image(dep):
         return (f"--pin: deployment {dep.name!r} runs the Ray image cluster-up builds from {image_ref(dep)} on "
                 "rank 0, which has no registry digest")
+    if derived_image(dep):
+        return (f"--pin: deployment {dep.name!r} runs the image cluster-up builds from {image_ref(dep)} with "
+                f"{' '.join(derived_requirements(dep))} on rank 0, which has no registry digest")
     return None
 
 
@@ -153,6 +159,20 @@ def needs_ray_image(dep: Deployment) -> bool:
     """A Ray cluster on an image the catalog knows ships no Ray: sparkprov derives one with Ray."""
     info = image_info(dep)
     return dep.cluster and dep.executor == "ray" and info is not None and info.has_ray is False
+
+
+def derived_requirements(dep: Deployment) -> list[str]:
+    """What cluster-up bakes into an image derived from the deployment's (modules/derived_image.py):
+    Ray where needs_ray_image, and the recipe's plain pip installs (catalog/derive.py); none: the
+    deployment runs its image as it is."""
+    ray = [ray_requirement()] if needs_ray_image(dep) else []
+    return ray + baked_requirements(catalog_for(dep).get(dep.model).pre_serve)
+
+
+def derived_image(dep: Deployment) -> str | None:
+    """The tag of the image derived from the deployment's, which its containers run (None: none)."""
+    reqs = derived_requirements(dep)
+    return derived_tag(image_ref(dep), reqs) if reqs else None
 
 
 def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | None,

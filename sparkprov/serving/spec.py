@@ -183,7 +183,7 @@ def _deployment_labels(deployment: str, role: str, launch: Launch, extra: dict[s
 
 
 def _pre_serve(launch: Launch) -> str:
-    return "; ".join(shlex.join(c) for c in launch.recipe.pre_serve) or ":"
+    return "; ".join(shlex.join(c) for c in launch.start_steps) or ":"
 
 
 def _key_lines(launch: Launch) -> str:
@@ -194,7 +194,7 @@ def server_command(launch: Launch) -> Command:
     """One server: `vllm serve` with the launch's arguments, under sparkprov's wrapper where it
     needs one (the API key, pre_serve, an image's own entrypoint), else to the image's entrypoint."""
     if launch.wrapped:
-        return Command(["vllm", "serve", *launch.vllm_argv], wrapper_script(launch.recipe.pre_serve,
+        return Command(["vllm", "serve", *launch.vllm_argv], wrapper_script(launch.start_steps,
                                                                             bool(launch.ctx.api_key_file)),
                        WRAPPER_NAME)
     return Command(launch.vllm_argv if launch.command == "bare" else ["vllm", "serve", *launch.vllm_argv])

@@ -70,3 +70,14 @@ def test_catalog_cli_bad_user_file_is_one_line(tmp_path):
     with pytest.raises(Exit) as e:
         cli.models(Context(), recipes=[str(p)])
     assert str(e.value.message).startswith(f"sparkprov: {p}:4:5: unknown key 'bogus'")
+
+
+def test_catalog_cli_recipe_that_pip_installs_shows_its_derived_image_and_no_pip(capsys):
+    """nemotron-3-nano-omni's `pip install 'vllm[audio]'` (001 §7.3.2) is baked into a derived image."""
+    cli.recipe(Context(), "nemotron-3-nano-omni", argv=True)
+    argv = json.loads(capsys.readouterr().out)
+    assert argv[argv.index("--entrypoint") + 2].startswith("sparkprov/derived:")
+    assert not [w for w in argv if "pip" in w]
+    cli.recipe(Context(), "nemotron-3-nano-omni")
+    out = capsys.readouterr().out
+    assert "derived image: sparkprov/derived:" in out and "vllm[audio] baked in" in out and "pip install" not in out

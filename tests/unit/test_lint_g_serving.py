@@ -33,7 +33,8 @@ DOCUMENTED = {  # alias -> rules that warn because two notes disagree (or a note
     "gpt-oss-120b": {"G7"},
     "llama-3.3-70b": {"G35"},  # TP=2 through Ray on NGC 26.04, which ships no Ray (native would run)
     "nemotron-3-nano": {"G6", "G7"},
-    "nemotron-3-nano-omni": {"G1", "G6", "G7", "G24"},
+    # (its `pip install 'vllm[audio]'` is baked into a derived image, not run at start: no G24)
+    "nemotron-3-nano-omni": {"G1", "G6", "G7"},
     "qwen3-coder-next": {"G9"},
     "qwen3.5-35b-a3b-fp8": {"G17", "G30"},
     "qwen3.6-27b-dflash": {"G29"},

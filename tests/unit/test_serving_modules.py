@@ -274,9 +274,9 @@ def test_every_change_of_a_container_is_verified_so_rank0_exports_its_id():
 def test_preflight_of_a_deployment_on_its_derived_ray_image_lints_clean():
     """cluster-up runs a Ray cluster on an image it derived with Ray: the G35 "ships no Ray"
     warning is not for it, and no rule mistakes the derived tag for an unknown image."""
-    from sparkprov.modules.ray_image import derived_tag
+    from sparkprov.catalog.derive import derived_tag, ray_requirement
 
-    dep = {**DEP, "image": derived_tag("nvcr.io/nvidia/vllm:26.04-py3")}
+    dep = {**DEP, "image": derived_tag("nvcr.io/nvidia/vllm:26.04-py3", [ray_requirement()])}
     p = run(serve_preflight.ServePreflight, {"deployment": dep}, preflight_values("spark1"), ctx())
     assert p.failed is None, p.failed
     assert not [w for w in p.warnings if "ships no Ray" in w], p.warnings
