@@ -22,7 +22,9 @@ guard and cluster-up's preflight read it), rewritten when a verdict changes or a
 more than RECORD_TOLERANCE (a second provision over the same links changes nothing). A degraded rail
 fails the task naming the rail, the figure, the floor and the fix (after it is recorded);
 `cluster-up` refuses a multi-node start over a node whose record says degraded unless forced
-(serve_preflight). Exports `fabric_qualification`: {ok, rails}.
+(serve_preflight). The record also holds this measurement as the node guard runs it again after
+every boot (`remeasure`: login user, command text, MTUs; serving/guard.py). Exports
+`fabric_qualification`: {ok, rails}.
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ stops it restarting (its own restarts, or docker's restart policy) after `breake
 `breaker_window_s`. It serves its last sample and its events at /metrics (Prometheus text format)
 on loopback and the fabric addresses.
 
+After a boot it has not seen (boot_is_new) it qualifies the fabric rails again, in a thread so that
+sampling goes on: provision's own ib_write_bw measurement (left in the qualification record by the
+fabric_qualify module) run as the login user over the mesh SSH, a peer still booting waited for with
+backoff; the record rewritten with each rail judged against the same floor, so cluster-up's preflight
+refuses a multi-node start over a rail that came back degraded, and a `rail-degraded` event journaled
+with the fix.
+
 Everything that decides is a pure function below (parse_*, classify_kernel_line, decide,
 render_metrics), tested on literal samples and on real captured failure output.
 """
@@ -423,13 +430,11 @@ def judge_rail(m: dict, *, floor: float, expected: float, mtu: int = RAIL_MTU) -
     return out
 
 
-def boot_is_new(marker: str | None, boot_id: str, guard_ran_before: bool) -> bool:
-    """Whether the guard starts in a boot it has not seen. `marker`: what it left in /run this boot
-    (None: nothing, /run is emptied at boot), holding that boot's id. No marker and no earlier run
-    of the guard (no state file): a first install, right after provision measured; not a boot."""
-    if marker is not None:
-        return marker.strip() != boot_id.strip()
-    return guard_ran_before
+def boot_is_new(marker: str | None, boot_id: str) -> bool:
+    """Whether the guard starts in a boot it has not seen. `marker`: what was left in /run this boot
+    (None: nothing; /run is emptied at boot), holding that boot's id. The guard module leaves one
+    before it (re)starts the guard (modules/guard.py same_boot_script): provision's start is not a boot."""
+    return marker is None or marker.strip() != boot_id.strip()
 
 
 def remeasure_spec(record: dict) -> dict | None:
@@ -633,7 +638,6 @@ def _fabric_addresses(ifaces: list[str]) -> list[str]:
 class Guard:
     def __init__(self, cfg: dict):
         self.cfg = cfg
-        self.ran_before = os.path.exists(cfg["state"])   # before this run writes it
         self.lock = threading.Lock()                      # the journal: the sampler and the re-qualification
         self.kernel = KernelLog(cfg["kernel_log"])
         self.kernel.read()
@@ -716,7 +720,7 @@ class Guard:
         except ValueError:
             record = {}
         spec = remeasure_spec(record)
-        if not boot_is_new(marker, boot_id, self.ran_before) or spec is None:
+        if not boot_is_new(marker, boot_id) or spec is None:
             self.mark_boot(boot_id)
             return None
         t = threading.Thread(target=self.requalify, args=(record, spec, boot_id), daemon=True, name="requalify")

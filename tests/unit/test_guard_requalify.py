@@ -61,10 +61,9 @@ def test_the_guards_judgement_is_provisions(m):
 # -- the boot decision ----------------------------------------------------------------------------
 
 def test_a_boot_is_one_the_guard_left_no_marker_in():
-    assert g.boot_is_new(None, BOOT, guard_ran_before=True)           # /run emptied at boot
-    assert not g.boot_is_new(None, BOOT, guard_ran_before=False)      # first install: provision just measured
-    assert not g.boot_is_new(BOOT + "\n", BOOT, guard_ran_before=True)  # restarted in the same boot
-    assert g.boot_is_new("0b9f...", BOOT, guard_ran_before=True)       # another kernel boot id
+    assert g.boot_is_new(None, BOOT)                  # /run emptied at boot
+    assert not g.boot_is_new(BOOT + "\n", BOOT)      # restarted in the same boot (by provision, or a crash)
+    assert g.boot_is_new("0b9f2e7c-5d1a-4c3b-8e6f-7a8b9c0d1e2f", BOOT)   # another kernel boot id
 
 
 def test_provision_leaves_the_guard_its_measurement():
@@ -160,7 +159,6 @@ def node(tmp_path, monkeypatch):
     rec = provisioned()
     rec = {**rec, "floor_gbps": 95.0, "expected_gbps": 96.0, "remeasure": {**rec["remeasure"], "user": getpass.getuser()}}
     (tmp_path / "qualification.json").write_text(json.dumps(rec))
-    (tmp_path / "state.json").write_text("{}")   # the guard ran in an earlier boot
     (tmp_path / "boot_id").write_text(BOOT + "\n")
     cfg = {**g.DEFAULTS, "kernel_log": str(tmp_path / "kmsg"), "qualification": str(tmp_path / "qualification.json"),
            "journal": str(tmp_path / "events.jsonl"), "state": str(tmp_path / "state.json"),
@@ -197,11 +195,11 @@ def test_a_peer_silent_past_the_bound_is_recorded_degraded(node):
     assert all("did not answer the mesh SSH" in e["reading"] for e in events)
 
 
-def test_a_first_install_does_not_measure(node):
+def test_a_start_in_a_boot_already_seen_does_not_measure(node):
     tmp, cfg = node
-    os.remove(tmp / "state.json")
-    assert g.Guard(cfg).requalify_if_booted() is None and (tmp / "boot").read_text().strip() == BOOT
-    assert not Path(cfg["journal"]).exists()
+    (tmp / "boot").write_text(BOOT + "\n")   # what the guard module leaves before it starts the guard
+    assert g.Guard(cfg).requalify_if_booted() is None
+    assert not Path(cfg["journal"]).exists() and "measured_by" not in json.loads((tmp / "qualification.json").read_text())
 
 
 def test_the_measurement_runs_as_the_login_user_without_a_pam_session():
