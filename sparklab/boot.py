@@ -14,7 +14,10 @@ What a real power cycle does, step by step, and what the lab does for each:
    /usr/local and /opt are disk and persist.
 3. **live network settings are lost**: every fabric interface comes up as at a fresh boot
    (MTU 1500, no addresses, no routes, no qdisc: what `lab.up` makes for a fresh host). While
-   the host is off its cabled rails carry no signal: the peer's end sees NO-CARRIER.
+   the host is off its cabled rails carry no signal: the peer's end sees NO-CARRIER. A rail
+   throttled by `lab.fault rail-slow` stays throttled (a degraded cable is not mended by a power
+   cycle): the boot throttles it again once networkd has configured it, before the node guard;
+   `clear-rail-slow` ends it.
 4. **boot** (a new mount+UTS namespace, as a new kernel):
    a. `netplan generate` (Debian's netplan.io, the real one) renders /etc/netplan/*.yaml into
       /run/systemd/network (systemd-networkd's .network/.link files); a file netplan rejects
@@ -48,6 +51,7 @@ import subprocess
 import time
 
 from . import dockerd, hosts, net, sshd, state
+from .faults import slow_rails_again
 from .hosts import LabError, nsexec
 from .state import FABRIC_IFACES, MGMT_IFACE, LabRecord, host_dir
 
@@ -211,6 +215,7 @@ def boot(name: str) -> dict:
         lines.append(f"netplan generate: {len(have)} file(s) in /etc/netplan: {' '.join(have) or '-'}")
     applied = apply_networkd(name) if r.returncode == 0 else []
     lines += [f"networkd: {a}" for a in applied] or ["networkd: nothing to apply"]
+    lines += [f"cable fault kept: {x}" for x in _slow_rails_again(name)]
     lines += _enabled_firewall(name)
     _log(name, lines)
     sshd.start_sshd(name)
@@ -218,6 +223,13 @@ def boot(name: str) -> dict:
     start_guard(name)
     return {"netplan_rc": r.returncode, "netplan_files": have, "applied": applied,
             "netplan_error": (r.stderr.strip() or r.stdout.strip()) if r.returncode else ""}
+
+
+def _slow_rails_again(name: str) -> list[str]:
+    try:
+        return slow_rails_again(name)
+    except LabError as e:
+        return [f"FAILED: {e}"]
 
 
 def start_guard(name: str) -> bool:

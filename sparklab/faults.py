@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import dockerd, net, sshd
 from .hosts import LabError, _record, nsexec, write_file
-from .state import FABRIC_IFACES, RAIL_IFACES, STATE_DIR
+from .state import FABRIC_IFACES, RAIL_IFACES, STATE_DIR, host_dir
 
 
 def _check_iface(iface: str) -> None:
@@ -94,11 +94,41 @@ RAIL_SLOW_RATE = "100mbit"
 def rail_slow(host: str, iface: str = RAIL_IFACES[1]) -> str:
     if iface not in RAIL_IFACES.values():
         raise LabError(f"{iface!r} is not a cabled rail ({', '.join(RAIL_IFACES.values())})")
-    return slow_link(host, iface, RAIL_SLOW_RATE)
+    out = slow_link(host, iface, RAIL_SLOW_RATE)
+    _save_slow_rails(host, {**slow_rails(host), iface: RAIL_SLOW_RATE})
+    return out
 
 
 def clear_rail_slow(host: str, iface: str = RAIL_IFACES[1]) -> str:
+    _save_slow_rails(host, {k: v for k, v in slow_rails(host).items() if k != iface})
     return unslow_link(host, iface)
+
+
+# A degraded link is the cable's or the port's: a power cycle does not mend it. The lab keeps the
+# throttled rails outside the host (its state dir) and the boot throttles them again once the
+# fabric is configured, before the node guard starts (sparklab/boot.py), as the link would come back.
+def _slow_rails_path(host: str) -> Path:
+    return host_dir(host) / "slow-rails.json"
+
+
+def slow_rails(host: str) -> dict[str, str]:
+    try:
+        return json.loads(_slow_rails_path(host).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_slow_rails(host: str, rails: dict[str, str]) -> None:
+    path = _slow_rails_path(host)
+    if rails:
+        path.write_text(json.dumps(rails))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def slow_rails_again(host: str) -> list[str]:
+    """At boot: the rails `rail-slow` throttled, throttled again (tc's qdisc went with the power)."""
+    return [slow_link(host, iface, rate) for iface, rate in sorted(slow_rails(host).items())]
 
 
 def kill_dockerd(host: str) -> str:

@@ -85,6 +85,12 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
         cause = next((e for e in reversed(fact.get("events") or []) if name in (e.get("action") or "")), None)
         problems.append(f"the guard stopped {name} ({h.get('kind')})"
                         + (f": {cause['reading']} (threshold {cause['threshold']})" if cause else ""))
+    for r in sample.get("rails") or []:
+        if r.get("status") == "degraded":
+            fig = f"{r['gbps']:g} Gb/s" if r.get("gbps") is not None else "nothing carried"
+            problems.append(f"rail {r.get('iface')} to {r.get('peer')} degraded at its last qualification ({fig}, floor "
+                            f"{r.get('floor_gbps') or 0:g} Gb/s): multi-node starts refused until it qualifies "
+                            "(invoke guard --events says why and the fix)")
     if state.get("breaker"):
         problems.append(f"crash-loop breaker open: {state['breaker']}; the guard will not restart "
                         "(fix the cause, then invoke cluster-up)")
@@ -127,4 +133,4 @@ def fleet_events(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def event_line(e: dict[str, Any]) -> str:
     return (f"{e.get('time')} {e['host']} {e.get('kind')}: {e.get('reading')} "
-            f"(threshold {e.get('threshold')}) -> {e.get('action')}")
+            f"(threshold {e.get('threshold')}) -> {e.get('action')}" + (f"; fix: {e['fix']}" if e.get("fix") else ""))

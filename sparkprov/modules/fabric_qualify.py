@@ -22,7 +22,9 @@ guard and cluster-up's preflight read it), rewritten when a verdict changes or a
 more than RECORD_TOLERANCE (a second provision over the same links changes nothing). A degraded rail
 fails the task naming the rail, the figure, the floor and the fix (after it is recorded);
 `cluster-up` refuses a multi-node start over a node whose record says degraded unless forced
-(serve_preflight). Exports `fabric_qualification`: {ok, rails}.
+(serve_preflight). The record also holds this measurement as the node guard runs it again after
+every boot (`remeasure`: login user, command text, MTUs; serving/guard.py). Exports
+`fabric_qualification`: {ok, rails}.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, TypedDict
 
 from pydantic import Field
 
+from sparkprov.facts.base import ShellCtx
 from sparkprov.facts.fabric import Ibdev2netdev
 from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
                                   ib_hca_problems, judge_rail)
@@ -49,6 +52,9 @@ from sparkprov.modules.ssh_mesh import SSH_MESH
 # provision and 23.39 in the next (docs/fabric.md).
 RECORD_TOLERANCE = 0.5
 COMPARED = ("iface", "hca", "peer", "peer_addr", "status", "mtu", "peer_mtu", "floor_gbps", "expected_gbps")
+# Compared whole: a record without the guard's measurement (written before the guard re-measured
+# after a boot) is rewritten once.
+COMPARED_TOP = ("nccl_ib_hca", "nccl_problems", "seconds", "qps", "remeasure")
 
 
 class Args(ModuleArgs):
@@ -97,7 +103,7 @@ def same_record(before: dict[str, Any] | None, after: dict[str, Any], tolerance:
     MTUs, thresholds and NCCL_IB_HCA, each figure within `tolerance` of the recorded one. Pure."""
     if not before or not before.get("present"):
         return False
-    if any(before.get(k) != after.get(k) for k in ("nccl_ib_hca", "nccl_problems", "seconds", "qps")):
+    if any(before.get(k) != after.get(k) for k in COMPARED_TOP):
         return False
     rb, ra = before.get("rails") or [], after["rails"]
     if len(rb) != len(ra):
@@ -126,6 +132,22 @@ FABRIC_QUALIFICATION: Export[Qualification] = Export("fabric_qualification", Qua
                                                      "each rail's measured throughput, judged against the floor")
 
 
+def throughput_fact(args: Args, host: HostContext, fabrics: dict[str, Any]) -> RailThroughput:
+    """The measurement from this host to its ring peer, rail by rail (the peer's address, iface and HCA)."""
+    peer = fabrics[peer_of(host, fabrics)]
+    rails = tuple((r["iface"], r.get("hca") or "", p["address"], p["iface"], p.get("hca") or "")
+                  for r, p in zip(fabrics[host.name]["rails"], peer["rails"]))
+    return RailThroughput(rails, host.user, args.seconds, args.port, args.qps)
+
+
+def remeasure(args: Args, host: HostContext, fabrics: dict[str, Any]) -> dict[str, Any]:
+    """What the node guard (serving/guard.py, one stdlib file that cannot import this) needs to run this
+    very measurement again after a boot: the login user whose mesh SSH it goes over, the command text as
+    provision runs it, and the MTU each rail must have."""
+    return {"user": host.user, "command": throughput_fact(args, host, fabrics).command(ShellCtx(None)),
+            "rails": [{"iface": r["iface"], "mtu": r.get("mtu") or 9000} for r in fabrics[host.name]["rails"]]}
+
+
 class FabricQualifyModule(Module):
     name = "fabric_qualify"
     Args = Args
@@ -137,10 +159,7 @@ class FabricQualifyModule(Module):
         mine = fabrics.get(host.name)
         if not mine or len(fabrics) < 2 or _pending(host):
             return {}
-        peer = fabrics[peer_of(host, fabrics)]
-        rails = tuple((r["iface"], r.get("hca") or "", p["address"], p["iface"], p.get("hca") or "")
-                      for r, p in zip(mine["rails"], peer["rails"]))
-        named = {"bw": RailThroughput(rails, host.user, args.seconds, args.port, args.qps), "ib": Ibdev2netdev()}
+        named = {"bw": throughput_fact(args, host, fabrics), "ib": Ibdev2netdev()}
         if args.record:
             named["record"] = QualificationRecord()
         return named
@@ -173,7 +192,7 @@ class FabricQualifyModule(Module):
         doc = {"version": 1, "tool": "ib_write_bw", "seconds": args.seconds, "qps": args.qps,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "floor_gbps": floor,
                "expected_gbps": expected, "rails": results, "nccl_ib_hca": ",".join(named) or None,
-               "nccl_problems": nccl,
+               "nccl_problems": nccl, "remeasure": remeasure(args, host, fabrics),
                "ok": not nccl and all(r["status"] != "degraded" for r in results)}
         fails = [r["problem"] for r in results if r["status"] == "degraded"] + [f"{h}: {p}" for p in nccl]
         warns = [r["problem"] for r in results if r["status"] in ("slow", "unmeasured")]

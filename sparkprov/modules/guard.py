@@ -119,6 +119,13 @@ def start_script() -> str:
             f"</dev/null >>{quote(g.LOG_PATH)} 2>&1")
 
 
+def same_boot_script() -> str:
+    """Mark this boot as seen before (re)starting the guard: a start by provision is not a boot, and
+    the guard measures the rails again only after one (serving/guard.py boot_is_new); provision
+    measures them itself (fabric_qualify)."""
+    return f"cat {quote(g.DEFAULTS['boot_id'])} > {quote(g.BOOT_MARKER)} 2>/dev/null || :"
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -168,13 +175,13 @@ class GuardModule(Module):
             if changes or not running:
                 changes.append(Change(
                     f"{'restart' if running else 'start'} {g.UNIT_NAME} (enabled at boot)",
-                    "systemctl daemon-reload && " + cmd("systemctl", "enable", g.UNIT_NAME) + " && "
+                    same_boot_script() + "\nsystemctl daemon-reload && " + cmd("systemctl", "enable", g.UNIT_NAME) + " && "
                     + cmd("systemctl", "restart", g.UNIT_NAME) + " && sleep 1",
                     Diff("guard", "running\n" if running else "stopped\n", "running (new settings)\n"), touched))
         elif changes or not running:
             changes.append(Change(
                 f"{'restart' if running else 'start'} the guard (no systemd: a process started at boot)",
-                _stop_script(g.PIDFILE) + "\n" + start_script() + "\nsleep 1",
+                _stop_script(g.PIDFILE) + "\n" + same_boot_script() + "\n" + start_script() + "\nsleep 1",
                 Diff("guard", "running\n" if running else "stopped\n", "running (new settings)\n"), touched))
         floor = f"MemAvailable floor {values['mem_floor_pct']:g}% x {values['mem_samples']} samples"
         return Plan(changes, msg=f"guard running (pid {state['pid']}), every {values['interval_s']:g}s, {floor}, "

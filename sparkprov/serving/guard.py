@@ -19,6 +19,13 @@ stops it restarting (its own restarts, or docker's restart policy) after `breake
 `breaker_window_s`. It serves its last sample and its events at /metrics (Prometheus text format)
 on loopback and the fabric addresses.
 
+After a boot it has not seen (boot_is_new) it qualifies the fabric rails again, in a thread so that
+sampling goes on: provision's own ib_write_bw measurement (left in the qualification record by the
+fabric_qualify module) run as the login user over the mesh SSH, a peer still booting waited for with
+backoff; the record rewritten with each rail judged against the same floor, so cluster-up's preflight
+refuses a multi-node start over a rail that came back degraded, and a `rail-degraded` event journaled
+with the fix.
+
 Everything that decides is a pure function below (parse_*, classify_kernel_line, decide,
 render_metrics), tested on literal samples and on real captured failure output.
 """
@@ -27,8 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -47,6 +56,7 @@ LOG_PATH = "/var/log/sparkprov-guard.log"
 UNIT_NAME = "sparkprov-guard.service"
 # The fabric qualification provision records (sparkprov/facts/rail.py QUAL_PATH): served at /metrics.
 QUALIFICATION_PATH = "/var/lib/sparkprov/fabric/qualification.json"
+BOOT_MARKER = "/run/sparkprov-guard.boot"
 
 
 
@@ -101,6 +111,16 @@ DEFAULTS = {
     "nvidia_smi": "nvidia-smi",
     "probe_program": PROBE_PATH,
     "qualification": QUALIFICATION_PATH,
+    # After a boot the guard measures every rail of the record again (in a thread: sampling goes on).
+    # A peer that is still booting does not answer the mesh SSH yet: the guard tries again, waiting
+    # `requalify_backoff_s`, doubled each time up to a minute, for at most `requalify_wait_s` (a
+    # Spark boots in minutes; a peer still down then is reported, as a rail that carries nothing).
+    "requalify_wait_s": 600,
+    "requalify_backoff_s": 5,
+    # What tells a boot: the kernel's boot id, and a marker in /run (a tmpfs: empty after every
+    # boot; the lab's simulated Sparks share one kernel, so the marker alone tells their boots apart).
+    "boot_id": "/proc/sys/kernel/random/boot_id",
+    "boot_marker": BOOT_MARKER,
     "journal": JOURNAL_PATH,
     "state": STATE_PATH,
 }
@@ -309,6 +329,176 @@ def parse_qualification(text: str) -> list[dict]:
             if isinstance(r, dict) and r.get("iface")]
 
 
+# -- pure: the fabric qualified again after a boot ---------------------------------------------
+# provision's measurement (facts/rail.py RailThroughput) is rendered into the record by the
+# fabric_qualify module (its `remeasure`: user, command, each rail's MTU); the guard runs that text
+# and judges its output with the copies below of facts/rail.py's parse_ib_write_bw,
+# parse_rail_throughput and judge_rail (this file cannot import sparkprov: it ships alone).
+# tests/unit/test_guard_requalify.py holds them to the originals on the same literal inputs.
+
+RAIL_MTU = 9000
+RAIL_FIX = ("reseat or replace the QSFP cable; check link speed and FEC on both ends (`ethtool IFACE`: "
+            "Speed 200000Mb/s; `ethtool --show-fec IFACE`: a direct cable negotiated FEC None ran NCCL at 2.8 GB/s); "
+            "check `dmesg | grep -i mlx5` for the PCIe slot power messages of NVIDIA/dgx-spark-playbooks PR#108")
+MTU_FIX = "MTU 9000 on both ends of the rail (invoke provision --tags fabric on both hosts)"
+REQUALIFY_ACTION = "reported: multi-node starts refused until it qualifies"
+PEER_SILENT = "the server on the peer did not start"
+_ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s*$")
+
+
+def parse_ib_write_bw(text: str) -> dict:
+    """facts/rail.py parse_ib_write_bw: the median BW average of perftest's rows, or why none came."""
+    device = re.search(r"Device\s*:\s*(\S+)", text)
+    qps = re.search(r"Number of qps\s*:\s*(\d+)", text)
+    rows, in_table = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("#bytes"):
+            in_table = True
+            continue
+        m = _ROW_RE.match(line) if in_table else None
+        if m:
+            rows.append({"bytes": int(m.group(1)), "iterations": int(m.group(2)), "peak_gbps": float(m.group(3)),
+                         "avg_gbps": float(m.group(4)), "mpps": float(m.group(5))})
+    error = None
+    if not rows:
+        error = next((ln.strip() for ln in text.splitlines()
+                      if re.search(r"couldn'?t|unable|error|fail|refused|timed? ?out|no route|not found", ln, re.I)),
+                     None) or (text.strip().splitlines() or ["no output"])[-1].strip()
+    return {"device": device.group(1) if device else None, "qps": int(qps.group(1)) if qps else None,
+            "rows": rows, "gbps": statistics.median(r["avg_gbps"] for r in rows) if rows else None, "error": error}
+
+
+def parse_rail_throughput(out: str) -> dict[str, dict]:
+    """facts/rail.py parse_rail_throughput: iface -> {mtu, peer_mtu, gbps, error, tool}."""
+    rails: dict[str, dict] = {}
+    for block in re.split(r"(?m)^(?=@rail )", out):
+        head, _, body = block.partition("\n")
+        if not head.startswith("@rail "):
+            continue
+        iface = head.split(None, 1)[1].strip()
+        mtu = re.search(r"(?m)^mtu=(\d*)$", body)
+        res: dict = {"mtu": int(mtu.group(1)) if mtu and mtu.group(1) else None, "peer_mtu": None,
+                     "gbps": None, "error": None, "tool": True, "output": ""}
+        if re.search(r"(?m)^@no-tool$", body.partition("@client")[0]):
+            where = "here" if "@server" not in body else "on the peer"
+            res.update(tool=False, error=f"ib_write_bw (perftest) is not installed {where}")
+            rails[iface] = res
+            continue
+        server, _, client = body.partition("\n@client\n")
+        pm = re.search(r"(?m)^peer_mtu=(\d*)$", server)
+        res["peer_mtu"] = int(pm.group(1)) if pm and pm.group(1) else None
+        crc = re.search(r"(?m)^@crc=(\d+)$", client)
+        client = re.sub(r"(?m)^@crc=\d+$", "", client)
+        bw = parse_ib_write_bw(client)
+        res["output"] = "\n".join(client.strip().splitlines()[-3:])
+        if bw["gbps"] is not None and crc and crc.group(1) == "0":
+            res["gbps"] = round(bw["gbps"], 2)
+        else:
+            srv = [ln for ln in server.splitlines() if ln.strip() and not ln.startswith(("@", "peer_mtu="))]
+            why = bw["error"] or "no result"
+            if srv and (not pm or re.search(r"(?i)denied|host key|refused|timed out|resolve", "\n".join(srv))):
+                why = f"{PEER_SILENT}: {srv[-1].strip()}"
+            res["error"] = why
+        rails[iface] = res
+    return rails
+
+
+def judge_rail(m: dict, *, floor: float, expected: float, mtu: int = RAIL_MTU) -> dict:
+    """facts/rail.py judge_rail: status ok, slow, degraded or unmeasured, and the problem with its fix."""
+    where = f"{m['iface']} ({m.get('hca') or 'no RoCE device'}) -> {m.get('peer')} {m.get('peer_addr')}"
+    out = {**{k: m.get(k) for k in ("iface", "hca", "peer", "peer_addr", "gbps", "mtu", "peer_mtu")},
+           "floor_gbps": floor, "expected_gbps": expected, "status": "ok", "problem": None}
+    bad_mtu = [f"{who} {v}" for who, v in (("here", m.get("mtu")), (m.get("peer"), m.get("peer_mtu")))
+               if v is not None and v < mtu]
+    if m.get("tool") is False or not m.get("hca"):
+        why = m.get("error") or "no RoCE device on this rail"
+        out.update(status="unmeasured", problem=f"{where}: not measured: {why} (fix: apt install perftest on both "
+                                                 "hosts, then invoke provision --tags fabric)")
+    elif m.get("gbps") is None:
+        out.update(status="degraded", problem=f"{where}: carried nothing: {m.get('error')} (floor {floor:g} Gb/s; "
+                                               f"fix: {RAIL_FIX})")
+    elif m["gbps"] < floor:
+        out.update(status="degraded", problem=f"{where}: {m['gbps']:g} Gb/s measured (ib_write_bw), under the floor "
+                                               f"{floor:g} Gb/s (fix: {RAIL_FIX})")
+    elif m["gbps"] < expected:
+        out.update(status="slow", problem=f"{where}: {m['gbps']:g} Gb/s measured (ib_write_bw), under the "
+                                           f"{expected:g} Gb/s a healthy rail carries (fix: {RAIL_FIX})")
+    if bad_mtu and out["status"] != "degraded":
+        out.update(status="degraded", problem=f"{where}: MTU {', '.join(bad_mtu)}, not {mtu} (fix: {MTU_FIX})")
+    elif bad_mtu:
+        out["problem"] += f"; MTU {', '.join(bad_mtu)}, not {mtu} (fix: {MTU_FIX})"
+    return out
+
+
+def boot_is_new(marker: str | None, boot_id: str) -> bool:
+    """Whether the guard starts in a boot it has not seen. `marker`: what was left in /run this boot
+    (None: nothing; /run is emptied at boot), holding that boot's id. The guard module leaves one
+    before it (re)starts the guard (modules/guard.py same_boot_script): provision's start is not a boot."""
+    return marker is None or marker.strip() != boot_id.strip()
+
+
+def remeasure_spec(record: dict) -> dict | None:
+    """The measurement provision left in the record for the guard, or None (no rails, or a record
+    written before provision left one: the guard cannot re-measure what it was not told)."""
+    spec = record.get("remeasure") if isinstance(record, dict) else None
+    if not isinstance(spec, dict) or not spec.get("user") or not spec.get("command") or not record.get("rails"):
+        return None
+    return spec
+
+
+def as_user(argv: list[str], user: tuple[str, int, int, str], euid: int) -> list[str]:
+    """`argv` run as `user` (name, uid, gid, home) from a guard running as `euid`: setpriv, not runuser
+    or sudo (no PAM session: nothing to configure, nothing logged per run), with the login user's
+    groups and the environment a login gives those tools (ssh reads ~/.ssh of the uid anyway)."""
+    name, uid, gid, home = user
+    if uid == euid:
+        return argv
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "env", f"HOME={home}", f"USER={name}",
+            f"LOGNAME={name}", *argv]
+
+
+def peer_silent(measured: dict[str, dict]) -> list[str]:
+    """The rails whose peer did not answer the mesh SSH (still booting, or down): worth waiting for."""
+    return sorted(i for i, m in measured.items() if m.get("gbps") is None and str(m.get("error") or "").startswith(PEER_SILENT))
+
+
+def requalified_record(record: dict, measured: dict[str, dict], *, now: float, boot_id: str) -> dict:
+    """The record rewritten from the guard's measurement after a boot: each rail judged as provision
+    judges it (the record's floor and expected figure, the rail's MTU), `ok` again over all of them."""
+    mtus = {r.get("iface"): r.get("mtu") for r in (record.get("remeasure") or {}).get("rails") or []}
+    floor, expected = float(record["floor_gbps"]), float(record["expected_gbps"])
+    rails = []
+    for old in record.get("rails") or []:
+        m = measured.get(old["iface"]) or {"error": "no measurement came back"}
+        rails.append(judge_rail({**m, **{k: old.get(k) for k in ("iface", "hca", "peer", "peer_addr")}},
+                                floor=floor, expected=expected, mtu=mtus.get(old["iface"]) or RAIL_MTU))
+    return {**record, "rails": rails, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "measured_by": f"the node guard, after boot {boot_id}",
+            "ok": not record.get("nccl_problems") and all(r["status"] != "degraded" for r in rails)}
+
+
+def requalify_events(record: dict, now: float, silent: list[str], waited_s: float) -> list[dict]:
+    """One journal event per degraded rail of the re-measured record: the reading, the floor, what
+    follows (cluster-up's preflight refuses a multi-node start over it) and the fix."""
+    events = []
+    for r in record.get("rails") or []:
+        if r.get("status") != "degraded":
+            continue
+        head = f"{r['iface']} -> {r.get('peer')} {r.get('peer_addr')}: "
+        if r["iface"] in silent:
+            reading = head + f"the peer did not answer the mesh SSH within {waited_s:.0f}s after this boot"
+            fix = f"power on or repair {r.get('peer')} and this rail's cable, then invoke provision --tags fabric"
+        else:
+            reading = head + (f"{r['gbps']:g} Gb/s measured (ib_write_bw)" if r.get("gbps") is not None else "nothing carried")
+            mtu = [f"MTU {v}" for v in (r.get("mtu"), r.get("peer_mtu")) if v is not None and v < RAIL_MTU]
+            reading += "".join(f", {x}" for x in mtu)
+            fix = (MTU_FIX if mtu else RAIL_FIX) + "; then invoke provision --tags fabric to qualify again"
+        events.append(_event(now, "rail-degraded", reading, f"floor {r['floor_gbps']:g} Gb/s, MTU {RAIL_MTU}",
+                             REQUALIFY_ACTION, fix=fix, problem=r.get("problem")))
+    return events
+
+
+
 def _esc(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -416,6 +606,25 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str]:
         return -1, str(e)
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _write_json(path: str, doc: dict) -> None:
+    """Atomically, readable by all (the login user's cluster-up preflight reads the record)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def _fabric_addresses(ifaces: list[str]) -> list[str]:
     rc, out = _run(["ip", "-4", "-o", "addr", "show"], 5)
     addrs = []
@@ -429,6 +638,7 @@ def _fabric_addresses(ifaces: list[str]) -> list[str]:
 class Guard:
     def __init__(self, cfg: dict):
         self.cfg = cfg
+        self.lock = threading.Lock()                      # the journal: the sampler and the re-qualification
         self.kernel = KernelLog(cfg["kernel_log"])
         self.kernel.read()
         self.state = self._load_state()
@@ -494,12 +704,63 @@ class Guard:
         if not events:
             return
         os.makedirs(os.path.dirname(self.cfg["journal"]), exist_ok=True)
-        with open(self.cfg["journal"], "a") as fh:
+        with self.lock, open(self.cfg["journal"], "a") as fh:
             for e in events:
                 fh.write(json.dumps(e) + "\n")
                 self.counts[e["kind"]] = self.counts.get(e["kind"], 0) + 1
             fh.flush()
             os.fsync(fh.fileno())
+
+    def requalify_if_booted(self) -> threading.Thread | None:
+        """At start: in a boot the guard has not seen, measure the record's rails again, in a thread."""
+        boot_id = _read(self.cfg["boot_id"]).strip() or "unknown"
+        marker = _read(self.cfg["boot_marker"]) if os.path.exists(self.cfg["boot_marker"]) else None
+        try:
+            record = json.loads(_read(self.cfg["qualification"]) or "{}")
+        except ValueError:
+            record = {}
+        spec = remeasure_spec(record)
+        if not boot_is_new(marker, boot_id) or spec is None:
+            self.mark_boot(boot_id)
+            return None
+        t = threading.Thread(target=self.requalify, args=(record, spec, boot_id), daemon=True, name="requalify")
+        t.start()
+        return t
+
+    def mark_boot(self, boot_id: str) -> None:
+        try:
+            with open(self.cfg["boot_marker"], "w") as fh:
+                fh.write(boot_id + "\n")
+        except OSError:
+            pass
+
+    def measure(self, spec: dict) -> dict[str, dict]:
+        """provision's measurement, as the login user (its mesh SSH keys and pinned host keys)."""
+        try:
+            who = pwd.getpwnam(spec["user"])
+        except KeyError:
+            return {}
+        rc, out = _run(as_user(["sh", "-c", spec["command"]], (who.pw_name, who.pw_uid, who.pw_gid, who.pw_dir),
+                               os.geteuid()), 120 * max(1, len(spec.get("rails") or [])))
+        return parse_rail_throughput(out)
+
+    def requalify(self, record: dict, spec: dict, boot_id: str) -> None:
+        started = time.monotonic()
+        try:
+            delay, wait = float(self.cfg["requalify_backoff_s"]), float(self.cfg["requalify_wait_s"])
+            while True:
+                measured = self.measure(spec)
+                silent = peer_silent(measured)
+                if not silent or self.stopping or time.monotonic() - started + delay > wait:
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 60.0)
+            new = requalified_record(record, measured, now=time.time(), boot_id=boot_id)
+            _write_json(self.cfg["qualification"], new)
+            self.journal(requalify_events(new, time.time(), silent, time.monotonic() - started))
+            self.mark_boot(boot_id)
+        except Exception as e:  # noqa: BLE001 - the guard goes on sampling whatever this thread meets
+            self.journal([_event(time.time(), "requalify-failed", f"{type(e).__name__}: {e}"[:300], "-", "none")])
 
     def write_state(self, sample: dict) -> None:
         shown = {k: v for k, v in sample.items() if k != "kernel"}
@@ -544,6 +805,7 @@ class Guard:
             self.servers[addr] = srv
 
     def run(self) -> None:
+        self.requalify_if_booted()
         last_listen = 0.0
         while not self.stopping:
             t0 = time.monotonic()

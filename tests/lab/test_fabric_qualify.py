@@ -3,7 +3,9 @@ lab's stand-in moves real bytes over the rail's veth, so a throttled rail measur
 it on the node, and a throttled rail (`lab.fault rail-slow`) fails qualification for exactly that
 rail on exactly that host, with the figure and the floor named; `cluster-up` of a TP 2 deployment
 over it is refused before anything starts (naming host, rail, figure and floor) unless
---force-degraded-fabric; cleared, the rail qualifies again. The record is read back with plain
+--force-degraded-fabric; cleared, the rail qualifies again. Then the node guard: after a power cycle
+of a host whose rail degraded, it qualifies the rails again by itself, records the rail degraded and
+journals why; mended and power-cycled, the record is ok again. The record is read back with plain
 commands inside the hosts."""
 # Engine: none: no model is served in this module (cluster-up is refused at its preflight).
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,8 @@ from sparkprov.data.inventory import load_inventory
 from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
-from sparkprov.facts.rail import QUAL_PATH
+from sparkprov.facts.rail import QUAL_PATH, degraded
+from sparkprov.serving.guard import JOURNAL_PATH, REQUALIFY_ACTION
 from sparklab import faults
 from sparklab.state import LAB_RAIL_VARS, RAIL_IFACES
 
@@ -48,6 +52,11 @@ def qual(report: Report, host: str):
 
 def record(lab, host: str) -> dict:
     return json.loads(lab.sh(host, f"cat {QUAL_PATH}").stdout)
+
+
+def journal(lab, host: str) -> list[dict]:
+    r = lab.sh(host, f"cat {JOURNAL_PATH} 2>/dev/null || true")
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +118,50 @@ def test_rails_qualify_then_a_throttled_rail_fails_and_a_multinode_start_is_refu
     cleared = provision(inv)
     assert qual(cleared, SLOW_HOST).status in ("ok", "changed"), qual(cleared, SLOW_HOST).msg
     assert record(lab, SLOW_HOST)["ok"]
+
+
+# From the power cycle's end to the guard's record: the guard starts last at boot, its thread finds the
+# peer answering at once (spark1 stayed up), then ib_write_bw runs `seconds` (3) per rail.
+REQUALIFY_BOUND_S = 120
+
+
+def guard_record_within(lab, host: str, after: str | None, bound: float) -> dict | None:
+    """The record once the node guard has rewritten it (measured after `after`), or None past the bound."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        r = lab.sh(host, f"cat {QUAL_PATH} 2>/dev/null || true")
+        doc = json.loads(r.stdout) if r.stdout.strip() else {}
+        if str(doc.get("measured_by") or "").startswith("the node guard") and doc.get("measured_at") != after:
+            return doc
+        time.sleep(1)
+    return None
+
+
+def test_after_a_power_cycle_the_guard_qualifies_the_rails_again(lab, inv):
+    """The previous test left every rail qualified ok by provision; the guard installed, a rail's cable
+    degrades and the host is power-cycled: its guard measures again, records the rail degraded (what
+    cluster-up's preflight refuses a multi-node start over) and journals why with the fix; mended and
+    power-cycled again, the record is ok."""
+    inventory = load_inventory(inv)
+    Runner(inventory, load_playbook(PLAYBOOK), list(inventory.hosts), RunOptions(tags={"guard"}),
+           Report(open(os.devnull, "w"))).run()
+    before = record(lab, SLOW_HOST)
+    assert before["ok"] and before["remeasure"]["rails"], before
+    seen = len(journal(lab, SLOW_HOST))
+
+    print(faults.rail_slow(SLOW_HOST, SLOW_RAIL))
+    print(faults.reboot(SLOW_HOST))
+    doc = guard_record_within(lab, SLOW_HOST, before.get("measured_at"), REQUALIFY_BOUND_S)
+    assert doc is not None, f"{SLOW_HOST}'s guard did not qualify the rails within {REQUALIFY_BOUND_S}s of its boot"
+    (bad,) = [x for x in doc["rails"] if x["status"] != "ok"]
+    assert bad["iface"] == SLOW_RAIL and bad["status"] == "degraded" and bad["gbps"] < FLOOR and not doc["ok"]
+    (line,) = degraded(SLOW_HOST, {"present": True, **doc})   # cluster-up's preflight refuses on this line
+    assert f"rail {SLOW_RAIL} to spark1" in line
+    (e,) = [x for x in journal(lab, SLOW_HOST)[seen:] if x["kind"] == "rail-degraded"]
+    assert e["reading"].startswith(f"{SLOW_RAIL} -> spark1") and e["action"] == REQUALIFY_ACTION and e["fix"]
+    print(f"{SLOW_HOST} after its boot: {e['reading']} (threshold {e['threshold']})")
+
+    print(faults.clear_rail_slow(SLOW_HOST, SLOW_RAIL))
+    print(faults.reboot(SLOW_HOST))
+    again = guard_record_within(lab, SLOW_HOST, doc["measured_at"], REQUALIFY_BOUND_S)
+    assert again is not None and again["ok"], again
