@@ -69,7 +69,10 @@ class DockerImage(Module):
         # each way in turn until one works; the last one's error is the one reported
         script = "\n".join(["set +e", "ok=1"] + [f"[ $ok = 0 ] || {{ {t}; ok=$?; }}" for t in tries]
                            + [f'[ $ok = 0 ] || {{ echo "could not get {args.image} ({" / ".join(how)})" >&2; exit 1; }}'])
-        return Plan([Change(f"get {args.image} ({', then '.join(how)})", script, touches=[ImageId(args.image)],
+        # the digests are read back too: a pulled image's is what --pin runs by (an image copied
+        # from a peer has none: docker load keeps no registry digest)
+        return Plan([Change(f"get {args.image} ({', then '.join(how)})", script,
+                            touches=[ImageId(args.image), ImageDigests((args.image,))],
                             timeout=args.timeout, predicts=[(ImageId(args.image), {"id": "(to be pulled)", "error": None})])])
 
 

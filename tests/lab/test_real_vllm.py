@@ -339,16 +339,20 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     """tp 2, executor native, across spark1 and spark2 over the fabric: serves 204. Then, with no
     sparkprov command in between and each time within RECOVERY_BOUND_S: rank 1's vLLM killed
     (status exits 2 within 30 s, without a user's request, naming rank 0's failed token), rank 0's
-    node rebooted, rank 1's node rebooted. Then an upgrade (issue 26) to a build that starts and
-    serves but fails the smoke test (the real vLLM answering another question): exit 2, both nodes
-    rolled back to the previous build, which answers 204 again; the history shows the three starts
-    with every node's digest."""
+    node rebooted, rank 1's node rebooted. It runs pinned (--pin): every rank by the registry digest
+    its node holds. Then a pinned upgrade (issue 26) to a build that starts and serves but fails the
+    smoke test (the real vLLM answering another question): exit 2, both nodes rolled back to the
+    previous digest, which answers 204 again; the history shows the three starts with every node's
+    digest."""
     lab = env["lab"]
-    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat")
+    ranks = {"spark1": "sparkprov-nat-rank0", "spark2": "sparkprov-nat-rank1"}
+    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat", "--pin")
     assert rc == 0, out
     d = doc["cluster"]["deployments"]["nat"]
     key = key_of(env, d)
     assert "204" in ask(d["endpoint"], d["model"], key)
+    pinned = {h: lab.ssh(h, f"docker inspect --format '{{{{.Config.Image}}}}' {c}").stdout.strip() for h, c in ranks.items()}
+    assert pinned["spark1"] == pinned["spark2"] and pinned["spark1"].startswith("sparkprov/lab-vllm-cpu@sha256:"), pinned
     args = lab.ssh("spark2", "docker inspect --format '{{join .Args \" \"}}' sparkprov-nat-rank1").stdout
     assert "--headless" in args and "--node-rank 1" in args and "--master-addr 192.168.100.11" in args, args
     for h in lab.names:  # vLLM's own multi-node: no Ray anywhere
@@ -375,15 +379,14 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     rc, st, out = cli(env, "status")
     assert rc == 0, out
 
-    from sparklab.image import VLLM_CPU_IMAGE, VLLM_CPU_WRONG_IMAGE, ensure_images
+    from sparklab.image import VLLM_CPU_WRONG_IMAGE, ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_WRONG_IMAGE])
-    ranks = {"spark1": "sparkprov-nat-rank0", "spark2": "sparkprov-nat-rank1"}
     ran = {h: lab.ssh(h, f"docker inspect --format '{{{{.Image}}}}' {c}").stdout.strip() for h, c in ranks.items()}
     t0 = time.monotonic()
     rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat",
-                      "--image", VLLM_CPU_WRONG_IMAGE)
+                      "--image", VLLM_CPU_WRONG_IMAGE, "--pin")
     took = time.monotonic() - t0
     assert rc == 2, out
     back = doc["cluster"]["deployments"]["nat"]["rollback"]
@@ -391,7 +394,7 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
     assert "204" in ask(d["endpoint"], d["model"], key)
     for h, c in ranks.items():
         now = lab.ssh(h, f"docker inspect --format '{{{{.Image}}}} {{{{.Config.Image}}}}' {c}").stdout.split()
-        assert now == [ran[h], VLLM_CPU_IMAGE], (h, now, ran[h])
+        assert now == [ran[h], pinned[h]], (h, now, ran[h])
     rc, hist, out = cli(env, "history", "nat")
     assert rc == 0, out
     was, wrong, again = hist["records"][-3:]
@@ -399,6 +402,7 @@ def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
         ("start", "passed"), ("start", "failed"), ("rollback", "passed")], hist
     for h in ranks:
         assert wrong["nodes"][h]["digest"].startswith("sparkprov/lab-vllm-cpu@sha256:"), wrong["nodes"][h]
+        assert was["nodes"][h]["digest"] == pinned[h], (was["nodes"][h], pinned[h])
         assert again["nodes"][h]["digest"] == was["nodes"][h]["digest"] != wrong["nodes"][h]["digest"], hist
     print(f"\n[real vLLM native tp2] upgrade to a wrong-answering build: exit 2 after {took:.1f}s, rolled back "
           f"in {back['seconds']:.1f}s")

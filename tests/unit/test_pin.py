@@ -192,3 +192,51 @@ def test_the_history_records_the_digest_a_pinned_node_runs():
          "status": "running"}
     entry = history.node_entry("spark1", [c], {ID1: []})  # RepoDigests aside: the reference is the digest
     assert entry["image"] == pinned and entry["digest"] == pinned
+
+
+STAND_IN_DOCKER = """#!/bin/sh
+# docker as the image play meets it: the image is absent until `docker pull` fetched it
+case "$1 $2" in
+  "image inspect")
+    [ -f "$PULLED" ] || { echo "Error: No such image: $5" >&2; exit 1; }
+    case "$4" in
+      *RepoDigests*) echo "sparkprov/lab-vllm-cpu@sha256:%s" ;;
+      *) echo "sha256:%s" ;;
+    esac ;;
+  "pull -q") touch "$PULLED"; echo "docker.io/$3" ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+""" % ("7" * 64, "3" * 64)
+
+
+def test_an_image_pulled_in_this_run_exports_its_digest(tmp_path, monkeypatch):
+    """Found in the lab (a fresh spark2, cluster-up --pin of a TP 2 deployment): the node that pulled
+    the image in this run was refused as holding no registry digest, because the pull touched only
+    the image-ID fact and the play's exports came from the digests read before the pull. The
+    engine on this machine, with a stand-in docker on PATH (docker is not ours)."""
+    import io
+    import os
+    from pathlib import Path as P
+
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.data.playbook import load_playbook
+    from sparkprov.engine.report import Report
+    from sparkprov.engine.run import Runner, RunOptions
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(STAND_IN_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PULLED", str(tmp_path / "pulled"))
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("hosts:\n  first: {connection: local}\n")
+    book = tmp_path / "image.yaml"
+    book.write_text("- name: image\n  hosts: all\n  tasks:\n    - name: get it\n"
+                    "      docker_image: {image: 'sparkprov/lab-vllm-cpu:0.32.0', source: registry}\n")
+    inventory = load_inventory(inv)
+    runner = Runner(inventory, load_playbook(book), ["first"], RunOptions(), Report(io.StringIO()))
+    runner.run()
+    assert P(tmp_path / "pulled").exists() and runner.report.exit_code() == 0
+    assert docker_image.IMAGE_DIGESTS.read(runner.exports, "first") == {
+        "sparkprov/lab-vllm-cpu:0.32.0": "sha256:" + "7" * 64}
