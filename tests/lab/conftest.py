@@ -75,8 +75,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Each phase's report kept on the test (`rep_call`): a fixture that cleans up only after a
-    failure reads it (tests/lab/test_real_vllm.py's tests share a deployment when they pass)."""
+    """Each phase's report kept on the test (`rep_call`): tests/lab/test_real_vllm.py's cleanup
+    reads it (a passing test marked keeps_serving leaves its deployment for the next)."""
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
@@ -84,6 +84,8 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: tears the lab down; runs last")
+    config.addinivalue_line("markers", "keeps_serving: a passing test leaves its deployment for the next "
+                                       "(tests/lab/test_real_vllm.py nothing_left_running)")
 
 
 @dataclass

@@ -76,12 +76,13 @@ def env(lab, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def nothing_left_running(env, request):
-    """A test that fails half-way leaves nothing for the next: its deployments are removed after it.
-    One that passes leaves what its docstring says it leaves: the tp 1 tests share deployment `one`
-    on spark1 (a start is most of a minute on two cores), each starting it only if it is not there."""
+    """Nothing a test started is left for the next: its deployments are removed after it. Except a
+    test marked `keeps_serving` that passed: it leaves what its docstring says (the tp 1 tests below
+    share deployment `one` on spark1, a start being most of a minute on two cores, each starting it
+    only if it is not there); one that failed leaves nothing either."""
     yield
     rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed:
+    if rep is None or rep.failed or request.node.get_closest_marker("keeps_serving") is None:
         subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"])], cwd=REPO_ROOT, capture_output=True,
                        timeout=300)
 
@@ -133,6 +134,7 @@ def problems(doc: dict, host: str, deployment: str) -> list[str]:
     return ((doc.get("hosts") or {}).get(host, {}).get("deployments") or {}).get(deployment, {}).get("problems") or []
 
 
+@pytest.mark.keeps_serving
 def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_path):
     """tp 1: cluster-up serves lab-tiny with vLLM imported from the image's site-packages; the smoke
     answer holds 204; a rerun is a no-op; status proves liveness with a token; bench stores the real
@@ -208,6 +210,7 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
     assert restarts.split()[1] == "running" and int(restarts.split()[0]) >= 1, restarts
 
 
+@pytest.mark.keeps_serving
 def test_an_upgrade_below_the_bench_gate_is_rolled_back(env, tmp_path):
     """cluster-up --gate bench (issue 26): lab-tiny `one` on spark1 (started if the test before left
     none), benched (the run the gate measures against); an upgrade to a build that answers right but runs one request at a time
