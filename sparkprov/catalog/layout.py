@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
+from sparkprov.catalog.models import NATIVE_MULTINODE_SINCE
 from sparkprov.errors import InputError
 
 if TYPE_CHECKING:
@@ -83,12 +84,14 @@ class Layout:
 
 
 def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, flagset: FlagSet | None = None,
-                 hosts: int | None = None, known_executors_only: bool = True) -> None:
+                 hosts: int | None = None) -> None:
     """Refuse a layout that cannot run (InputError, one line with the fix). `info`: the catalog's
     record of the recipe's image; `flagset`: its vLLM's options (None: not known, not checked);
-    `hosts`: how many Sparks the deployment has (None: not known yet). `known_executors_only`:
-    refuse an executor the catalog does not know the image to run (`invoke recipe`); False refuses
-    only what it knows cannot run (cluster-up, whose preflight asks the image itself)."""
+    `hosts`: how many Sparks the deployment has (None: not known yet). The one rule `invoke
+    recipe`, `invoke plan` and cluster-up share: an executor is refused only where the catalog
+    knows the image cannot run it; one it does not know about is checked on the hosts by
+    cluster-up's preflight (see `unverified_executor`), and Ray missing from an image is baked
+    into a derived image by cluster-up."""
     if layout.tp not in recipe.tp_sizes:
         raise InputError(f"--tp {layout.tp}: {recipe.alias} runs at tp {', '.join(map(str, recipe.tp_sizes))} (G35)",
                          fix=f"--tp {min(recipe.tp_sizes)}")
@@ -112,17 +115,12 @@ def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, 
         raise InputError(f"{layout.describe()} takes {layout.nodes} Spark(s) ({layout.nodes} GPUs, one per Spark), "
                          f"the hosts are {hosts} (tp x pp x dp must equal them, G35)",
                          fix=f"--hosts with {layout.nodes} hosts (the first is rank 0)")
-    if layout.nodes > 1 and info is not None and layout.executor:
-        executor = layout.executor
-        derives_ray = executor == "ray" and info.has_ray is False  # cluster-up bakes Ray into a derived image
-        known_not = executor == "native" and info.native_multinode is False
-        if executor not in info.executors and not derives_ray and (known_executors_only or known_not):
-            other = [e for e in info.executors if e != executor]
-            raise InputError(f"{recipe.alias} runs {info.ref} (vLLM {info.vllm or 'unknown'}), which the catalog marks "
-                             + ("single-node only" if not info.executors else f"multi-node with {', '.join(other)} only")
-                             + f": no {executor} multi-node layout",
-                             fix=f"--executor {other[0]}" if other else "--tp 1 (one Spark), or a recipe on an image "
-                             "with vLLM >= 0.12 (invoke images)")
+    if layout.nodes > 1 and info is not None and layout.executor == "native" and info.native_multinode is False:
+        raise InputError(f"{recipe.alias} runs {info.ref} (vLLM {info.vllm}), which predates vLLM's native multi-node "
+                         f"launch (--nnodes/--headless, vLLM >= {NATIVE_MULTINODE_SINCE}): no native multi-node layout",
+                         fix="--executor ray (cluster-up bakes Ray into a derived image where the image ships none)"
+                         if layout.dp == 1 else "replicas as separate deployments behind `invoke gateway up`, or a "
+                         "recipe on an image with a newer vLLM (invoke images)")
     if flagset is not None:
         missing = [f for f in layout.flags() if not flagset.knows(f)]
         if missing:
@@ -132,13 +130,29 @@ def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, 
                              "vLLM has them (invoke images)")
 
 
-def layout_of(recipe: ResolvedRecipe, catalog: Catalog, layout: Layout, *, hosts: int | None = None,
-              known_executors_only: bool = True) -> None:
+def unverified_executor(info: Image | None, layout: Layout) -> str | None:
+    """What the catalog does not know about the image's multi-node executor for this layout, and
+    who checks it: cluster-up's preflight, on the hosts (None: nothing left unknown)."""
+    if layout.nodes < 2 or layout.executor is None:
+        return None
+    if info is None:
+        return "the image is not in the catalog: cluster-up's preflight checks it on the hosts"
+    if layout.executor == "native" and info.native_multinode is None:
+        return (f"the catalog does not record {info.ref}'s vLLM version: whether it has the native multi-node launch "
+                f"(vLLM >= {NATIVE_MULTINODE_SINCE}) is checked by cluster-up's preflight, which reads the image's "
+                "`vllm serve --help`")
+    if layout.executor == "ray" and info.has_ray is None:
+        return (f"the catalog does not record whether {info.ref} ships Ray: cluster-up's preflight warns, and a Ray "
+                "head without it exits 'ray: command not found' (set ray: in the image's catalog entry)")
+    return None
+
+
+def layout_of(recipe: ResolvedRecipe, catalog: Catalog, layout: Layout, *, hosts: int | None = None) -> None:
     """check_layout with the catalog's image record and the recorded flag set of its vLLM."""
     from sparkprov.catalog.knownflags import known_flags
 
     check_layout(recipe, catalog.image(recipe.image), layout, flagset=known_flags(recipe.image, catalog),
-                 hosts=hosts, known_executors_only=known_executors_only)
+                 hosts=hosts)
 
 
 def layouts(recipe: ResolvedRecipe, catalog: Catalog, max_nodes: int) -> Iterator[Layout]:

@@ -11,11 +11,11 @@ would pick, by the rule in `pick` (stated there and in docs/memory-planner.md).
 Per node, for a layout tp x pp (a replica of dp is one such engine):
 
     weights   = the model's runtime weights / (tp x pp)   (TP splits every layer, PP the layers)
-    KV/token  = one GPU's figure x (KV heads on a rank / KV heads) / pp   (heads replicate when
-                KV heads < tp, as memory.kv_bytes_per_token does)
     KV pool   = utilization x host memory - weights - runtime overhead
-    tokens    = KV pool / KV per token: the engine's capacity (every node holds its slice of
-                every token); dp replicas hold dp times that, each its own share of the requests
+    tokens    = what the pool holds as vLLM lays it out, from the layers' kinds on that node
+                (memory.kv_capacity: KV heads / tp, replicated when fewer than tp; the layers
+                / pp; a linear-attention or Mamba state per sequence): the engine's capacity
+                (every node holds its slice of every token); dp replicas hold dp times that
 
 A layout fits when every node's pool holds at least one --max-model-len sequence (vLLM refuses to
 start otherwise) and the host keeps its headroom (memory.plan_host). One Spark's figures come
@@ -25,11 +25,11 @@ from memory's single-node plan, so a figure the notes measured (kv_measured) is 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from sparkprov.catalog.memory import (HOST_MEMORY_GIB, MIN_HEADROOM_GIB, RUNTIME_OVERHEAD_GIB, ModelPlan,
-                                      plan_host, plan_model)
+from sparkprov.catalog.memory import (GIB, HOST_MEMORY_GIB, MIN_HEADROOM_GIB, RUNTIME_OVERHEAD_GIB, KvSettings,
+                                      KvShape, ModelPlan, PlanError, plan_host, plan_model)
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
@@ -39,7 +39,10 @@ if TYPE_CHECKING:
 # unsloth PR#10280 (two Sparks over ConnectX-7, GB10): tensor parallel 2.09x (median TPOT 332.7 ms
 # -> 162.4 ms), pipeline parallel 1.08x (TPOT flat), two replicas 1.30x at 8 users to 1.91x at 32
 # (aggregate decode); issue 23: for gpt-oss-120b two single-Spark replicas behind LiteLLM beat
-# TP 2 at 64 concurrent requests.
+# TP 2 at 64 concurrent requests. Beside them, one Spark's own curve (004, gpt-oss-120b): 49 output
+# tok/s at 1 request, 102 at 4, 207 at 16, 444 at 64: aggregate throughput keeps growing with the
+# requests one engine takes, so two engines each at half the load add up, where TP 2 (004: 70 tok/s
+# single-stream against 60 on one Spark) buys latency.
 TP_SPEEDUP_2 = 2.09
 PP_SPEEDUP_2 = 1.08
 REPLICAS_FROM_CONCURRENCY = 8  # where two replicas first measured ahead (1.30x at 8 users)
@@ -67,11 +70,19 @@ class ModelFigures:
     alias: str
     utilization: float
     weights_gib: float | None  # the whole model at its runtime size
-    bytes_per_token: float | None  # KV per token of the whole model on one GPU
-    kv_heads: int | None  # to split KV heads over tp (None: split evenly)
-    max_model_len: int | None
+    shape: KvShape | None  # its layers by cache kind (None: not known, no token figures)
+    kv: KvSettings  # KV dtype, --max-model-len, speculative tokens, prefix caching
     single: ModelPlan | None = None  # memory's one-Spark plan (measured figures where the notes have them)
-    kv_source: str = "formula"
+    kv_source: str = "layers"
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.kv.max_model_len
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """What a token of a full-length request costs on one Spark (its share of any state)."""
+        return self.single.bytes_per_token if self.single is not None else None
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class LayoutPlan:
     mode: str
     nodes: tuple[NodeMemory, ...]
     refused: str | None = None  # a layout rule refuses it (why)
+    unverified: str | None = None  # what the catalog does not know of the image for it (cluster-up's preflight checks)
     does_not_fit: str | None = None  # memory refuses it (the numbers)
     engine_tokens: int | None = None  # one engine's (replica's) capacity: the smallest node's
     demand_tokens: int | None = None  # --max-model-len x the requests one replica takes
@@ -143,7 +155,7 @@ class LayoutPlan:
     def as_dict(self) -> dict:
         return {"layout": self.describe(), "tp": self.tp, "pp": self.pp, "dp": self.dp, "sparks": self.sparks,
                 "executor": self.executor, "mode": self.mode, "options": self.options(), "fits": self.fits,
-                "refused": self.refused, "does_not_fit": self.does_not_fit, "engine_tokens": self.engine_tokens,
+                "refused": self.refused, "unverified": self.unverified, "does_not_fit": self.does_not_fit, "engine_tokens": self.engine_tokens,
                 "total_tokens": self.total_tokens, "demand_tokens": self.demand_tokens, "covers": self.covers,
                 "nodes": [n.as_dict() for n in self.nodes], "bench": self.bench}
 
@@ -171,8 +183,8 @@ def node_memory(model: ModelFigures, spark: Spark, tp: int, pp: int,
     else:
         weights = None if model.weights_gib is None else model.weights_gib / (tp * pp)
         plan = plan_model(model.alias, gpu_memory_utilization=util, weights_gib=weights,
-                          bytes_per_token=_split_bytes_per_token(model, tp, pp), max_model_len=model.max_model_len,
-                          host_gib=spark.host_gib, overhead_gib=overhead_gib)
+                          max_model_len=model.max_model_len, host_gib=spark.host_gib, overhead_gib=overhead_gib)
+        plan = _with_capacity(plan, model, tp, pp)
     host = plan_host([plan], host=spark.name, other_services_gib=spark.other_services_gib, host_gib=spark.host_gib,
                      min_headroom_gib=spark.min_headroom_gib)
     return NodeMemory(host=spark.name, utilization=util, budget_gib=plan.budget_gib, weights_gib=plan.weights_gib,
@@ -181,15 +193,15 @@ def node_memory(model: ModelFigures, spark: Spark, tp: int, pp: int,
                       problems=tuple(str(p) for p in host.problems), measured=measured)
 
 
-def _split_bytes_per_token(model: ModelFigures, tp: int, pp: int) -> float | None:
-    bpt = model.bytes_per_token
-    if bpt is None:
-        return None
-    if model.kv_heads:
-        share = max(1, math.ceil(model.kv_heads / tp)) / model.kv_heads
-    else:
-        share = 1 / tp
-    return bpt * share / pp
+def _with_capacity(plan: ModelPlan, model: ModelFigures, tp: int, pp: int) -> ModelPlan:
+    if model.shape is None or plan.kv_pool_gib is None or not model.max_model_len:
+        return plan
+    try:
+        tokens = model.kv.capacity(model.shape, max(plan.kv_pool_gib, 0.0), tp=tp, pp=pp).tokens
+    except PlanError:
+        return plan
+    bpt = plan.kv_pool_gib * GIB / tokens if tokens and plan.kv_pool_gib > 0 else None
+    return replace(plan, pool_tokens=tokens, concurrency=tokens / model.max_model_len, bytes_per_token=bpt)
 
 
 def _does_not_fit(nodes: tuple[NodeMemory, ...], max_model_len: int | None) -> str | None:
@@ -205,7 +217,8 @@ def _does_not_fit(nodes: tuple[NodeMemory, ...], max_model_len: int | None) -> s
     return None
 
 
-Rules = Callable[[int, int, int], "tuple[str, str | None, str | None]"]
+# (mode, executor, why the rules refuse it or None[, what the catalog leaves to cluster-up's preflight])
+Rules = Callable[[int, int, int], tuple]
 
 
 def plan_layouts(model: ModelFigures, sparks: list[Spark], *, counts: list[int], rules: Rules, concurrency: int,
@@ -216,13 +229,15 @@ def plan_layouts(model: ModelFigures, sparks: list[Spark], *, counts: list[int],
     for count in counts:
         hosts = sparks[:count]
         for tp, pp, dp in shapes(count):
-            mode, executor, refused = rules(tp, pp, dp)
+            verdict = rules(tp, pp, dp)
+            mode, executor, refused = verdict[:3]
+            unverified = verdict[3] if len(verdict) > 3 else None
             nodes = tuple(node_memory(model, s, tp, pp) for s in hosts)
             tokens = [n.tokens for n in nodes]
             engine_tokens = min(tokens) if tokens and all(t is not None for t in tokens) else None
             demand = model.max_model_len * math.ceil(concurrency / dp) if model.max_model_len else None
             out.append(LayoutPlan(tp=tp, pp=pp, dp=dp, executor=executor, mode=mode, nodes=nodes,
-                                  refused=refused, does_not_fit=_does_not_fit(nodes, model.max_model_len),
+                                  refused=refused, unverified=unverified, does_not_fit=_does_not_fit(nodes, model.max_model_len),
                                   engine_tokens=engine_tokens, demand_tokens=demand,
                                   bench=(bench or {}).get((tp, pp, dp))))
     return out
@@ -238,11 +253,12 @@ class Pick:
 RULE = (
     "1. only layouts the rules allow and whose every node fits (KV pool >= one --max-model-len sequence, "
     "headroom kept)",
-    "2. of those, the ones whose pool covers --max-model-len x concurrency per replica; none: the most tokens",
-    "3. the fewest Sparks",
-    "4. a measured bench run at this concurrency for two or more of them: the highest output tok/s",
-    f"5. else, concurrency >= {REPLICAS_FROM_CONCURRENCY} and one Spark holds the model: replicas (aggregate "
-    "throughput); otherwise the largest tp (per-token latency), then the smallest pp (PP adds capacity, not speed)",
+    "2. the fewest Sparks",
+    "3. a measured bench run at this concurrency for two or more of them: the highest output tok/s",
+    f"4. else, concurrency >= {REPLICAS_FROM_CONCURRENCY} and one Spark holds the model: replicas (measured ahead "
+    "on aggregate throughput from 8 concurrent requests on)",
+    "5. else, of those whose pool covers --max-model-len x concurrency per replica (none: all of them), the largest "
+    "tp (per-token latency), then the smallest pp (PP adds capacity, not speed)",
 )
 
 
@@ -254,42 +270,49 @@ def _measured_tps(plan: LayoutPlan, concurrency: int) -> float | None:
 
 
 def pick(plans: list[LayoutPlan], concurrency: int) -> Pick:
-    """The layout `invoke plan` recommends, by RULE (each step narrows the last)."""
+    """The layout `invoke plan` recommends, by RULE (each step narrows the last). The pool's cover
+    of --max-model-len x concurrency decides only between layouts no measurement ranks: requests
+    are rarely all full-length, and the measurements (MEASURED) were taken on real pools."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
         memory = [p for p in plans if p.refused is None]
         why = ("no layout the rules allow fits in memory: more Sparks, a smaller checkpoint, or a lower "
                "--max-model-len" if memory else "the layout rules refuse every layout on these Sparks (each says why)")
         return Pick(None, why, RULE)
-    covering = [p for p in fitting if p.covers is not False]
-    if covering:
-        pool, step2 = covering, f"its pool covers --max-model-len x {concurrency} concurrent"
-    else:
-        best = max(p.total_tokens or 0 for p in fitting)
-        pool = [p for p in fitting if (p.total_tokens or 0) == best]
-        step2 = f"no layout's pool covers --max-model-len x {concurrency} concurrent; this one holds the most tokens"
-    fewest = min(p.sparks for p in pool)
-    pool = [p for p in pool if p.sparks == fewest]
+    fewest = min(p.sparks for p in fitting)
+    pool = [p for p in fitting if p.sparks == fewest]
     measured = [(t, p) for p in pool if (t := _measured_tps(p, concurrency)) is not None]
     if len(measured) >= 2:
         tps, best_plan = max(measured, key=lambda x: x[0])
-        return Pick(best_plan, f"{step2}; measured fastest at concurrency {concurrency}: {tps:.1f} output tok/s "
+        return Pick(best_plan, f"measured fastest at concurrency {concurrency}: {tps:.1f} output tok/s "
                                f"(bench {best_plan.bench.get('time', '?')})", RULE)
     replicas = [p for p in pool if p.dp > 1 and p.tp * p.pp == 1]
     if replicas and concurrency >= REPLICAS_FROM_CONCURRENCY:
-        return Pick(replicas[0], f"{step2}; one Spark holds the model and {concurrency} concurrent requests favour "
-                                 f"replicas ({MEASURED})", RULE)
-    best = sorted(pool, key=lambda p: (-p.tp, p.pp, p.dp))[0]
+        chosen = replicas[0]
+        return Pick(chosen, f"one Spark holds the model and {concurrency} concurrent requests favour replicas "
+                            f"({MEASURED}); {_cover(chosen, concurrency)}", RULE)
+    covering = [p for p in pool if p.covers is not False] or pool
+    best = sorted(covering, key=lambda p: (-p.tp, p.pp, p.dp))[0]
+    cover = _cover(best, concurrency)
     if best.sparks == 1:
-        why = f"{step2} on one Spark"
+        why = f"one Spark; {cover}"
     elif best.tp > 1:
-        why = f"{step2}; the largest tp lowers per-token latency ({MEASURED})"
+        why = f"{cover}; the largest tp lowers per-token latency ({MEASURED})"
     elif best.pp > 1:
-        why = f"{step2}; the recipe's TP sizes leave pipeline stages (PP adds capacity, not speed: {MEASURED})"
+        why = f"{cover}; the recipe's TP sizes leave pipeline stages (PP adds capacity, not speed: {MEASURED})"
     else:
-        why = (f"{step2}; no tp layout is allowed, and replicas (independent engines) beat pipeline stages, which "
+        why = (f"{cover}; no tp layout is allowed, and replicas (independent engines) beat pipeline stages, which "
                f"add capacity, not speed ({MEASURED})")
     return Pick(best, why, RULE)
+
+
+def _cover(plan: LayoutPlan, concurrency: int) -> str:
+    if plan.covers is None:
+        return "its pool's token capacity is not known"
+    per = -(-concurrency // plan.dp)
+    return (f"its pool covers --max-model-len x {per} concurrent per replica" if plan.covers else
+            f"its pool holds {plan.engine_tokens:,} tokens per replica, fewer than --max-model-len x {per} (longer "
+            "requests wait)")
 
 
 def latest_bench(records: list[dict], alias: str) -> dict[tuple[int, int, int], dict]:
@@ -316,27 +339,29 @@ def latest_bench(records: list[dict], alias: str) -> dict[tuple[int, int, int], 
 
 def figures_of(recipe: ResolvedRecipe, catalog: Catalog) -> ModelFigures:
     """The model's one-Spark figures: memory's plan of its rendered launch (measured figures and
-    runtime quantization included), and its KV heads for the TP split."""
-    from sparkprov.catalog.lint import plan_launch
+    runtime quantization included), its layers by cache kind and the launch's KV settings."""
+    from sparkprov.catalog.lint import kv_settings, plan_launch
+    from sparkprov.catalog.memory import kv_shape_of
     from sparkprov.catalog.render import HostServeContext, render_launch
 
-    single = plan_launch(render_launch(recipe, HostServeContext(), 1, catalog=catalog))
+    launch = render_launch(recipe, HostServeContext(), 1, catalog=catalog)
+    single = plan_launch(launch)
+    kv = kv_settings(launch)
     measured = recipe.kv_measured is not None and single.pool_tokens == recipe.kv_measured.pool_tokens
-    source = ("measured" if measured else "measured sibling" if recipe.kv_sibling_measured is not None
-              else "formula")
-    heads = recipe.config.num_key_value_heads if recipe.config else None
+    shape = kv_shape_of(recipe.config, hybrid=recipe.traits.hybrid, mtp=kv.mtp) if recipe.config else None
+    source = "measured" if measured else "layers" if shape is not None else "unknown"
     return ModelFigures(alias=recipe.alias, utilization=single.gpu_memory_utilization,
-                        weights_gib=single.weights_gib, bytes_per_token=single.bytes_per_token, kv_heads=heads,
-                        max_model_len=single.max_model_len, single=single, kv_source=source)
+                        weights_gib=single.weights_gib, shape=shape, kv=kv, single=single, kv_source=source)
 
 
 def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
     """The layout rules of catalog/layout.py for `plan_layouts`: the executor a layout would run on
     (vLLM's own where the image has it, else Ray, which cluster-up bakes into a derived image), and
     why a layout is refused. Replicas of one Spark are one deployment with one API (native dp) where
-    the image allows it, else single-Spark deployments behind the gateway; replicas of a larger
-    engine are always separate deployments behind the gateway."""
-    from sparkprov.catalog.layout import Layout, layout_of
+    the image is known to allow it, else single-Spark deployments behind the gateway; replicas of a
+    larger engine are always separate deployments behind the gateway. An executor the catalog does
+    not know the image to have is allowed, as cluster-up allows it, with what its preflight checks."""
+    from sparkprov.catalog.layout import Layout, layout_of, unverified_executor
     from sparkprov.errors import InputError
 
     info = catalog.image(recipe.image)
@@ -349,15 +374,18 @@ def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
             return exc.line()
         return None
 
-    def rules(tp: int, pp: int, dp: int) -> tuple[str, str | None, str | None]:
+    def verdict(mode: str, layout: Layout) -> tuple[str, str | None, str | None, str | None]:
+        why = refusal(layout)
+        return mode, layout.executor, why, None if why else unverified_executor(info, layout)
+
+    def rules(tp: int, pp: int, dp: int) -> tuple[str, str | None, str | None, str | None]:
         engine = tp * pp
         executor = None if engine == 1 else ("native" if native else "ray")
         if dp == 1:
-            return ONE_ENGINE, executor, refusal(Layout(tp, pp, 1, False, executor))
-        if engine == 1:
-            why = refusal(Layout(1, 1, dp, False, "native"))
-            if why is None:
-                return DP_ONE_API, "native", None
-        return GATEWAY, executor, refusal(Layout(tp, pp, 1, False, executor))
+            return verdict(ONE_ENGINE, Layout(tp, pp, 1, False, executor))
+        if engine == 1 and native:  # one API over the replicas where the image is known to have it
+            return verdict(DP_ONE_API, Layout(1, 1, dp, False, "native"))
+        mode, _, why, unverified = verdict(GATEWAY, Layout(tp, pp, 1, False, executor))
+        return mode, executor, why, unverified
 
     return rules

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import re
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
@@ -21,8 +22,8 @@ from sparkprov.defaults import RAY_DERIVED_PREFIX
 from sparkprov.catalog.knownflags import REPLACED
 from sparkprov.catalog.layout import GPUS_PER_SPARK
 from sparkprov.catalog.load import Catalog
-from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token,
-                                      kv_dtype_bytes, plan_host, plan_model)
+from sparkprov.catalog.memory import (GIB, HostPlan, KvSettings, ModelPlan, PlanError, gb_to_gib, kv_dtype_bytes,
+                                      kv_shape_of, plan_host, plan_model)
 from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
 from sparkprov.catalog.models import ResolvedRecipe
 
@@ -142,66 +143,76 @@ def runtime_weights_gib(recipe: ResolvedRecipe, quantization: str | None) -> flo
     return gib
 
 
+def kv_settings(launch: Launch) -> KvSettings:
+    """What of a launch sizes its KV cache besides the pool: --kv-cache-dtype, --max-model-len,
+    speculative tokens (and whether the checkpoint's own MTP head speculates), prefix caching
+    (its "align" mode for state layers) and --max-num-batched-tokens (sliding windows)."""
+    spec = launch.recipe.speculative or {}
+    override = launch.value("--speculative-config")
+    if override is not None:
+        try:
+            spec = json.loads(override)
+        except ValueError:
+            spec = {}
+    tokens = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+    return KvSettings(kv_dtype=launch.value("--kv-cache-dtype") or "auto",
+                      max_model_len=_int(launch.value("--max-model-len")),
+                      spec_tokens=tokens if isinstance(tokens, int) and tokens > 0 else 0,
+                      mtp=isinstance(spec, dict) and spec.get("method") == "mtp" and not spec.get("model"),
+                      prefix_caching=launch.has("--enable-prefix-caching"),
+                      max_num_batched_tokens=_int(launch.value("--max-num-batched-tokens")))
+
+
 def plan_launch(launch: Launch) -> ModelPlan:
     """The memory plan of one launch on its node (weights and KV split by TP).
 
-    Measured figures win over the formula: a note's startup log gives the pool vLLM reported at a
-    utilization (the pool then moves GiB for GiB with the utilization: weights and overhead stay),
-    and its bytes per token; a recipe without its own figure uses a measured sibling of the same
-    architecture (`kv_sibling`). The config formula is the fallback (a lower bound for hybrids)."""
+    The pool is budget - weights - overhead; the tokens it holds come from each layer's kind
+    (memory.kv_capacity over the config's layers: full attention, sliding window, linear-attention
+    and Mamba state), laid out as vLLM does. A note's startup log wins where the launch is the one
+    it logged (KV dtype, --max-model-len, one node): its pool and tokens as logged; at another
+    utilization its pool moves GiB for GiB (weights and overhead stay) at the logged tokens per GiB."""
     r, tp = launch.recipe, launch.tp
     util = launch.number("--gpu-memory-utilization") or VLLM_DEFAULT_UTILIZATION
     util = min(util, 1.0)
-    kv_dtype = launch.value("--kv-cache-dtype") or "auto"
+    kv = kv_settings(launch)
     host_gib = launch.ctx.host_memory_gib
     m = r.kv_measured
-    weights = None
     if m is not None and m.weights_gib is not None and tp == 1:
         weights = m.weights_gib
     else:
         w = runtime_weights_gib(r, launch.value("--quantization"))
         weights = None if w is None else w / tp
-
-    def dtype_ratio(measured) -> float | None:
-        try:
-            return kv_dtype_bytes(kv_dtype) / kv_dtype_bytes(measured.kv_cache_dtype)
-        except PlanError:
-            return None
-
-    bpt: float | None = None
     kv_pool: float | None = None
     measured_tokens: int | None = None
-    same = m is not None and tp == 1 and dtype_ratio(m) == 1
-    if same:
-        bpt = m.bytes_per_token
-        if bpt is None and r.kv_sibling_measured is not None:
-            ratio = dtype_ratio(r.kv_sibling_measured)
-            bpt = r.kv_sibling_measured.bytes_per_token * ratio if ratio else None
-        if abs(util - m.gpu_memory_utilization) < 1e-9:
-            measured_tokens = m.pool_tokens
-            kv_pool = m.pool_gib if m.pool_gib is not None else (m.pool_tokens * bpt / GIB if bpt else None)
-        elif bpt:
-            base = m.pool_gib if m.pool_gib is not None else m.pool_tokens * bpt / GIB
-            kv_pool = base + (util - m.gpu_memory_utilization) * host_gib
-    if bpt is None and r.kv_sibling_measured is not None and tp == 1:
-        ratio = dtype_ratio(r.kv_sibling_measured)
-        if ratio:
-            bpt = r.kv_sibling_measured.bytes_per_token * ratio
-    if bpt is None:
+    same = (m is not None and tp == 1 and _same_dtype(kv.kv_dtype, m.kv_cache_dtype)
+            and (m.max_model_len is None or m.max_model_len == kv.max_model_len))
+    if same and abs(util - m.gpu_memory_utilization) < 1e-9:
+        measured_tokens = m.pool_tokens
+        kv_pool = m.pool_gib
+    elif same and m.pool_gib is not None:  # the same launch at another utilization: the logged tokens per GiB
+        kv_pool = m.pool_gib + (util - m.gpu_memory_utilization) * host_gib
+        measured_tokens = int(max(kv_pool, 0.0) * GIB // m.bytes_per_token)
+    plan = plan_model(r.alias, gpu_memory_utilization=util, weights_gib=weights, max_model_len=kv.max_model_len,
+                      max_num_seqs=_int(launch.value("--max-num-seqs")), host_gib=host_gib, kv_pool_gib=kv_pool)
+    shape = kv_shape_of(r.config, hybrid=r.traits.hybrid, mtp=kv.mtp) if r.config else None
+    tokens = measured_tokens
+    if tokens is None and shape is not None and plan.kv_pool_gib is not None and kv.max_model_len:
         try:
-            if r.config and r.config.attention_layers and r.config.num_key_value_heads and r.config.head_dim:
-                bpt = kv_bytes_per_token(r.config.attention_layers, r.config.num_key_value_heads, r.config.head_dim,
-                                         kv_dtype, tp)
+            tokens = kv.capacity(shape, max(plan.kv_pool_gib, 0.0), tp=tp).tokens
         except PlanError:
-            bpt = None
-    plan = plan_model(r.alias, gpu_memory_utilization=util, weights_gib=weights, bytes_per_token=bpt,
-                      max_model_len=_int(launch.value("--max-model-len")),
-                      max_num_seqs=_int(launch.value("--max-num-seqs")), host_gib=host_gib,
-                      kv_pool_gib=kv_pool)
-    if measured_tokens is not None:
-        conc = measured_tokens / plan.max_model_len if plan.max_model_len else None
-        plan = replace(plan, pool_tokens=measured_tokens, concurrency=conc)
-    return plan
+            tokens = None
+    if tokens is None:
+        return plan
+    bpt = plan.kv_pool_gib * GIB / tokens if tokens and plan.kv_pool_gib else None
+    conc = tokens / plan.max_model_len if plan.max_model_len else None
+    return replace(plan, pool_tokens=tokens, concurrency=conc, bytes_per_token=bpt)
+
+
+def _same_dtype(a: str | None, b: str | None) -> bool:
+    try:
+        return kv_dtype_bytes(a) == kv_dtype_bytes(b)
+    except PlanError:
+        return False
 
 
 def plan_launches(launches: list[Launch]) -> HostPlan:

@@ -184,7 +184,7 @@ def _merge_model(parent: Any, child: Any) -> Any:
     return out
 
 
-INHERITED_SOURCED = ("model", "size_gb", "gated", "traits", "config", "kv_measured", "kv_sibling", "image", "command",
+INHERITED_SOURCED = ("model", "size_gb", "gated", "traits", "config", "kv_measured", "image", "command",
                      "pre_serve", "docker", "tp_sizes", "startup", "smoke")
 MERGED_MODELS = ("model", "traits", "config", "kv_measured", "docker", "startup", "smoke")
 
@@ -282,7 +282,6 @@ def _finish(data: dict[str, Any], entry: _Entry) -> ResolvedRecipe:
         "title": data.get("title") or data["model"].repo,
         "config": data.get("config"),
         "kv_measured": data.get("kv_measured"),
-        "kv_sibling": data.get("kv_sibling"),
         "command": data.get("command"),
         "pre_serve": data.get("pre_serve") or [],
         "env": data.get("env") or {},
@@ -342,18 +341,4 @@ def load_catalog(extra_paths: Iterable[str | Path] = (), *, include_package: boo
     for alias, entry in entries.items():
         data = _resolve(alias, entries)
         recipes[alias] = _finish(data, entry)
-    for alias, r in recipes.items():
-        if r.kv_sibling is None:
-            continue
-        sib = recipes.get(r.kv_sibling)
-        entry = entries[alias]
-        if sib is None or sib.kv_measured is None or sib.kv_measured.bytes_per_token is None:
-            raise entry.error(f"kv_sibling {r.kv_sibling!r} is not a recipe with a measured KV pool (kv_measured "
-                              "with pool_gib)", key="kv_sibling", fix="name a recipe of the same architecture that has one")
-        if sib.config and r.config and (sib.config.model_type, sib.config.attention_layers,
-                                         sib.config.num_key_value_heads, sib.config.head_dim) != (
-                r.config.model_type, r.config.attention_layers, r.config.num_key_value_heads, r.config.head_dim):
-            raise entry.error(f"kv_sibling {r.kv_sibling!r} has another architecture (config differs)",
-                              key="kv_sibling", fix="name a recipe of the same architecture")
-        recipes[alias] = r.model_copy(update={"kv_sibling_measured": sib.kv_measured})
     return Catalog(recipes=dict(sorted(recipes.items())), image_table=images, files=files)

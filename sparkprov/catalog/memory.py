@@ -4,7 +4,7 @@ How vLLM spends memory (what the notes show, 001 §8 "Memory & KV cache"):
 
     budget   = --gpu-memory-utilization x total memory CUDA sees       (one instance)
     kv_pool  = budget - weights - runtime overhead (activations, CUDA graphs, torch)
-    tokens   = kv_pool / kv_bytes_per_token                             (a capacity, G17)
+    tokens   = the pool in vLLM's blocks, per the layers' kinds (below)   (a capacity, G17)
     full-length concurrency = tokens / --max-model-len
 
 Numbers used (each a default a caller can change):
@@ -14,22 +14,26 @@ Numbers used (each a default a caller can change):
 * runtime overhead: 3.2 GiB. 001's log: util 0.85, "Model loading took 21.94 GiB",
   "Available KV cache memory: 76.49 GiB" -> 0.85 x 119.6 - 21.94 - 76.49 = 3.23 GiB.
 
-KV bytes per token (from the model config):
+KV cache per token, from each layer's kind (the model's config.json; `kv_capacity`):
 
-    2 (K and V) x attention layers x KV heads x head dim x dtype bytes     (per node: / TP)
+* full attention: 2 (K and V) x KV heads x head dim x dtype bytes per layer and token (MLA: one
+  latent vector); per node / TP (heads replicate when KV heads < TP).
+* sliding window: the same per token, but a sequence keeps at most the window (plus the tokens in
+  flight) of it.
+* linear attention (Gated DeltaNet) and Mamba-2: a fixed state per sequence (a conv state of
+  kernel-1 positions, plus one per speculative token, and the recurrent state), not per token.
 
-Only layers that keep a per-token KV cache count. In hybrid models (Qwen3.5/3.6/Qwen3-Next:
-Gated-DeltaNet linear attention with a full-attention layer every 4th; Nemotron-3: Mamba-2 with
-6 GQA layers, 001 §7.3.1) the linear/Mamba layers hold a fixed-size state per sequence, not per
-token, so they are left out of the formula. That makes the formula a lower bound for hybrids:
-vLLM carves the Mamba state out of the same pool, and with prefix caching on it switches to
-"align" mode (G11) and reports fewer tokens. The notes' own logs show it: Qwen3.6-35B-A3B
-costs ~16.6 KiB/token at fp8 (001 §8; the formula gives 10 KiB), Qwen3.5-35B-A3B-FP8 ~62 GiB /
-~820K tokens = ~79 KiB/token (000). Where a note gives a measured figure, the catalog records it
-and the planner prefers it (`kv_bytes_per_token_measured`).
-
-Sliding-window layers (gpt-oss, Gemma) hold at most a window of tokens; like the linear layers they
-are left out (the catalog lists only the full-attention layer count).
+vLLM lays these out in one block pool (v1 hybrid KV cache manager, vllm/v1/core/kv_cache_utils.py
+and kv_cache_interface.py, read from vllm-project/vllm): every layer's page holds the same bytes,
+so the attention block grows until its page covers one state (`block_size` 2096 for
+Qwen3.5-35B-A3B at fp8, 2128 with two speculative tokens: the numbers 000 and 002 logged), the
+layers are grouped (`group_size` layers of one kind per group), a block is one page of every layer
+of a group, and a request takes cdiv(len, block_size) blocks of each attention group, a bounded
+number of each sliding group, and 1 (2 with prefix caching's "align" mode) + one per speculative
+token of each state group. vLLM reports the pool as `concurrency x --max-model-len` tokens, with
+concurrency = blocks / blocks per full-length request. So a hybrid's tokens per GiB depend on
+--max-model-len, the speculative tokens and prefix caching, and its linear layers cost a page per
+block like an attention layer: the attention-only formula was 40-87% low for them.
 
 How far these figures are from every measured one they were not fitted to, and why:
 docs/memory-planner.md (tests/unit/test_planner_measured.py keeps it true).
@@ -39,6 +43,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkprov.catalog.models import ModelConfig
 
 GIB = 1024**3
 HOST_MEMORY_GIB = 119.6  # 002 "0.55 -> ~65.8 GB reserved"; "119 GB total"
@@ -81,6 +89,187 @@ def kv_bytes_per_token(attention_layers: int, kv_heads: int, head_dim: int, kv_d
         raise PlanError("layers, KV heads, head dim and TP must all be positive")
     heads_per_rank = max(1, math.ceil(kv_heads / tp))
     return 2 * attention_layers * heads_per_rank * head_dim * kv_dtype_bytes(kv_dtype)
+
+
+# vLLM's KV block: 16 tokens (CacheConfig.DEFAULT_BLOCK_SIZE); a hybrid's attention block is a
+# multiple of it (the kernels' alignment) large enough for one state page.
+VLLM_BLOCK_SIZE = 16
+# `vllm serve` schedules at most this many tokens per step unless --max-num-batched-tokens says
+# otherwise (chunked prefill); a sliding window keeps window - 1 + these tokens of a sequence.
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+# vLLM's grouping (kv_cache_utils._get_kv_cache_groups_uniform_page_size): the group size is the
+# fewest layers of one kind, or the most when that is under 1.5 times the fewest.
+GROUP_SIZE_SLACK = 1.5
+
+
+@dataclass(frozen=True)
+class AttentionLayers:
+    """Layers that keep K and V per token: full attention, or a sliding window of `window` tokens."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+
+    def bytes_per_token(self, kv_dtype: str | None, tp: int = 1) -> int:
+        """One layer's K and V for one token on one of `tp` ranks."""
+        return kv_bytes_per_token(1, self.kv_heads, self.head_dim, kv_dtype, tp)
+
+
+@dataclass(frozen=True)
+class StateLayers:
+    """Layers that keep a fixed state per sequence, whatever its length: Gated DeltaNet linear
+    attention and Mamba-2. The conv state holds kernel - 1 positions (plus one per speculative
+    token) of `conv_channels`; the recurrent state `ssm_elements` values of `ssm_bytes` each."""
+
+    layers: int
+    conv_channels: int
+    conv_kernel: int
+    ssm_elements: int
+    ssm_bytes: int
+    conv_bytes: int = 2  # the model dtype (BF16)
+
+    def bytes_per_sequence(self, tp: int = 1, spec_tokens: int = 0) -> int:
+        """One layer's state for one sequence on one of `tp` ranks (heads and channels split)."""
+        conv = math.ceil(self.conv_channels / tp) * (self.conv_kernel - 1 + spec_tokens) * self.conv_bytes
+        return conv + math.ceil(self.ssm_elements / tp) * self.ssm_bytes
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """A model's layers by the kind of cache they keep (from its config.json)."""
+
+    attention: tuple[AttentionLayers, ...]
+    state: tuple[StateLayers, ...] = ()
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """What vLLM's block pool holds on one node (kv_cache_utils: get_kv_cache_capacity)."""
+
+    tokens: int  # vLLM's "GPU KV cache size": concurrency x --max-model-len
+    concurrency: float  # full-length requests the pool holds at once
+    block_size: int  # tokens per block of a full-attention group
+    page_bytes: int  # one layer's page, the same for every layer
+    group_size: int  # layers per group: a block is one page of each
+    blocks: int  # blocks in the pool
+    blocks_per_request: int  # blocks one full-length request takes, all groups together
+
+    @property
+    def bytes_per_request(self) -> int:
+        return self.blocks_per_request * self.page_bytes * self.group_size
+
+    def bytes_per_token(self, max_model_len: int) -> float:
+        """What a token of a full-length request costs, its share of the state included."""
+        return self.bytes_per_request / max_model_len
+
+
+@dataclass(frozen=True)
+class KvSettings:
+    """What of a launch sizes its KV cache, besides the pool and the layers."""
+
+    kv_dtype: str | None = "auto"
+    max_model_len: int | None = None
+    spec_tokens: int = 0
+    mtp: bool = False  # the checkpoint's own MTP head speculates: its attention layers keep KV too
+    prefix_caching: bool = False
+    max_num_batched_tokens: int | None = None
+
+    def capacity(self, shape: KvShape, kv_pool_gib: float, *, tp: int = 1, pp: int = 1) -> KvCapacity:
+        if not self.max_model_len:
+            raise PlanError("--max-model-len is not known: the capacity vLLM reports depends on it")
+        return kv_capacity(shape, kv_pool_gib, max_model_len=self.max_model_len, kv_dtype=self.kv_dtype, tp=tp,
+                           pp=pp, spec_tokens=self.spec_tokens, prefix_caching=self.prefix_caching,
+                           max_num_batched_tokens=self.max_num_batched_tokens)
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_shape_of(config: ModelConfig, *, hybrid: bool, mtp: bool = False) -> KvShape | None:
+    """The layers of a catalog config by cache kind; None where the config does not say enough
+    (no KV heads or head dim, or a `hybrid` (its traits list state layers) whose state dimensions
+    are not recorded: an attention-only figure would overstate its capacity several times).
+    `mtp`: the launch speculates with the checkpoint's own MTP head, whose attention layers keep a
+    KV cache too."""
+    if not (config.attention_layers and config.num_key_value_heads and config.head_dim):
+        return None
+    if hybrid and not config.state_layers_known:
+        return None
+    state: list[StateLayers] = []
+    model_bytes = DTYPE_BYTES.get(config.torch_dtype, 2)
+    ssm_bytes = DTYPE_BYTES[config.mamba_ssm_dtype] if config.mamba_ssm_dtype else model_bytes
+    if config.linear_attention_layers:
+        c = config
+        state.append(StateLayers(layers=c.linear_attention_layers,
+                                 conv_channels=2 * c.linear_num_key_heads * c.linear_key_head_dim
+                                 + c.linear_num_value_heads * c.linear_value_head_dim,
+                                 conv_kernel=c.linear_conv_kernel_dim,
+                                 ssm_elements=c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim,
+                                 ssm_bytes=ssm_bytes, conv_bytes=model_bytes))
+    if config.mamba_layers:
+        c = config
+        state.append(StateLayers(layers=c.mamba_layers,
+                                 conv_channels=c.mamba_num_heads * c.mamba_head_dim + 2 * c.mamba_n_groups * c.ssm_state_size,
+                                 conv_kernel=c.conv_kernel,
+                                 ssm_elements=c.mamba_num_heads * c.mamba_head_dim * c.ssm_state_size,
+                                 ssm_bytes=ssm_bytes, conv_bytes=model_bytes))
+    full = config.attention_layers + (config.mtp_layers or 0) * mtp
+    attention = [AttentionLayers(full, config.num_key_value_heads, config.head_dim)]
+    if config.sliding_window_layers:
+        attention.append(AttentionLayers(config.sliding_window_layers, config.num_key_value_heads, config.head_dim,
+                                         window=config.sliding_window))
+    return KvShape(attention=tuple(attention), state=tuple(state))
+
+
+def _per_stage(layers: int, pp: int) -> int:
+    return math.ceil(layers / pp)
+
+
+def kv_capacity(shape: KvShape, kv_pool_gib: float, *, max_model_len: int, kv_dtype: str | None = "auto",
+                tp: int = 1, pp: int = 1, spec_tokens: int = 0, prefix_caching: bool = False,
+                max_num_batched_tokens: int | None = None) -> KvCapacity:
+    """The tokens and full-length requests a node's KV pool holds, as vLLM's v1 KV cache manager
+    lays it out (see the module docstring): pages unified over the layer kinds, layers grouped,
+    blocks shared by every group, and the capacity vLLM reports (concurrency x --max-model-len).
+    `spec_tokens`: speculative tokens per step (each widens the conv state and takes a state block);
+    `prefix_caching`: --enable-prefix-caching, which puts state layers in "align" mode (2 blocks)."""
+    if max_model_len <= 0:
+        raise PlanError("--max-model-len must be positive")
+    if not shape.attention and not shape.state:
+        raise PlanError("the model has no layers that keep a cache")
+    mnbt = max_num_batched_tokens or VLLM_MAX_NUM_BATCHED_TOKENS
+    attn = [(a, a.bytes_per_token(kv_dtype, tp), _per_stage(a.layers, pp)) for a in shape.attention]
+    states = [(s, s.bytes_per_sequence(tp, spec_tokens), _per_stage(s.layers, pp)) for s in shape.state]
+    state_page = max((b for _, b, _ in states), default=0)
+    if states and attn:
+        # the attention block grows, in steps of 16 tokens, until its page covers one state page
+        # (vllm/model_executor/models/config.py: HybridAttentionMambaModelConfig)
+        widest = max(b for _, b, _ in attn)
+        block = VLLM_BLOCK_SIZE * math.ceil(state_page / (VLLM_BLOCK_SIZE * widest))
+    else:
+        block = VLLM_BLOCK_SIZE
+    page = max([block * b for _, b, _ in attn] + [state_page])
+    kinds: list[tuple[int, int]] = []  # (layers on this node, blocks one full-length request takes)
+    for a, b, n in attn:
+        if page % (block * b):
+            raise PlanError(f"vLLM cannot unify a page of {block * b} bytes with one of {page}")
+        tokens_per_block = block * (page // (block * b))
+        if a.window is None:
+            need = math.ceil(max_model_len / tokens_per_block)
+        else:  # SlidingWindowSpec.max_memory_usage_bytes
+            need = math.ceil(min(a.window - 1 + mnbt, max_model_len) / tokens_per_block) + 1
+        kinds.append((n, need))
+    for _, _, n in states:  # MambaSpec.max_memory_usage_bytes: "align" 2, else 1, + speculative
+        kinds.append((n, (2 if prefix_caching else 1) + spec_tokens))
+    counts = [n for n, _ in kinds]
+    group = min(counts) if max(counts) >= GROUP_SIZE_SLACK * min(counts) else max(counts)
+    per_request = sum(math.ceil(n / group) * need for n, need in kinds)
+    blocks = max(0, int(kv_pool_gib * GIB) // page // group)
+    conc = blocks / per_request
+    min_tokens = min(block * (page // (block * b)) for _, b, _ in attn) if attn else block
+    return KvCapacity(tokens=int(conc * max_model_len), concurrency=conc, block_size=min_tokens, page_bytes=page,
+                      group_size=group, blocks=blocks, blocks_per_request=per_request)
 
 
 def pool_tokens(kv_pool_gib: float, bytes_per_token: float) -> int:

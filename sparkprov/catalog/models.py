@@ -218,8 +218,11 @@ class ExtraRepo(Strict):
 
 
 class ModelConfig(Strict):
-    """The config.json values sparkprov needs: KV sizing, and a plausible fake config in the lab.
-    `attention_layers` counts only layers with a per-token KV cache (see memory.py)."""
+    """The config.json values sparkprov needs: the KV cache of each layer kind (memory.py's
+    `KvShape`), and a plausible fake config in the lab. `attention_layers` counts the layers with
+    full attention only; sliding-window, linear-attention (Gated DeltaNet) and Mamba-2 layers are
+    counted apart, with the dimensions their cache takes. A hybrid whose state dimensions are not
+    recorded has no KV figure (None) rather than an attention-only one."""
 
     model_type: str
     architectures: list[str]
@@ -232,6 +235,48 @@ class ModelConfig(Strict):
     max_position_embeddings: int | None = None
     quant_method: str | None = None
     torch_dtype: str = "bfloat16"
+    # sliding-window attention layers (same KV heads and head dim), keeping `sliding_window` tokens
+    sliding_window_layers: int | None = Field(default=None, ge=1)
+    sliding_window: int | None = Field(default=None, ge=1)
+    # Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5/3.6): config.json's linear_* keys
+    linear_attention_layers: int | None = Field(default=None, ge=1)
+    linear_conv_kernel_dim: int | None = Field(default=None, ge=1)
+    linear_num_key_heads: int | None = Field(default=None, ge=1)
+    linear_key_head_dim: int | None = Field(default=None, ge=1)
+    linear_num_value_heads: int | None = Field(default=None, ge=1)
+    linear_value_head_dim: int | None = Field(default=None, ge=1)
+    # Mamba-2 layers (Nemotron-H): config.json's mamba_*/ssm_* keys
+    mamba_layers: int | None = Field(default=None, ge=1)
+    mamba_num_heads: int | None = Field(default=None, ge=1)
+    mamba_head_dim: int | None = Field(default=None, ge=1)
+    mamba_n_groups: int | None = Field(default=None, ge=1)
+    ssm_state_size: int | None = Field(default=None, ge=1)
+    conv_kernel: int | None = Field(default=None, ge=1)
+    # the recurrent state's dtype (config.json mamba_ssm_dtype / mamba_ssm_cache_dtype); unset:
+    # vLLM's default, the model dtype
+    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # full-attention layers of the checkpoint's own MTP head (mtp_num_hidden_layers), which keep a
+    # KV cache when the launch speculates with method mtp
+    mtp_layers: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete_kinds(self) -> "ModelConfig":
+        parts = {
+            "linear_attention_layers": ("linear_conv_kernel_dim", "linear_num_key_heads", "linear_key_head_dim",
+                                        "linear_num_value_heads", "linear_value_head_dim"),
+            "mamba_layers": ("mamba_num_heads", "mamba_head_dim", "mamba_n_groups", "ssm_state_size", "conv_kernel"),
+            "sliding_window_layers": ("sliding_window",),
+        }
+        for kind, needs in parts.items():
+            if getattr(self, kind) is not None:
+                missing = [n for n in needs if getattr(self, n) is None]
+                if missing:
+                    raise ValueError(f"{kind} needs {', '.join(missing)} (from the model's config.json)")
+        return self
+
+    @property
+    def state_layers_known(self) -> bool:
+        return self.linear_attention_layers is not None or self.mamba_layers is not None
 
     def hf_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"architectures": list(self.architectures), "model_type": self.model_type,
@@ -557,9 +602,6 @@ class Recipe(Strict):
     traits: dict[str, Any] | None = None  # Traits
     config: dict[str, Any] | None = None  # ModelConfig
     kv_measured: dict[str, Any] | None = None  # KvMeasured
-    # a recipe of the same architecture whose measured KV bytes per token this one uses (hybrid
-    # models: the config formula is only a lower bound, see memory.py)
-    kv_sibling: str | None = None
     image: str | None = None
     command: Literal["bare", "full"] | None = None  # how the image takes vllm serve (G2); default: the image's
     pre_serve: list[list[str]] | None = None  # commands run in the container before vllm serve (argv lists)
@@ -632,8 +674,6 @@ class ResolvedRecipe(Strict):
     traits: Traits
     config: ModelConfig | None
     kv_measured: KvMeasured | None
-    kv_sibling: str | None = None
-    kv_sibling_measured: KvMeasured | None = None  # the sibling's figure (filled in by load_catalog)
     image: str
     command: Literal["bare", "full"] | None
     pre_serve: list[list[str]]

@@ -249,7 +249,7 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
     import shlex
 
     from sparkprov.catalog.derive import ray_requirement
-    from sparkprov.catalog.layout import layout_of
+    from sparkprov.catalog.layout import layout_of, unverified_executor
     from sparkprov.errors import InputError
     from sparkprov.serving import node
 
@@ -290,6 +290,9 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
         return
     print(f"# {layout.describe()} on {', '.join(names)}; cluster-up adds SPARKPROV_RANK0 (rank 0's container "
           "ID, known once it runs) to the other ranks")
+    unverified = unverified_executor(cat.image(cat.get(alias).image), layout)
+    if unverified:
+        print(f"# unverified: {unverified}")
     if dep.image and node.derived_requirements(dep) == [ray_requirement()]:
         print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
     elif dep.image:

@@ -35,6 +35,8 @@ HELP = {
     "json": "print one JSON document instead of the table",
 }
 DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
+KV_SOURCES = {"measured": "as a note measured it", "layers": "from the layers' kinds, a full-length request's share",
+              "unknown": "not known: the config's layer dimensions are not recorded"}
 MAX_BENCH_FILES = 5000  # a results folder larger than this is read in part (newest names first)
 MAX_BENCH_BYTES = 4 * 2**20
 
@@ -133,8 +135,8 @@ def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
     bpt = figures.bytes_per_token
     print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}")
     print(f"  util {figures.utilization:.2f}, weights {_num(figures.weights_gib, '.1f')} GiB at runtime size, KV "
-          f"{_num(bpt and bpt / 1024, '.1f')} KiB/token on one GPU ({figures.kv_source}), --max-model-len "
-          f"{_num(figures.max_model_len, ',')}, concurrency {concurrency}")
+          f"{_num(bpt and bpt / 1024, '.1f')} KiB/token on one Spark ({KV_SOURCES[figures.kv_source]}), "
+          f"--max-model-len {_num(figures.max_model_len, ',')}, concurrency {concurrency}")
     print()
     header = (f"{'layout':<22} {'sparks':>6}  {'budget':>7} {'weights':>8} {'KV pool':>8} {'tokens':>11}  "
               "verdict (per node: GiB; tokens: one engine)")
@@ -146,12 +148,15 @@ def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
             verdict.append(f"not allowed: {p.refused}")
         if p.does_not_fit:
             verdict.append(p.does_not_fit)
+        if p.unverified:
+            verdict.append(f"unverified: {p.unverified}")
         if all(x.measured for x in p.nodes):
             verdict.append("pool as measured")
         if p.fits:
             verdict.append("fits" + ("" if p.covers is None else
                                      f", covers {-(-concurrency // p.dp)} x {figures.max_model_len:,} per replica"
-                                     if p.covers else f", does not cover {concurrency} x {figures.max_model_len:,}"))
+                                     if p.covers else f", does not cover {-(-concurrency // p.dp)} x "
+                                     f"{figures.max_model_len:,} per replica"))
         print(f"{p.describe():<22} {p.sparks:>6}  {n.budget_gib:>7.1f} {_num(n.weights_gib, '>8.1f')} "
               f"{_num(n.kv_pool_gib, '>8.1f')} {_num(n.tokens, '>11,')}  {'; '.join(verdict)}")
         print(f"{'':<22} {'':>6}  run as: {p.options()} ({p.mode})")

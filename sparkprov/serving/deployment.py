@@ -173,7 +173,7 @@ class Deployment(BaseModel):
         from sparkprov.catalog.layout import layout_of
 
         try:
-            layout_of(catalog.get(self.model), catalog, self.layout, known_executors_only=False)
+            layout_of(catalog.get(self.model), catalog, self.layout)
         except InputError as exc:
             raise self.error(exc.message, fix=exc.fix) from None
         problem = self.hosts_problem()

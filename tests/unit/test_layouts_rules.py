@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from sparkprov.catalog.knownflags import FlagSet, load_recorded
-from sparkprov.catalog.layout import Layout, check_layout, layout_of, layouts, override_conflicts
+from sparkprov.catalog.layout import (Layout, check_layout, layout_of, layouts, override_conflicts,
+                                      unverified_executor)
 from sparkprov.catalog.lint import ERROR, lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
@@ -57,8 +58,19 @@ def test_layouts_enumerates_each_executor_the_image_allows():
     assert Layout(1) in tiny and Layout(1, 2, executor="ray") in tiny and Layout(1, 2, executor="native") in tiny
     assert Layout(1, 1, 2, executor="native") in tiny and Layout(1, 1, 2, executor="ray") not in tiny
     # nemotron-3-nano: an NGC image whose vLLM the catalog knows only as < 0.15.1 (native multi-node
-    # unknown) and which ships no Ray: Ray only, in the image cluster-up derives with Ray
-    assert set(layouts(CAT.get("nemotron-3-nano"), CAT, 2)) == {Layout(1), Layout(1, 2, executor="ray")}
+    # unknown) and which ships no Ray: Ray in the image cluster-up derives with Ray, and native as
+    # cluster-up accepts it, its preflight reading the image (unverified_executor says so)
+    nano = set(layouts(CAT.get("nemotron-3-nano"), CAT, 2))
+    assert {Layout(1), Layout(1, 2, executor="ray"), Layout(1, 2, executor="native"),
+            Layout(1, 1, 2, executor="native")} <= nano
+    info = CAT.image(CAT.get("nemotron-3-nano").image)
+    assert "cluster-up's preflight" in unverified_executor(info, Layout(1, 2, executor="native"))
+    assert unverified_executor(info, Layout(1, 2, executor="ray")) is None  # known: no Ray, cluster-up derives it
+    # an image known to predate vLLM's native multi-node launch is refused it, with Ray as the fix
+    old = info.model_copy(update={"vllm": "0.11.0"})
+    with pytest.raises(InputError) as exc:
+        check_layout(CAT.get("nemotron-3-nano"), old, Layout(1, 2, executor="native"))
+    assert "predates vLLM's native multi-node launch" in exc.value.line() and "--executor ray" in exc.value.line()
 
 
 def test_overrides_may_not_set_a_size_against_the_layout(tmp_path):

@@ -44,7 +44,8 @@ DOCUMENTED = {  # alias -> rules that warn because two notes disagree (or a note
     "qwen3.6-35b-a3b-mtp": {"G29"},
     "qwen3.6-35b-a3b-ngc": {"G6", "G7"},
     # issue 13's seed variants: the caveats of their bases, and the ones their notes state
-    "qwen3.6-27b-yarn-1m": {"G17"},  # 4 x 1M sequences do not fit; one does
+    # (qwen3.6-27b-yarn-1m: the 27B's linear-attention dimensions are not recorded, so no token
+    # figure and no G17 claim about its 1M sequences: docs/memory-planner.md)
     "qwen3.6-35b-a3b-256k": {"G10", "G29"},
     "nemotron-3-nano-omni-ngc": {"G6", "G7"},
     "gpt-oss-120b-tp2": {"G7", "G34"},
