@@ -81,8 +81,16 @@ class ModelFigures:
 
     @property
     def bytes_per_token(self) -> float | None:
-        """What a token of a full-length request costs on one Spark (its share of any state)."""
-        return self.single.bytes_per_token if self.single is not None else None
+        """What a token of a full-length request costs on one Spark (its share of any state): as
+        measured where a note logged the launch, else from the layers (whatever the pool)."""
+        if self.kv_source == "measured" and self.single is not None:
+            return self.single.bytes_per_token
+        if self.shape is None or not self.max_model_len:
+            return None
+        try:
+            return self.kv.capacity(self.shape, 1.0).bytes_per_token(self.max_model_len)
+        except PlanError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -384,7 +392,9 @@ def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
         if dp == 1:
             return verdict(ONE_ENGINE, Layout(tp, pp, 1, False, executor))
         if engine == 1 and native:  # one API over the replicas where the image is known to have it
-            return verdict(DP_ONE_API, Layout(1, 1, dp, False, "native"))
+            one_api = verdict(DP_ONE_API, Layout(1, 1, dp, False, "native"))
+            if one_api[2] is None:
+                return one_api
         mode, _, why, unverified = verdict(GATEWAY, Layout(tp, pp, 1, False, executor))
         return mode, executor, why, unverified
 

@@ -81,8 +81,9 @@ def kv_bytes_per_token(attention_layers: int, kv_heads: int, head_dim: int, kv_d
                        tp: int = 1) -> int:
     """KV cache bytes one token costs on ONE node: 2 x layers x KV heads x head dim x dtype bytes / TP.
 
-    `attention_layers` counts only the layers that keep per-token KV (full attention); see the
-    module docstring for hybrid and sliding-window models. With tensor parallelism each rank keeps
+    The K and V of full-attention layers only: what a whole model's cache holds per token is
+    `kv_capacity`'s (sliding windows and per-sequence states, in vLLM's blocks). With tensor
+    parallelism each rank keeps
     kv_heads / tp heads (at least one head each when kv_heads < tp: vLLM replicates them).
     """
     if min(attention_layers, kv_heads, head_dim, tp) <= 0:

@@ -5,7 +5,10 @@ The real vLLM's parser accepting every render is tests/lab/test_real_layouts.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from invoke import Exit
 
 from sparkprov.catalog.knownflags import FlagSet, load_recorded
 from sparkprov.catalog.layout import (Layout, check_layout, layout_of, layouts, override_conflicts,
@@ -171,3 +174,70 @@ def test_lint_flags_vllm_use_v1_on_the_ngc_recipe(tmp_path):
     launch = render_launch(cat.get("broken"), HostServeContext(), 1, catalog=cat)
     f = one([x for x in lint_launch(launch, catalog=cat, only=["G4"]) if "VLLM_USE_V1" in x.message], ERROR)
     assert "nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0; recorded set: vllm-0.19)" in f.message
+
+
+# ---- one rule for cluster-up, `invoke recipe` and `invoke plan` (issue 35): every layout cluster-up
+# accepts over the catalog is one recipe renders and plan allows
+
+FOUR = "".join(f"  spark{i}: {{address: 10.0.0.{i}, vars: {{fabric_ip: 192.168.100.1{i}, fabric_ifaces: enp1s0f1np1}}}}\n"
+               for i in range(1, 5))
+
+
+def cluster_up_layouts(sparks=(2, 3, 4)):
+    """(alias, Layout, Sparks) for every tp x pp x dp (+ep, each executor) cluster-up's deployment
+    check accepts (serving/deployment.py: Deployment.check, the check a playbook and --model get)."""
+    out = []
+    for alias in CAT.recipes:
+        for n in sparks:
+            for tp in range(1, n + 1):
+                for pp in range(1, n // tp + 1):
+                    if n % (tp * pp):
+                        continue
+                    for ep in (False, True):
+                        for executor in ("ray", "native"):
+                            dep = dict(name="x", model=alias, hosts=[f"spark{i}" for i in range(1, n + 1)], tp=tp,
+                                       pp=pp, dp=n // (tp * pp), ep=ep, executor=executor)
+                            try:
+                                d = Deployment(**dep)
+                                d.check(CAT)
+                            except (InputError, ValueError):
+                                continue
+                            out.append((alias, d.layout, n))
+    return out
+
+
+def test_recipe_renders_every_layout_cluster_up_accepts(tmp_path, capsys):
+    """Before, `invoke recipe` refused 82 of cluster-up's 353 layouts on 2-4 Sparks (30 of 123 on
+    two): every layout of an image whose executors the catalog does not record (gpt-oss-120b-tp2's
+    among them). Now the one rule of catalog/layout.py decides for both."""
+    from invoke import Context
+
+    from sparkprov.cli import catalog as cli
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("defaults: {user: nvidia}\nhosts:\n" + FOUR)
+    accepted = cluster_up_layouts()
+    assert len(accepted) > 300 and any(a == "gpt-oss-120b-tp2" for a, _, _ in accepted)
+    for alias, lay, n in accepted:
+        hosts = ",".join(f"spark{i}" for i in range(1, n + 1))
+        cli.recipe(Context(), alias, tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, executor=lay.executor, hosts=hosts,
+                   inventory=str(inv), argv=True)
+        ranks = json.loads(capsys.readouterr().out)
+        assert len(ranks) == n, (alias, lay)
+
+
+def test_plan_allows_every_shape_cluster_up_accepts(capsys, tmp_path):
+    from invoke import Context
+
+    from sparkprov.cli import plan as plan_cli
+
+    accepted = {(a, lay.tp, lay.pp, lay.dp) for a, lay, _ in cluster_up_layouts()}
+    for alias in sorted({a for a, *_ in accepted}):
+        try:
+            plan_cli.plan(Context(), alias, sparks=4, json=True, results=str(tmp_path))
+        except Exit as exc:  # exit 2: nothing fits in memory; the rows still say what the rules allow
+            assert exc.code == 2
+        rows = {(p["tp"], p["pp"], p["dp"]): p for p in json.loads(capsys.readouterr().out)["layouts"]}
+        for a, tp, pp, dp in accepted:
+            if a == alias:
+                assert rows[(tp, pp, dp)]["refused"] is None, (alias, tp, pp, dp, rows[(tp, pp, dp)]["refused"])

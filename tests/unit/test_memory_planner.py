@@ -171,3 +171,51 @@ def test_G18_modeset0_cap_from_the_host_fails_a_higher_utilization():
     assert [f for f in lint_launch(ok, catalog=CAT) if f.rule == "G18"] == []
     no_cap = render_launch(CAT.get("qwen3.6-35b-a3b"), HostServeContext(), 1, catalog=CAT)
     assert [f for f in lint_launch(no_cap, catalog=CAT) if f.rule == "G18"] == []
+
+
+# ---- KV capacity from the layers' kinds (memory.kv_capacity, laid out as vLLM's v1 block pool)
+
+from sparkprov.catalog.memory import AttentionLayers, KvShape, StateLayers, kv_capacity  # noqa: E402
+
+LLAMA = KvShape((AttentionLayers(80, 8, 128),))  # config.json of Llama-3.3-70B
+GPT_OSS = KvShape((AttentionLayers(18, 8, 64), AttentionLayers(18, 8, 64, window=128)))  # gpt-oss-120b
+QWEN36 = KvShape((AttentionLayers(10, 2, 256),), (StateLayers(30, 8192, 4, 32 * 128 * 128, 4),))  # Qwen3.6-35B-A3B
+
+
+def test_full_attention_only_holds_pool_over_the_formula_in_16_token_blocks():
+    c = kv_capacity(LLAMA, 32.0, max_model_len=32_768)
+    assert c.page_bytes == 16 * kv_bytes_per_token(1, 8, 128) and c.group_size == 80
+    assert c.tokens == int(32 * GIB) // (16 * kv_bytes_per_token(80, 8, 128)) * 16
+    two = kv_capacity(LLAMA, 32.0, max_model_len=32_768, tp=2)  # half the KV heads on each rank
+    assert two.tokens == pytest.approx(2 * c.tokens, rel=1e-3)
+    stage = kv_capacity(LLAMA, 32.0, max_model_len=32_768, pp=2)  # half the layers on each stage
+    assert stage.tokens == pytest.approx(2 * c.tokens, rel=1e-3)
+
+
+def test_sliding_window_layers_keep_the_window_not_the_sequence():
+    # SlidingWindowSpec: cdiv(window - 1 + max_num_batched_tokens, block) + 1 blocks a request
+    c = kv_capacity(GPT_OSS, 20.0, max_model_len=131_072, kv_dtype="fp8", max_num_batched_tokens=8192)
+    assert c.blocks_per_request == 131_072 // 16 + (127 + 8192 + 15) // 16 + 1
+    as_full = kv_capacity(KvShape((AttentionLayers(36, 8, 64),)), 20.0, max_model_len=131_072, kv_dtype="fp8")
+    assert 1.8 < c.tokens / as_full.tokens < 2.0  # half the layers keep a bounded window
+
+
+def test_state_layers_cost_a_page_per_group_per_request_whatever_its_length():
+    short = kv_capacity(QWEN36, 40.0, max_model_len=8192, kv_dtype="fp8")
+    long = kv_capacity(QWEN36, 40.0, max_model_len=262_144, kv_dtype="fp8")
+    assert short.block_size == long.block_size == 2096 and short.group_size == 10
+    state_blocks = 3 * 1  # three groups of 10 state layers, one state each ("none" mode)
+    assert short.blocks_per_request == 8192 // 2096 + 1 + state_blocks
+    assert long.blocks_per_request == -(-262_144 // 2096) + state_blocks
+    # so a hybrid's tokens per GiB depend on --max-model-len: the state's share shrinks with it
+    assert long.bytes_per_token(262_144) < 0.6 * short.bytes_per_token(8192)
+    align = kv_capacity(QWEN36, 40.0, max_model_len=8192, kv_dtype="fp8", prefix_caching=True)
+    assert align.blocks_per_request == short.blocks_per_request + 3  # "align" keeps two states a group
+    spec = kv_capacity(QWEN36, 40.0, max_model_len=8192, kv_dtype="fp8", spec_tokens=2)
+    assert spec.block_size == 2128 and spec.blocks_per_request == 8192 // 2128 + 1 + 3 * 3
+
+
+def test_a_page_vllm_cannot_unify_is_refused():
+    odd = KvShape((AttentionLayers(4, 3, 128), AttentionLayers(4, 2, 128, window=64)))
+    with pytest.raises(PlanError, match="cannot unify"):
+        kv_capacity(odd, 10.0, max_model_len=4096)

@@ -174,3 +174,32 @@ def test_plan_bad_input_is_one_line_exit_1(inventory, kwargs, message):
         cli.plan(Context(), inventory=inventory, **kwargs)
     text = str(err.value.message)
     assert err.value.code == 1 and message in text and "\n" not in text
+
+
+def test_gpt_oss_120b_on_two_sparks_follows_the_measured_figures(inventory, tmp_path, capsys):
+    """Issue 23: two single-Spark replicas of gpt-oss-120b behind LiteLLM beat TP 2 at 64 concurrent
+    requests; unsloth PR#10280: TP 2 is 2.09x per token for one user. The old rule let the pool's
+    cover decide first and picked TP 2 (more tokens) at 64; the measured figures decide now."""
+    cli.plan(Context(), "gpt-oss-120b", hosts="spark1,spark2", inventory=inventory, concurrency="64", json=True,
+             results=str(tmp_path))
+    doc = json.loads(capsys.readouterr().out)
+    rows = {p["layout"]: p for p in doc["layouts"]}
+    assert rows["tp 2"]["fits"] and rows["tp 2"]["total_tokens"] > rows["2 replicas"]["total_tokens"]
+    assert doc["pick"]["layout"] == "2 replicas" and "issue 23" in doc["why"]
+    cli.plan(Context(), "gpt-oss-120b", hosts="spark1,spark2", inventory=inventory, concurrency="1", json=True,
+             results=str(tmp_path))
+    one = json.loads(capsys.readouterr().out)
+    assert one["pick"]["layout"] == "tp 2" and "2.09x" in one["why"]
+
+
+def test_a_pool_that_covers_does_not_outvote_the_measured_replicas():
+    # 60 GiB of weights, 64 KiB a token: one Spark's pool holds ~630K tokens, fewer than the 12 x
+    # 65,536 each replica takes at 24 concurrent; tp 2's (weights and KV split) covers 24 x 65,536.
+    # The replicas still win: the measurements were taken on real pools with real requests.
+    big = ModelFigures(alias="big", utilization=0.85, weights_gib=60.0, shape=KvShape((AttentionLayers(16, 8, 128),)),
+                       kv=KvSettings(max_model_len=65_536))
+    plans = plan_layouts(big, TWO, counts=[2], rules=allow_all, concurrency=24)
+    by = {p.describe(): p for p in plans}
+    assert by["tp 2"].covers is True and by["2 replicas"].covers is False and by["2 replicas"].fits
+    chosen = pick(plans, 24)
+    assert chosen.plan is by["2 replicas"] and "1.91x at 32" in chosen.why and "fewer than" in chosen.why
