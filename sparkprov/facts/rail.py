@@ -22,21 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.inventory_vars import default
 from sparkprov.transport.shell import cmd, quote
 
 QUAL_PATH = "/var/lib/sparkprov/fabric/qualification.json"
 
-# A healthy GB10 rail (one ConnectX-7 twin) carries 92.57 and 97.28 Gb/s with ib_write_bw at 1 QP
-# (NVIDIA/dgx-spark-playbooks performance_benchmarking_guide.md, commit 998f217a; cited as the
-# healthy reference by PR#108; gb10-failure-outputs.md §4.5). Under this figure a rail is reported
-# (a warning), not failed.
-EXPECTED_GBPS = 90.0
-# Under this a rail fails: half the lower healthy figure (92.57 / 2). The degraded links seen on
-# Sparks are far under it: 13.23 Gb/s (8-QP ib_write_bw) and 12.86 Gb/s (TCP) on a 200G link
-# that ethtool called healthy (NVIDIA/dgx-spark-playbooks PR#108, whose own check flags 8-25 Gb/s;
-# §4.8); a port that negotiated 100000Mb/s instead of 200000Mb/s (§4.3, NVIDIA's
-# multi-sparks-through-switch README) leaves its two twins half the bandwidth together.
-MIN_GBPS = 46.0
+# Under EXPECTED_GBPS a rail is reported (a warning), under MIN_GBPS it fails: the inventory
+# variables rail_expected_gbps and rail_min_gbps, their defaults with their sources in
+# sparkprov/inventory_vars.py.
+EXPECTED_GBPS = default("rail_expected_gbps")
+MIN_GBPS = default("rail_min_gbps")
 # The MTU both ends of a rail need (gb10-outputs.md: community guides raise it to 9000, NCCL
 # bandwidth over the link is far lower without it; multinode-notes.md: dgx-spark-playbooks#25).
 RAIL_MTU = 9000
