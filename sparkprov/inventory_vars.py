@@ -278,20 +278,21 @@ class Names(Kind):
     """A list of names (or one string of them separated by commas or spaces), each passing `ok`."""
 
     ok: Any = None
-    what: str = "name"
+    what: str = "a name"
 
     def check(self, v: Any) -> Any:
+        plural = self.what.split(" ", 1)[1] + "s"
         if isinstance(v, str):
-            if any(not c.isprintable() and c not in " " for c in v):
-                raise ValueError(f"is not a list of {self.what}s (a line break or control character in it)")
+            if any(not c.isprintable() for c in v):
+                raise ValueError(f"is not a list of {plural} (a line break or control character in it)")
             items: list[Any] = [x for x in v.replace(",", " ").split(" ") if x]
         elif isinstance(v, list):
             items = v
         else:
-            raise ValueError(f"is not a list of {self.what}s")
+            raise ValueError(f"is not a list of {plural}")
         for item in items:
             if not self.ok(item):
-                raise ValueError(f"holds {shown(item)}, which is not a {self.what}")
+                raise ValueError(f"holds {shown(item)}, which is not {self.what}")
         return [str(x) for x in items]
 
     def json_schema(self) -> dict[str, Any]:
@@ -299,9 +300,9 @@ class Names(Kind):
 
 
 IFACES = Names("interface names, a list or comma-separated (1-15 of A-Z a-z 0-9 . _ @ -, e.g. enp1s0f1np1)",
-               interface_name_ok, "interface name")
+               interface_name_ok, "an interface name")
 HCAS = Names("RDMA device names, a list or comma-separated (e.g. rocep1s0f1,roceP2p1s0f1; an optional :PORT)",
-             hca_name_ok, "RDMA device name")
+             hca_name_ok, "an RDMA device name")
 
 
 @dataclass(frozen=True)
@@ -309,19 +310,19 @@ class Strings(Kind):
     """A list of one-line strings (argv words, CIDRs...), each passing `item` when given."""
 
     item: Any = None
-    what: str = "string"
+    what: str = "a string"
 
     def check(self, v: Any) -> Any:
         if not isinstance(v, list):
-            raise ValueError(f"is not a list of {self.what}s")
+            raise ValueError(f"is not a list of {self.what.split(' ', 1)[1]}s")
         for x in v:
-            if not isinstance(x, str) or "\0" in x or any(c in x for c in "\n\r\u2028\u2029\x85\x0b\x0c"):
-                raise ValueError(f"holds {shown(x)}, which is not a {self.what}")
+            if not isinstance(x, str) or any(not c.isprintable() for c in x):
+                raise ValueError(f"holds {shown(x)}, which is not {self.what}")
             if self.item is not None:
                 try:
                     self.item(x)
                 except ValueError:
-                    raise ValueError(f"holds {shown(x)}, which is not a {self.what}") from None
+                    raise ValueError(f"holds {shown(x)}, which is not {self.what}") from None
         return list(v)
 
     def json_schema(self) -> dict[str, Any]:
@@ -377,8 +378,8 @@ def _cidr(text: str) -> None:
         raise ValueError(text)
 
 
-CIDRS = Strings("a list of ADDRESS/PREFIX, e.g. [192.168.100.0/24]", _cidr, "CIDR")
-ARGV = Strings("a list of words, e.g. [nvidia-smi]", None, "one-line word")
+CIDRS = Strings("a list of ADDRESS/PREFIX, e.g. [192.168.100.0/24]", _cidr, "a CIDR")
+ARGV = Strings("a list of words, e.g. [nvidia-smi]", None, "a one-line word")
 
 # -- the declaration ----------------------------------------------------------------------------------
 
