@@ -18,7 +18,6 @@ output tok/s is recorded as failed and rolled back like a start that failed its 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time as _time
@@ -128,19 +127,15 @@ def bench_gate(inv, deps: list[Deployment], ratio: float, results: Path, *, fork
             out.ungated[d.name] = f"its spec is start #{good['n']}'s, the last good: not an upgrade"
             continue
         rank0 = (good.get("nodes") or {}).get((good.get("spec") or {}).get("hosts", [d.hosts[0]])[0]) or {}
-        runs = []
-        for path in sb.stored_runs(results, d.name):
-            try:
-                runs.append({**json.loads(path.read_text()), "path": str(path)})
-            except (OSError, ValueError):
-                continue
+        runs, skipped = sb.stored_runs(results, d.name)
         baseline = sb.gate_baseline(runs, rank0)
         if baseline is None:
+            unread = f"; {len(skipped)} stored file(s) skipped, the first {skipped[0].line()}" if skipped else ""
             raise SparkprovError(
                 f"--gate bench: no stored bench run of {d.name}'s last good start #{good['n']} (image "
-                f"{(rank0.get('image_id') or '?')[7:19]}, recipe {rank0.get('recipe_hash') or '?'}) under {results}",
-                fix=f"run invoke bench {d.name} before the upgrade (the gate reruns its parameters), "
-                    "or leave out --gate bench")
+                f"{(rank0.get('image_id') or '?')[7:19]}, recipe {rank0.get('recipe_hash') or '?'}) under {results}"
+                + unread, fix=f"run invoke bench {d.name} before the upgrade (the gate reruns its parameters), "
+                              "or leave out --gate bench")
         out.baselines[d.name] = {"start": good["n"], "run": baseline}
     return out
 
