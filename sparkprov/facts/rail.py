@@ -21,6 +21,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.inventory_vars import default
 from sparkprov.transport.shell import cmd, quote
@@ -167,21 +169,54 @@ class QualificationRecord(Fact):
     path: str = QUAL_PATH
 
     def command(self, sh: ShellCtx) -> str:
-        return f"if [ -f {sh.path(self.path)} ]; then cat {sh.path(self.path)}; else echo @absent; fi"
+        # bounded: a record of a Spark's four rails is about 2 KiB
+        return f"if [ -f {sh.path(self.path)} ]; then head -c {RECORD_BYTES} {sh.path(self.path)}; else echo @absent; fi"
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         return parse_record(out)
 
 
+RECORD_BYTES = 1 * 2**20
+
+
+class _Stored(BaseModel):
+    """The record as fabric_qualify writes it, read back: the figures judged and printed are numbers."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+
+
+class RecordedRail(_Stored):
+    iface: str | None = None
+    hca: str | None = None
+    peer: str | None = None
+    status: str | None = None
+    gbps: float | None = None
+    floor_gbps: float | None = None
+    mtu: int | None = None
+    peer_mtu: int | None = None
+
+
+class Record(_Stored):
+    measured_at: str | None = None
+    rails: list[RecordedRail] = []
+    nccl_problems: list[str] = []
+
+
 def parse_record(out: str) -> dict[str, Any]:
     if out.strip() == "@absent":
         return {"present": False}
+    fix = (f"(fix: remove it, sudo rm {QUAL_PATH}; invoke provision --tags fabric measures the rails and "
+           "writes it again)")
     try:
         doc = json.loads(out)
-    except ValueError as exc:
-        raise FactError(f"{QUAL_PATH} is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise FactError(f"{QUAL_PATH} is not a JSON object")
+    except (ValueError, RecursionError) as exc:
+        raise FactError(f"{QUAL_PATH} is not JSON: {str(exc)[:100]} {fix}") from None
+    try:
+        Record.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_input=False)[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "the document"
+        raise FactError(f"{QUAL_PATH} is not a qualification record: {where}: {err.get('msg')} {fix}") from None
     return {"present": True, **doc}
 
 

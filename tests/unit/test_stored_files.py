@@ -107,3 +107,98 @@ def test_a_run_is_stored_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         sb.store(tmp_path, {**copy.deepcopy(GOOD), "deployment": "tp"})
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+# -- a deployment's history (rank 0's history.jsonl, read by a fact) -----------------------------------
+
+def test_history_records_that_do_not_fit_are_skipped_and_named_by_line():
+    from sparkprov.plays.upgrade import deployment_from
+    from sparkprov.serving import history
+
+    good = {"n": 1, "time": "2026-01-01T00:00:00Z", "kind": "start", "result": "passed",
+            "spec": {"name": "tiny", "model": "lab-tiny", "hosts": ["spark1"], "tp": 1},
+            "model": {"repo": "r", "commit": "a" * 40}, "nodes": {"spark1": {"image": "img", "image_id": "sha256:" + "b" * 64}}}
+    lines = [json.dumps(good),
+             json.dumps({**good, "n": 2, "nodes": ["spark1"]}),          # rows() called .items() on it
+             json.dumps({**good, "n": 3, "spec": "tp2"}),                # last_good compared .items() of it
+             json.dumps({**good, "n": 4, "spec": {**good["spec"], "pp": "2"}}),  # rows() compared "2" > 1
+             json.dumps({**good, "n": "5"}),
+             '{"n": 6, "nodes": ' * 2000 + "}" * 2000,
+             '{"n": 7, "ti']                                             # a write cut short
+    assert history.rows(history.parse("\n".join(lines)))  # rows() raised AttributeError on record 2
+    records, skipped = history.read("\n".join(lines))
+    assert [r["n"] for r in records] == [1]
+    assert skipped[:4] == ["line 2: nodes: Input should be a valid dictionary",
+                           "line 3: spec: Input should be a valid dictionary or instance of RecordedSpec",
+                           "line 4: spec.pp: Input should be a valid integer", "line 5: n: Input should be a valid integer"]
+    assert len(skipped) == 6 and history.rows(records) and history.last_good(records)["n"] == 1
+    # a spec that fits the record but is no deployment (edited by hand) is one line, not a traceback
+    with pytest.raises(InputError, match="the recorded spec of 'tiny' is no deployment: tp:"):
+        deployment_from({**good["spec"], "tp": 99})
+
+
+def test_the_history_fact_reads_the_newest_bytes_only():
+    from sparkprov.facts.base import ShellCtx
+    from sparkprov.facts.history import MAX_BYTES, HistoryFile
+
+    script = HistoryFile("~/x/history.jsonl").command(ShellCtx(home="/home/nvidia"))
+    assert f"tail -c {MAX_BYTES} " in script and "[ -f " in script
+
+
+# -- the node guard's records (its state file and journal, read by a fact) -----------------------------
+
+def test_guard_records_that_do_not_fit_are_named_never_a_traceback():
+    from sparkprov.facts.guard import describe, guard_summary, parse_guard_state
+
+    head = "now=1010\ninstalled=1\nsystemd=1\nrunning=4242\n"
+    event = {"time": "t", "epoch": 1.0, "kind": "mem-low", "reading": "1 GiB", "threshold": "6 GiB", "action": "stop"}
+    for state in ('{"sample": {"t": "1000", "mem": {}}}', '{"sample": {"t": 1000, "mem": [1]}}', "[1]",
+                  '{"sample": {"t": 1000, "gpu": {"temperature_c": "hot"}}}', '{"held": {"x": "y"}}', "{not json"):
+        out = f"{head}@state\n{state}\n@events\n{json.dumps(event)}\n[1]\n{{\"epoch\": \"x\"}}\n"
+        fact = parse_guard_state(out)
+        s = guard_summary(fact)
+        assert fact["state"] is None and s["events"] == [event], state
+        line = describe("spark1", s)
+        assert "the guard's state file does not fit" in line and "2 line(s) of the guard's journal are no event" in line
+
+
+def test_the_guard_fact_reads_bounded_regular_files():
+    from sparkprov.facts.base import ShellCtx
+    from sparkprov.facts.guard import EVENTS_BYTES, STATE_BYTES, GuardState
+
+    script = GuardState("/p", "/pid", "/s.json", "/e.jsonl").command(ShellCtx(home="/root"))
+    assert f"[ -f /s.json ] && head -c {STATE_BYTES} /s.json" in script  # `cat` of a FIFO there blocked
+    assert f"[ -f /e.jsonl ] && tail -c {EVENTS_BYTES} /e.jsonl" in script
+
+
+# -- the fabric qualification record ---------------------------------------------------------------
+
+@pytest.mark.parametrize("doc,says", [
+    ({"rails": "degraded"}, "rails: Input should be a valid list"),
+    ({"rails": [{"status": "degraded", "gbps": "13", "floor_gbps": 46}]}, "rails.0.gbps: Input should be a valid number"),
+    ([1], "the document: Input should be a valid dictionary"),
+])
+def test_a_qualification_record_that_does_not_fit_is_named_with_the_fix(doc, says):
+    from sparkprov.facts.base import FactError
+    from sparkprov.facts.rail import QUAL_PATH, degraded, parse_record
+
+    with pytest.raises(FactError) as err:
+        degraded("spark1", parse_record(json.dumps(doc)))
+    assert str(err.value).startswith(f"{QUAL_PATH} is not a qualification record: {says}") and "sudo rm" in str(err.value)
+
+
+# -- an image's cached `vllm serve --help=all` ------------------------------------------------------
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8\n", b"--max-model-len\nnot a flag line\n",
+                                     b"--x\n" * (2**20 // 4 + 1)])
+def test_a_cached_flag_set_that_does_not_read_is_one_line_naming_it(tmp_path, content):
+    from sparkprov.catalog.knownflags import cache_path, known_flags
+
+    digest = "sha256:" + "c" * 64
+    path = cache_path(tmp_path, digest)
+    path.write_bytes(content)
+    with pytest.raises(InputError) as err:
+        known_flags("vllm/vllm-openai:v0.19.0", None, tmp_path, digest=digest)
+    line = err.value.line()
+    assert line.startswith(f"{path}") and "the cached `vllm serve --help=all`" in line and "remove the file" in line
+    assert len(line.splitlines()) == 1 and len(line) < 400, line
