@@ -8,9 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from sparkprov.facts.base import SYSTEMD_IS_INIT, Fact, FactError, ShellCtx
+from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.transport.shell import quote
 
 EVENTS_READ = 50   # the journal's last lines a gather brings back
@@ -20,14 +21,10 @@ STATE_BYTES = 1 * 2**20
 EVENTS_BYTES = 256 * 2**10
 
 
-class _Stored(BaseModel):
-    """What the guard program writes (serving/guard.py write_state, _event), as it must read back:
-    the figures the summary computes with are numbers; keys it does not know are kept."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+# What the guard program writes (serving/guard.py write_state, _event), as it must read back.
 
 
-class RailReading(_Stored):
+class RailReading(Stored):
     iface: str | None = None
     peer: str | None = None
     status: str | None = None
@@ -35,29 +32,29 @@ class RailReading(_Stored):
     floor_gbps: float | None = None
 
 
-class GpuReading(_Stored):
+class GpuReading(Stored):
     temperature_c: float | None = None
 
 
-class Sample(_Stored):
+class Sample(Stored):
     t: float | None = None
     mem: dict[str, float] = {}
     gpu: GpuReading = GpuReading()
     rails: list[RailReading] = []
 
 
-class HeldContainer(_Stored):
+class HeldContainer(Stored):
     kind: str | None = None
 
 
-class StateFile(_Stored):
+class StateFile(Stored):
     sample: Sample | None = None
     mem_floor_bytes: float | None = None
     held: dict[str, HeldContainer] = {}
     breaker: str | None = None
 
 
-class Event(_Stored):
+class Event(Stored):
     time: str | None = None
     epoch: float | None = None
     kind: str | None = None
@@ -135,8 +132,7 @@ def parse_guard_state(out: str) -> dict[str, Any]:
 
 def _first(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
-        err = exc.errors(include_input=False)[0]
-        return f"{'.'.join(str(p) for p in err.get('loc', ())) or 'the document'}: {err.get('msg')}"
+        return shape_problem(exc)
     return "not JSON" if isinstance(exc, ValueError) else "nested too deeply"
 
 

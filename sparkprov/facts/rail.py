@@ -21,9 +21,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.inventory_vars import default
 from sparkprov.transport.shell import cmd, quote
 
@@ -179,13 +180,8 @@ class QualificationRecord(Fact):
 RECORD_BYTES = 1 * 2**20
 
 
-class _Stored(BaseModel):
-    """The record as fabric_qualify writes it, read back: the figures judged and printed are numbers."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
-
-
-class RecordedRail(_Stored):
+# The record as fabric_qualify writes it, read back (the figures judged and printed are numbers).
+class RecordedRail(Stored):
     iface: str | None = None
     hca: str | None = None
     peer: str | None = None
@@ -196,7 +192,7 @@ class RecordedRail(_Stored):
     peer_mtu: int | None = None
 
 
-class Record(_Stored):
+class Record(Stored):
     measured_at: str | None = None
     rails: list[RecordedRail] = []
     nccl_problems: list[str] = []
@@ -214,9 +210,7 @@ def parse_record(out: str) -> dict[str, Any]:
     try:
         Record.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors(include_input=False)[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "the document"
-        raise FactError(f"{QUAL_PATH} is not a qualification record: {where}: {err.get('msg')} {fix}") from None
+        raise FactError(f"{QUAL_PATH} is not a qualification record: {shape_problem(exc)} {fix}") from None
     return {"present": True, **doc}
 
 

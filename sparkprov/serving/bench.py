@@ -32,9 +32,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from sparkprov.errors import InputError
+from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.transport.shell import quote
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
@@ -47,14 +48,7 @@ MAX_RUN_BYTES = 4 * 2**20  # a run of 64 levels is about 40 KiB
 MAX_RUN_FILES = 5000       # a results folder larger than this is read in part (newest names first)
 
 
-class _Stored(BaseModel):
-    """What `record` writes, as it must read back: types strict (a number is a number, never a
-    string that looks like one; no NaN), keys it does not know kept (a newer sparkprov's)."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
-
-
-class StoredRow(_Stored):
+class StoredRow(Stored):
     concurrency: int
     num_prompts: int | None = None
     completed: int | None = None
@@ -79,7 +73,7 @@ class StoredRow(_Stored):
     e2el_p99_ms: float | None = None
 
 
-class StoredLayout(_Stored):
+class StoredLayout(Stored):
     tp: int = 1
     pp: int = 1
     dp: int = 1
@@ -88,7 +82,7 @@ class StoredLayout(_Stored):
     hosts: list[str] = []
 
 
-class StoredProvenance(_Stored):
+class StoredProvenance(Stored):
     image: str | None = None
     image_id: str | None = None
     image_digest: str | None = None
@@ -108,14 +102,14 @@ class StoredProvenance(_Stored):
     layout: StoredLayout | None = None
 
 
-class StoredParams(_Stored):
+class StoredParams(Stored):
     concurrency: list[int] | None = None
     input_len: int | None = None
     output_len: int | None = None
     prompts: int | None = None
 
 
-class StoredRun(_Stored):
+class StoredRun(Stored):
     rows: list[StoredRow]
     deployment: str | None = None
     host: str | None = None
@@ -157,20 +151,6 @@ def read_run(path: Path) -> dict[str, Any]:
     except ValidationError as exc:
         raise InputError(f"stored bench run: {shape_problem(exc)}", file=str(path), fix=NOT_A_RUN_FIX) from None
     return doc
-
-
-def shape_problem(exc: ValidationError) -> str:
-    """The first thing a document does not fit, in one line: where in it, and what was expected
-    (never the value: it may be megabytes)."""
-    err = exc.errors(include_input=False)[0]
-    where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
-                    for i, p in enumerate(err.get("loc", ())))
-    what = err.get("msg", "does not fit").replace("Input should be", "should be")
-    if err.get("type") == "missing":
-        what = "is missing"
-    elif err.get("type") in ("model_type", "model_attributes_type", "dict_type"):
-        what = "should be a JSON object"
-    return f"{where} {what}" if where else f"the document {what}"
 
 
 def load_runs(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[InputError]]:

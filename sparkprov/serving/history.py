@@ -17,7 +17,9 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
+
+from sparkprov.inputfiles import Stored, shape_problem
 
 HISTORY_DIR = "~/.local/state/sparkprov/deployments"  # on rank 0, the login user's: DIR/NAME/history.jsonl
 PASSED, FAILED = "passed", "failed"
@@ -29,13 +31,7 @@ def history_file(deployment: str) -> str:
     return f"{HISTORY_DIR}/{deployment}/history.jsonl"
 
 
-class _Stored(BaseModel):
-    """A record as new_record writes it, read back: types strict, keys it does not know kept."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
-
-
-class NodeEntry(_Stored):
+class NodeEntry(Stored):
     host: str | None = None
     container: str | None = None
     container_id: str | None = None
@@ -46,7 +42,7 @@ class NodeEntry(_Stored):
     status: str | None = None
 
 
-class RecordedSpec(_Stored):
+class RecordedSpec(Stored):
     """The deployment's spec (serving/deployment.py Deployment as spec_of dumps it): what the
     history's readers use of it typed; a rollback validates the whole as a Deployment again."""
 
@@ -61,13 +57,13 @@ class RecordedSpec(_Stored):
     recipe_files: list[str] = []
 
 
-class RecordedModel(_Stored):
+class RecordedModel(Stored):
     repo: str | None = None
     revision: str | None = None
     commit: str | None = None
 
 
-class Record(_Stored):
+class Record(Stored):
     n: int
     time: str | None = None
     kind: str | None = None
@@ -89,7 +85,7 @@ def parse(text: str) -> list[dict[str, Any]]:
 
 def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The records of a history file, oldest first, and a line for each one skipped ("line 4:
-    nodes should be a valid dictionary"); a first line cut by the reader's byte bound is no record."""
+    nodes should be a JSON object"); a first line cut by the reader's byte bound is no record."""
     out, skipped = [], []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -100,9 +96,7 @@ def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
         except RecursionError:
             skipped.append(f"line {n}: nested too deeply")
         except ValidationError as exc:
-            err = exc.errors(include_input=False)[0]
-            where = ".".join(str(p) for p in err.get("loc", ())) or "the record"
-            skipped.append(f"line {n}: {where}: {err.get('msg', 'does not fit')}")
+            skipped.append(f"line {n}: {shape_problem(exc)}")
         except ValueError:
             skipped.append(f"line {n}: not JSON (a write cut short)")
         else:

@@ -128,9 +128,8 @@ def test_history_records_that_do_not_fit_are_skipped_and_named_by_line():
     assert history.rows(history.parse("\n".join(lines)))  # rows() raised AttributeError on record 2
     records, skipped = history.read("\n".join(lines))
     assert [r["n"] for r in records] == [1]
-    assert skipped[:4] == ["line 2: nodes: Input should be a valid dictionary",
-                           "line 3: spec: Input should be a valid dictionary or instance of RecordedSpec",
-                           "line 4: spec.pp: Input should be a valid integer", "line 5: n: Input should be a valid integer"]
+    assert skipped[:4] == ["line 2: nodes should be a JSON object", "line 3: spec should be a JSON object",
+                           "line 4: spec.pp should be a valid integer", "line 5: n should be a valid integer"]
     assert len(skipped) == 6 and history.rows(records) and history.last_good(records)["n"] == 1
     # a spec that fits the record but is no deployment (edited by hand) is one line, not a traceback
     with pytest.raises(InputError, match="the recorded spec of 'tiny' is no deployment: tp:"):
@@ -174,9 +173,9 @@ def test_the_guard_fact_reads_bounded_regular_files():
 # -- the fabric qualification record ---------------------------------------------------------------
 
 @pytest.mark.parametrize("doc,says", [
-    ({"rails": "degraded"}, "rails: Input should be a valid list"),
-    ({"rails": [{"status": "degraded", "gbps": "13", "floor_gbps": 46}]}, "rails.0.gbps: Input should be a valid number"),
-    ([1], "the document: Input should be a valid dictionary"),
+    ({"rails": "degraded"}, "rails should be a valid list"),
+    ({"rails": [{"status": "degraded", "gbps": "13", "floor_gbps": 46}]}, "rails[0].gbps should be a valid number"),
+    ([1], "the document should be a JSON object"),
 ])
 def test_a_qualification_record_that_does_not_fit_is_named_with_the_fix(doc, says):
     from sparkprov.facts.base import FactError
