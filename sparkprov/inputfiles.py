@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from sparkprov.errors import InputError
 
 # Limits by kind of file; the largest real ones are a few hundred KB.
@@ -120,3 +122,29 @@ def read_text_checked(path: str | Path, what: str, max_bytes: int = MAX_YAML) ->
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise InputError(f"not UTF-8: byte 0x{raw[exc.start]:02x} ({exc.reason})", file=str(path), line=line,
                          column=column, fix="save the file as UTF-8") from None
+
+
+# -- files sparkprov wrote itself, read back ----------------------------------------------------------
+
+
+class Stored(BaseModel):
+    """The model of a file sparkprov wrote (a bench run, a history record, the guard's state, a
+    qualification record) as it must read back: types strict (a number is a number, never a string
+    that looks like one; no NaN), keys it does not know kept (a newer sparkprov's). A reader
+    validates the document and keeps it as it is."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+
+
+def shape_problem(exc: ValidationError) -> str:
+    """The first thing a document does not fit, in one line: where in it, and what was expected
+    (never the value: it may be megabytes). "rows[0].completed should be a valid integer"."""
+    err = exc.errors(include_input=False)[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+                    for i, p in enumerate(err.get("loc", ())))
+    what = err.get("msg", "does not fit").replace("Input should be", "should be")
+    if err.get("type") == "missing":
+        what = "is missing"
+    elif err.get("type") in ("model_type", "model_attributes_type", "dict_type"):
+        what = "should be a JSON object"
+    return f"{where} {what}" if where else f"the document {what}"

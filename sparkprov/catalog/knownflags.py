@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkprov.catalog.models import DIGEST_RE, Image, _ver
+from sparkprov.errors import InputError
+from sparkprov.inputfiles import read_text_checked
+
+# A flag set (recorded, or an image's cached answer) is a few hundred lines; a file far larger is another.
+MAX_FLAG_SET = 1 * 2**20
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
@@ -89,7 +94,7 @@ def _read_set(path: Path, seen: tuple[str, ...] = ()) -> tuple[set[str], set[str
     deprecated: set[str] = set()
     env: set[str] = set()
     has_env = False
-    for raw in path.read_text().splitlines():
+    for raw in read_text_checked(path, "flag set", MAX_FLAG_SET).splitlines():
         line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         if not line:
             continue
@@ -268,7 +273,12 @@ def known_flags(image: str | Image, catalog: "Catalog | None" = None, cache_dir:
     if cache_dir is not None and d is not None:
         path = cache_path(cache_dir, d)
         if path.is_file():
-            flags, deprecated, _env, _has = _read_set(path)
+            try:
+                flags, deprecated, _env, _has = _read_set(path)
+            except (InputError, ValueError) as exc:  # a stored file read back: another writer's, or cut short
+                said = exc.message if isinstance(exc, InputError) else str(exc).split(": ", 1)[-1]
+                raise InputError(f"the cached `vllm serve --help=all` of {d}: {said}", file=str(path),
+                                 fix="remove the file: the preflight asks the image again") from None
             return FlagSet(name=d, origin="image", flags=frozenset(flags),
                            deprecated=recorded.deprecated if recorded else frozenset(),
                            env=recorded.env if recorded else None, path=str(path))

@@ -48,11 +48,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sparkprov.catalog.models import ModelConfig
 
+from sparkprov.inventory_vars import default
+
 GIB = 1024**3
-HOST_MEMORY_GIB = 119.6  # 002 "0.55 -> ~65.8 GB reserved"; "119 GB total"
+HOST_MEMORY_GIB = default("host_memory_gib")  # 119.6: 002 "0.55 -> ~65.8 GB reserved"; "119 GB total"
 NOMINAL_HOST_GB = 128.0  # the marketing figure (decimal GB), 001 §2
 RUNTIME_OVERHEAD_GIB = 3.2  # derived from 001 §8's startup log (see module docstring)
-MIN_HEADROOM_GIB = 4.0  # sparkprov default: what the OS, sshd, docker and page cache keep at least
+MIN_HEADROOM_GIB = default("min_headroom_gib")  # 4.0: what the OS, sshd, docker and page cache keep at least
 
 KV_DTYPE_BYTES = {
     "auto": 2, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,

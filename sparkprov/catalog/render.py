@@ -45,8 +45,8 @@ from sparkprov.catalog.derive import baked_requirements, derived_tag, start_step
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
-from sparkprov.defaults import (API_KEY_FILE, COMPILE_CACHE, MODEL_STORE, SERVE_BIND, SERVE_PORT,
-                                expand_home, host_setting)
+from sparkprov import inventory_vars as iv
+from sparkprov.defaults import API_KEY_FILE, COMPILE_CACHE, MODEL_STORE, SERVE_BIND, SERVE_PORT, expand_home
 from sparkprov.errors import InputError
 
 KEY_PATH = "/run/secrets/sparkprov_api_key"
@@ -128,24 +128,24 @@ class HostServeContext(BaseModel):
         as ~/x are under `home`, the login user's home on that host."""
         data: dict[str, Any] = {"host": host, "host_known": True}
         if "api_key_file" not in variables and home:
-            data["api_key_file"] = home.rstrip("/") + DEFAULT_API_KEY_FILE[1:]
+            data["api_key_file"] = expand_home(iv.default("api_key_file"), home)
         for var in ("model_store", "compile_cache"):  # unset: the shared default, in this host's home
             if variables.get(var) is None and home:
-                data[var] = expand_home(host_setting({}, var), home)
+                data[var] = expand_home(iv.default(var), home)
         for var, fld in cls.VARS.items():
             if var in variables and variables[var] is not None:
-                value = variables[var]
-                if fld in ("fabric_ifaces", "ib_hcas") and isinstance(value, str):
-                    value = [v for v in value.replace(",", " ").split() if v]
+                value = iv.value(variables, var)  # checked as declared; interface lists as lists
                 if isinstance(value, str) and (value == "~" or value.startswith("~/")):
                     if not home:
-                        raise ValueError(f"{var}: {value!r} needs the login user's home on {host}")
+                        raise InputError(f"{var}: {value!r} needs the login user's home on {host}",
+                                         fix="give an absolute path")
                     value = home.rstrip("/") + value[1:]
                 data[fld] = value
-        if "api_key_file" in variables and variables["api_key_file"] in (None, "", False):
+        if "api_key_file" in variables and (variables["api_key_file"] is None or not iv.value(variables, "api_key_file")):
             data["api_key_file"] = None
         if "hf_token_file" in variables or "hf_token_env" in variables:
-            data["hf_token_available"] = bool(variables.get("hf_token_file") or variables.get("hf_token_env"))
+            data["hf_token_available"] = bool(iv.value(variables, "hf_token_file")
+                                              or iv.value(variables, "hf_token_env"))
         data.update(extra)
         return cls(**data)
 

@@ -8,7 +8,6 @@ module, and `invoke --list` stays fast.
 
 from __future__ import annotations
 
-import json as _json
 import re
 import sys
 
@@ -82,6 +81,8 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
         print(f"sparkprov: no host of {', '.join(targets)} serves {deployment} "
               "(fix: invoke status shows what runs; invoke cluster-up starts it)", file=sys.stderr)
         finish(2)
+    for line in found.skipped:
+        print(f"sparkprov: skipped {line}", file=sys.stderr)
     if json:
         print_report(report, True, bench={"deployment": deployment, "check": bool(check), "runs": found.runs,
                                           "served_on": found.served})
@@ -113,20 +114,24 @@ def bench_args(deployment: str, *, concurrency=None, input_len=None, output_len=
 
 
 def export_run(deployment: str, results, out, check: bool) -> None:
-    """The newest stored run of the deployment, as NVIDIA's performance.yaml (written atomically)."""
-    from sparkprov.outputs import write_text_atomic
+    """The newest stored run of the deployment, as NVIDIA's performance.yaml (written atomically,
+    never over a stored run). A stored file that is not a run is refused: it may be the newest."""
+    from sparkprov.outputs import check_output_file, write_text_atomic
     from sparkprov.serving import bench as sb
 
-    runs = sb.stored_runs(results, deployment)
+    runs, skipped = sb.stored_runs(results, deployment)
+    if skipped:
+        raise skipped[0]
     if not runs:
         raise SparkprovError(f"bench --export: no stored run of {deployment} under {results}",
                              fix=f"run invoke bench {deployment} first, or give --results the folder it stored into")
-    rec = _json.loads(runs[-1].read_text())
+    check_output_file("export", str(out), inputs=[r["path"] for r in runs])
+    rec = runs[-1]
     if check:
-        print(f"would write {out} from {runs[-1]}; nothing written")
+        print(f"would write {out} from {rec['path']}; nothing written")
         return
     write_text_atomic(out, sb.performance_yaml(rec))
-    print(f"{runs[-1]} -> {out} (NVIDIA performance.yaml, {len(rec.get('rows') or [])} profile(s))")
+    print(f"{rec['path']} -> {out} (NVIDIA performance.yaml, {len(rec.get('rows') or [])} profile(s))")
 
 
 def print_run(run: dict) -> None:

@@ -265,13 +265,14 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
         raise InputError(f"{layout.describe()} spans {nodes} Sparks: every node's command carries rank 0's fabric "
                          "address and its own", fix=f"--hosts with {nodes} inventory hosts, rank 0 first, whose "
                          "vars set fabric_ip and fabric_ifaces")
+    from sparkprov import inventory_vars as iv
     from sparkprov.data.inventory import load_inventory
 
     inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
     names = inv.resolve(names, what="--hosts")
     host_vars = {h: inv.host_vars(h) for h in names}
-    unset = [f"{h} ({', '.join(v for v in ('fabric_ip', 'fabric_ifaces') if not host_vars[h].get(v))})"
-             for h in names if not (host_vars[h].get("fabric_ip") and host_vars[h].get("fabric_ifaces"))]
+    unset = [f"{h} ({', '.join(v for v in ('fabric_ip', 'fabric_ifaces') if not iv.value(host_vars[h], v))})"
+             for h in names if not (iv.value(host_vars[h], "fabric_ip") and iv.value(host_vars[h], "fabric_ifaces"))]
     if unset:
         raise InputError(f"no fabric address or interface in the inventory for {', '.join(unset)}: the commands "
                          "would bind the management LAN (G32)", fix="set fabric_ip and fabric_ifaces in the hosts' "
@@ -282,7 +283,7 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
     out = []
     for h in names:
         launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None)
-        out.append((h, node.container(dep, h, launch, str(host_vars[names[0]]["fabric_ip"]), foreground=systemd)))
+        out.append((h, node.container(dep, h, launch, iv.value(host_vars[names[0]], "fabric_ip"), foreground=systemd)))
     if systemd:
         return _print_units(inv, out)
     if as_json:

@@ -13,6 +13,7 @@ catalog and data load inside the functions, not at the top: tasks.py imports eve
 from __future__ import annotations
 
 import json as _json
+import sys
 from pathlib import Path
 
 from invoke import task
@@ -21,7 +22,6 @@ from invoke.exceptions import Exit
 from sparkprov.cli.common import inventory_path, split_csv, user_errors
 from sparkprov.cli.options import hosts_option, int_option, positional, text_option
 from sparkprov.errors import InputError
-from sparkprov.inputfiles import read_text_checked
 
 HELP = {
     "model": "the catalog alias (see `invoke models`)",
@@ -37,8 +37,6 @@ HELP = {
 DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
 KV_SOURCES = {"measured": "as a note measured it", "layers": "from the layers' kinds, a full-length request's share",
               "unknown": "not known: the config's layer dimensions are not recorded"}
-MAX_BENCH_FILES = 5000  # a results folder larger than this is read in part (newest names first)
-MAX_BENCH_BYTES = 4 * 2**20
 
 
 @task(help=HELP, iterable=["recipes"])
@@ -112,19 +110,17 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
 
 
 def _bench_records(results: str) -> list[dict]:
-    """The runs `invoke bench` stored (RESULTS/DEPLOYMENT/RECIPE_HASH/*.json); unreadable files are skipped."""
+    """The runs `invoke bench` stored (RESULTS/DEPLOYMENT/RECIPE_HASH/*.json, read and checked by
+    serving/bench.py); a file that is not one is named on stderr and skipped."""
+    from sparkprov.serving.bench import load_runs
+
     root = Path(results).expanduser()
     if not root.is_dir():
         return []
-    out = []
-    for path in sorted(root.glob("*/*/*.json"), reverse=True)[:MAX_BENCH_FILES]:
-        try:
-            doc = _json.loads(read_text_checked(path, "bench result", MAX_BENCH_BYTES))
-        except (InputError, ValueError, OSError):
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
-    return out
+    runs, skipped = load_runs(sorted(root.glob("*/*/*.json"), reverse=True))
+    for exc in skipped:
+        print(f"sparkprov: skipped {exc.line()}", file=sys.stderr)
+    return runs
 
 
 def _num(v, fmt: str) -> str:

@@ -38,7 +38,8 @@ def play(c, playbook, hosts=None, inventory=None, check=False, diff=False, json=
 
 @task
 def schema(c):
-    """Write JSON Schemas for inventory and playbook files to schemas/ (for editors)."""
+    """Write JSON Schemas for inventory and playbook files to schemas/ (for editors), and the README's list
+    of inventory variables (from sparkprov/inventory_vars.py)."""
     from sparkprov.data.schema import write_schemas
 
     with user_errors():

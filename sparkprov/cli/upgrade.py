@@ -51,6 +51,8 @@ def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, a
     with user_errors():
         _, found = _history("history", inventory, hosts, deployment, forks, accept_new_host_keys)
     name, head, records = found.name, found.host, found.records
+    for line in found.skipped:
+        print(f"sparkprov: {head}:{hist.history_file(name)}: skipped {line}", file=sys.stderr)
     good = hist.last_good(records)
     if json:
         print(_json.dumps({"ok": True, "deployment": name, "host": head, "last_good": good["n"] if good else None,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
+from sparkprov.inventory_vars import valid_address
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 RESERVED = {"all", "localhost"}
@@ -87,34 +88,6 @@ class HostEntry(Connection):
         return v
 
 
-# RFC 1123 host name labels (underscore allowed: ~/.ssh/config aliases use it); no label starts
-# or ends with '-', so an address can never read as an option on an ssh or rsync command line.
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
-
-
-def valid_address(v: str) -> bool:
-    """A host name, an IPv4 address or an IPv6 address (bare, optionally with a %scope)."""
-    import ipaddress
-
-    if not isinstance(v, str) or not v or len(v) > 253:
-        return False
-    if ":" in v:
-        addr, _, scope = v.partition("%")
-        try:
-            ipaddress.IPv6Address(addr)
-        except ValueError:
-            return False
-        return not scope or bool(re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)) and not scope.startswith("-")
-    if re.fullmatch(r"[0-9.]+", v):  # all digits and dots: must be a real IPv4 address
-        try:
-            ipaddress.IPv4Address(v)
-        except ValueError:
-            return False
-        return True
-    return bool(_HOSTNAME.fullmatch(v))
-
-
 class GroupEntry(_Strict):
     hosts: list[str] = Field(default_factory=list)
     vars: dict[str, Any] = Field(default_factory=dict)
@@ -145,14 +118,31 @@ class Host(BaseModel):
 
 
 class Inventory:
-    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, list[str]], pos: Positions):
+    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, list[str]], pos: Positions,
+                 vars_order: list[str] | None = None):
         self.path = path
         self.hosts = hosts
         self.groups = groups  # group -> host names (flattened)
         self.pos = pos
+        self.vars_order = vars_order if vars_order is not None else list(groups)  # groups whose vars apply, in order
 
     def host_vars(self, name: str) -> dict[str, Any]:
         return dict(self.hosts[name].vars)
+
+    def var_where(self, host: str, var: str) -> tuple:
+        """Where the value a host has for `var` is written: its own vars, else the last of its
+        groups' that sets it, else the inventory-wide vars."""
+        own = ("hosts", host, "vars", var)
+        if own in self.pos.marks:
+            return own
+        for group in reversed(self.vars_order):
+            if host in self.groups.get(group, ()) and ("groups", group, "vars", var) in self.pos.marks:
+                return ("groups", group, "vars", var)
+        return ("vars", var)
+
+    def var_error(self, host: str, var: str, message: str, *, fix: str | None = None) -> InputError:
+        """An error at the line of the value `host` has for `var`."""
+        return self.pos.error(self.var_where(host, var), message, fix=fix)
 
     def resolve(self, pattern: str | list[str], *, where: tuple[str, int | None, int | None] | None = None,
                 what: str = "host pattern") -> list[str]:
@@ -195,21 +185,48 @@ class Inventory:
         return None
 
 
-# Variables sparkprov itself reads as paths on the hosts (sparkprov/defaults.py): they end up in
-# scripts, mounts and unit files, where a newline or carriage return would split a line.
-PATH_VARS = {"model_store", "compile_cache", "api_key_file"}
-PORT_VARS = {"serve_port", "gateway_port"}
-URL_VARS = {"hf_endpoint"}
-IMAGE_VARS = {"gateway_image", "stage_image"}
-
-
-def _is_path_var(name: str) -> bool:
-    return name in PATH_VARS or name.endswith(("_path", "_dir", "_file", "_store", "_cache"))
-
-
 def _check_vars(model: InventoryFile, pos: Positions) -> None:
-    """The settings sparkprov reads from vars get their types checked where they are written,
-    so `recipe --host`, `cluster-up` and `stage-weights` never meet them half-valid later."""
+    """Every variable sparkprov reads is checked against its declaration (sparkprov/inventory_vars.py)
+    where it is written, so `recipe --host`, `plan`, `cluster-up` and the guard never meet it
+    half-valid later; a variable of the user's own that is close to a declared one is named."""
+    from sparkprov import inventory_vars as iv
+
+    hosts = [str(h) for h in model.hosts]
+    for prefix, variables in _scopes(model):
+        for name, value in variables.items():
+            where = prefix + (name,)
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+                raise pos.error(where, f"variable name {name!r} is not an identifier", key=True,
+                                fix="use letters, digits and _ (not starting with a digit)")
+            var = iv.VARS.get(name)
+            if var is None:
+                close = iv.close_to_declared(name)
+                if close:
+                    raise pos.error(where, f"unknown variable {name!r}", key=True, fix=iv.unknown_fix(name, close))
+                continue
+            if value is None:
+                continue
+            try:
+                var.check(value)
+            except iv.VarError as exc:
+                raise pos.error(where, exc.message, fix=exc.fix) from None
+            rule = getattr(var.kind, "rule", "")
+            if rule == "url":
+                _check_url_var(pos, where, name, value)
+            elif rule == "image":
+                from sparkprov.catalog.load import IMAGE_RE
+
+                if not IMAGE_RE.match(value):
+                    raise pos.error(where, f"{name}: {value!r} is not an image reference",
+                                    fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")
+            elif rule == "host" and value not in hosts:
+                close = _close(value, hosts)
+                raise pos.error(where, f"{name}: {value!r} is not a host of this inventory",
+                                fix=f"did you mean {close!r}?" if close else "name a host under hosts:")
+
+
+def _scopes(model: InventoryFile) -> list[tuple[tuple, dict]]:
+    """Where variables are written: (path in the document, the mapping), widest first."""
     scopes: list[tuple[tuple, dict]] = [(("vars",), model.vars)]
     for g, entry in model.groups.items():
         if isinstance(entry, GroupEntry):
@@ -217,33 +234,20 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
     for h, entry in model.hosts.items():
         if entry is not None:
             scopes.append((("hosts", h, "vars"), entry.vars))
-    for prefix, variables in scopes:
-        for name, value in variables.items():
-            where = prefix + (name,)
-            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
-                raise pos.error(where, f"variable name {name!r} is not an identifier", key=True,
-                                fix="use letters, digits and _ (not starting with a digit)")
-            if name in PORT_VARS and value is not None:
-                if isinstance(value, bool):
-                    raise pos.error(where, f"{name}: {str(value).lower()} is a boolean, not a port",
-                                    fix="give a whole number from 1 to 65535")
-                if not isinstance(value, int) or not 1 <= value <= 65535:
-                    raise pos.error(where, f"{name}: {value!r} is not a port",
-                                    fix="give a whole number from 1 to 65535")
-            elif name in URL_VARS and value is not None:
-                _check_url_var(pos, where, name, value)
-            elif name in IMAGE_VARS and value is not None:
-                from sparkprov.catalog.load import IMAGE_RE
+    return scopes
 
-                if not isinstance(value, str) or not IMAGE_RE.match(value):
-                    raise pos.error(where, f"{name}: {value!r} is not an image reference",
-                                    fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")
-            elif _is_path_var(name) and value is not None:
-                if not isinstance(value, str):
-                    raise pos.error(where, f"{name}: {value!r} is not a path", fix='write it as a string, e.g. "~/vllm"')
-                if any(not c.isprintable() for c in value) or (name != "api_key_file" and not value.strip()):
-                    raise pos.error(where, f"{name}: {value!r} is not a usable path",
-                                    fix="remove newlines, carriage returns and other control characters")
+
+def _check_rails(inventory: "Inventory") -> None:
+    """A host's rail floor may not be above its expected figure (fabric_qualify's rule), said at the
+    floor's line before any host is measured."""
+    from sparkprov import inventory_vars as iv
+
+    for name, host in inventory.hosts.items():
+        floor, expected = iv.value(host.vars, "rail_min_gbps"), iv.value(host.vars, "rail_expected_gbps")
+        if floor > expected:
+            raise inventory.var_error(name, "rail_min_gbps",
+                                      f"rail_min_gbps {floor:g} is above rail_expected_gbps {expected:g} for host {name}",
+                                      fix="the floor must be the lower figure")
 
 
 def _check_url_var(pos: Positions, where: tuple, name: str, value: Any) -> None:
@@ -313,7 +317,9 @@ def load_inventory(path: str | Path) -> Inventory:
     for gname, members in groups.items():
         for h in members:
             hosts[h].groups.append(gname)
-    return Inventory(file, hosts, groups, pos)
+    inventory = Inventory(file, hosts, groups, pos, [str(g) for g in model.groups])
+    _check_rails(inventory)
+    return inventory
 
 
 def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions, file: str) -> dict[str, list[str]]:

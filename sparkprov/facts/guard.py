@@ -8,10 +8,58 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from sparkprov.facts.base import SYSTEMD_IS_INIT, Fact, FactError, ShellCtx
+from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.transport.shell import quote
 
 EVENTS_READ = 50   # the journal's last lines a gather brings back
+# What a gather brings back of each file at most (the guard's state is a few KiB, an event a few
+# hundred bytes): a file grown or replaced by something else never comes back whole.
+STATE_BYTES = 1 * 2**20
+EVENTS_BYTES = 256 * 2**10
+
+
+# What the guard program writes (serving/guard.py write_state, _event), as it must read back.
+
+
+class RailReading(Stored):
+    iface: str | None = None
+    peer: str | None = None
+    status: str | None = None
+    gbps: float | None = None
+    floor_gbps: float | None = None
+
+
+class GpuReading(Stored):
+    temperature_c: float | None = None
+
+
+class Sample(Stored):
+    t: float | None = None
+    mem: dict[str, float] = {}
+    gpu: GpuReading = GpuReading()
+    rails: list[RailReading] = []
+
+
+class HeldContainer(Stored):
+    kind: str | None = None
+
+
+class StateFile(Stored):
+    sample: Sample | None = None
+    mem_floor_bytes: float | None = None
+    held: dict[str, HeldContainer] = {}
+    breaker: str | None = None
+
+
+class Event(Stored):
+    time: str | None = None
+    epoch: float | None = None
+    kind: str | None = None
+    action: str | None = None
+    fix: str | None = None
 # A guard whose last sample is older than this is not running, whatever its pid says: one sample
 # waits at most for each container's token (2 x liveness timeout) and a docker stop (20 s).
 STALE_AFTER_S = 120
@@ -37,9 +85,10 @@ class GuardState(Fact):
             'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q guard.py; '
             'then echo "running=$pid"; else echo running=; fi',
             "echo @state",
-            f"cat {quote(self.state)} 2>/dev/null; echo",
+            f"[ -f {quote(self.state)} ] && head -c {STATE_BYTES} {quote(self.state)} 2>/dev/null; echo",
             "echo @events",
-            f"tail -n {EVENTS_READ} {quote(self.journal)} 2>/dev/null; :",
+            f"[ -f {quote(self.journal)} ] && tail -c {EVENTS_BYTES} {quote(self.journal)} 2>/dev/null "
+            f"| tail -n {EVENTS_READ}; :",
         ])
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
@@ -52,19 +101,39 @@ def parse_guard_state(out: str) -> dict[str, Any]:
         raise FactError(f"no guard state in {out[:200]!r}")
     state_text, _, events_text = rest.partition("@events\n")
     kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
+    unread: list[str] = []
     try:
         state = json.loads(state_text) if state_text.strip() else None
-    except ValueError:
-        state = None   # a state file caught half-written by a reader (it is replaced atomically)
-    events = []
+        if state is not None:
+            StateFile.model_validate(state)
+    except (ValueError, RecursionError) as exc:
+        # a state file caught half-written by a reader is replaced atomically, so this is another writer's
+        state = None
+        unread.append(f"the guard's state file does not fit: {_first(exc)}")
+    events, junk = [], 0
     for line in events_text.splitlines():
         try:
-            events.append(json.loads(line))
-        except ValueError:
+            doc = json.loads(line)
+            Event.model_validate(doc)
+        except (ValueError, RecursionError):  # a line cut at the front by the byte bound, or not an event
+            junk += 1
             continue
-    return {"now": float(kv.get("now") or 0), "installed": kv.get("installed") == "1",
+        events.append(doc)
+    if junk:
+        unread.append(f"{junk} line(s) of the guard's journal are no event (skipped)")
+    try:
+        now = float(kv.get("now") or 0)
+    except ValueError:
+        now = 0.0
+    return {"now": now, "installed": kv.get("installed") == "1",
             "systemd": kv.get("systemd") == "1", "pid": int(kv["running"]) if kv.get("running", "").isdigit() else None,
-            "state": state, "events": events}
+            "state": state, "events": events, "unread": unread}
+
+
+def _first(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return shape_problem(exc)
+    return "not JSON" if isinstance(exc, ValueError) else "nested too deeply"
 
 
 def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +169,7 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
             "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
             "mem_floor": state.get("mem_floor_bytes"), "gpu": sample.get("gpu") or {},
             "held": held, "breaker": state.get("breaker"), "events": fact.get("events") or [],
-            "acted": bool(held or state.get("breaker")), "problems": problems}
+            "acted": bool(held or state.get("breaker")), "problems": problems, "unread": fact.get("unread") or []}
 
 
 def describe(host: str, s: dict[str, Any]) -> str:
@@ -114,7 +183,7 @@ def describe(host: str, s: dict[str, Any]) -> str:
     temp = (s.get("gpu") or {}).get("temperature_c")
     head += f", GPU {temp:g} C" if temp is not None else ""
     head += f"; {len(s.get('events') or [])} event(s) in its journal"
-    return head + "".join(f"\n  {p}" for p in s["problems"])
+    return head + "".join(f"\n  {p}" for p in s["problems"] + (s.get("unread") or []))
 
 
 def exit_code(summaries: dict[str, dict[str, Any]], code: int) -> int:

@@ -11,6 +11,9 @@ from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.transport.shell import quote
 
 MAX_LINES = 500
+# The newest bytes of the file only (a record is about 2 KiB): a file grown by hand, or /dev/zero
+# linked in its place, never comes back whole. A line cut at the front is no record (skipped).
+MAX_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,8 @@ class HistoryFile(Fact):
     path: str
 
     def command(self, sh: ShellCtx) -> str:
-        return f"f={sh.path(self.path)}\nif [ -f \"$f\" ]; then echo @present; tail -n {MAX_LINES} \"$f\"; else echo @absent; fi"
+        return (f"f={sh.path(self.path)}\nif [ -f \"$f\" ]; then echo @present; tail -c {MAX_BYTES} \"$f\" | "
+                f"tail -n {MAX_LINES}; else echo @absent; fi")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         head, _, rest = out.partition("\n")

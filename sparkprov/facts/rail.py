@@ -21,22 +21,20 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.inputfiles import Stored, shape_problem
+from sparkprov.inventory_vars import default
 from sparkprov.transport.shell import cmd, quote
 
 QUAL_PATH = "/var/lib/sparkprov/fabric/qualification.json"
 
-# A healthy GB10 rail (one ConnectX-7 twin) carries 92.57 and 97.28 Gb/s with ib_write_bw at 1 QP
-# (NVIDIA/dgx-spark-playbooks performance_benchmarking_guide.md, commit 998f217a; cited as the
-# healthy reference by PR#108; gb10-failure-outputs.md §4.5). Under this figure a rail is reported
-# (a warning), not failed.
-EXPECTED_GBPS = 90.0
-# Under this a rail fails: half the lower healthy figure (92.57 / 2). The degraded links seen on
-# Sparks are far under it: 13.23 Gb/s (8-QP ib_write_bw) and 12.86 Gb/s (TCP) on a 200G link
-# that ethtool called healthy (NVIDIA/dgx-spark-playbooks PR#108, whose own check flags 8-25 Gb/s;
-# §4.8); a port that negotiated 100000Mb/s instead of 200000Mb/s (§4.3, NVIDIA's
-# multi-sparks-through-switch README) leaves its two twins half the bandwidth together.
-MIN_GBPS = 46.0
+# Under EXPECTED_GBPS a rail is reported (a warning), under MIN_GBPS it fails: the inventory
+# variables rail_expected_gbps and rail_min_gbps, their defaults with their sources in
+# sparkprov/inventory_vars.py.
+EXPECTED_GBPS = default("rail_expected_gbps")
+MIN_GBPS = default("rail_min_gbps")
 # The MTU both ends of a rail need (gb10-outputs.md: community guides raise it to 9000, NCCL
 # bandwidth over the link is far lower without it; multinode-notes.md: dgx-spark-playbooks#25).
 RAIL_MTU = 9000
@@ -172,21 +170,47 @@ class QualificationRecord(Fact):
     path: str = QUAL_PATH
 
     def command(self, sh: ShellCtx) -> str:
-        return f"if [ -f {sh.path(self.path)} ]; then cat {sh.path(self.path)}; else echo @absent; fi"
+        # bounded: a record of a Spark's four rails is about 2 KiB
+        return f"if [ -f {sh.path(self.path)} ]; then head -c {RECORD_BYTES} {sh.path(self.path)}; else echo @absent; fi"
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
         return parse_record(out)
 
 
+RECORD_BYTES = 1 * 2**20
+
+
+# The record as fabric_qualify writes it, read back (the figures judged and printed are numbers).
+class RecordedRail(Stored):
+    iface: str | None = None
+    hca: str | None = None
+    peer: str | None = None
+    status: str | None = None
+    gbps: float | None = None
+    floor_gbps: float | None = None
+    mtu: int | None = None
+    peer_mtu: int | None = None
+
+
+class Record(Stored):
+    measured_at: str | None = None
+    rails: list[RecordedRail] = []
+    nccl_problems: list[str] = []
+
+
 def parse_record(out: str) -> dict[str, Any]:
     if out.strip() == "@absent":
         return {"present": False}
+    fix = (f"(fix: remove it, sudo rm {QUAL_PATH}; invoke provision --tags fabric measures the rails and "
+           "writes it again)")
     try:
         doc = json.loads(out)
-    except ValueError as exc:
-        raise FactError(f"{QUAL_PATH} is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise FactError(f"{QUAL_PATH} is not a JSON object")
+    except (ValueError, RecursionError) as exc:
+        raise FactError(f"{QUAL_PATH} is not JSON: {str(exc)[:100]} {fix}") from None
+    try:
+        Record.model_validate(doc)
+    except ValidationError as exc:
+        raise FactError(f"{QUAL_PATH} is not a qualification record: {shape_problem(exc)} {fix}") from None
     return {"present": True, **doc}
 
 

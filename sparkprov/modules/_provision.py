@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkprov import inventory_vars
 from sparkprov.modules.base import HostContext
 from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 
-def setting(value: Any, host: HostContext, var: str, default: Any = None) -> Any:
-    """An argument given in the task wins; else the inventory/play variable `var`; else default."""
-    if value is not None:
-        return value
-    v = host.vars.get(var)
-    return default if v is None else v
+def setting(value: Any, host: HostContext, var: str) -> Any:
+    """An argument given in the task wins; else the inventory/play variable `var`, checked as
+    declared (sparkprov/inventory_vars.py), else its declared default."""
+    return inventory_vars.setting(value, host.vars, var)
 
 
 def write_file_script(path: str, data: bytes, *, mode: str, owner: str | None = None,

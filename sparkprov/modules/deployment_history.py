@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
-from sparkprov.defaults import host_setting
+from sparkprov import inventory_vars as iv
 from sparkprov.facts.history import DeploymentImages, HistoryFile
 from sparkprov.facts.serving import ServeReady
 from sparkprov.modules._serving import ServeArgs
@@ -63,7 +63,7 @@ class DeploymentHistory(Module):
         return {"history": HistoryFile(history.history_file(dep.name)),
                 "ready": ServeReady(node.container_name(dep, host.name), node.base_url(dep, host.vars),
                                     node.key_file(host.vars)),
-                "store": StoreState(str(host_setting(host.vars, "model_store")),
+                "store": StoreState(iv.value(host.vars, "model_store"),
                                     tuple(sorted({repo for repo, _ in node.repos(dep)})))}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:

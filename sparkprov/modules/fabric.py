@@ -27,6 +27,7 @@ from typing import Any, TypedDict
 
 from pydantic import Field, field_validator
 
+from sparkprov.inventory_vars import interface_name_ok
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.fabric import Ibdev2netdev, NetState, iface_order, nccl_settings
@@ -51,10 +52,6 @@ class Args(ModuleArgs):
         if not v.startswith("/etc/netplan/") or not v.endswith(".yaml") or "\n" in v:
             raise ValueError("netplan_file must be /etc/netplan/NAME.yaml")
         return v
-
-
-def _ifname_ok(name: str) -> bool:
-    return 0 < len(name) <= 15 and all(c.isalnum() or c in "._-@" for c in name)
 
 
 def choose_subnets(n: int, configured: list[str] | None, routes: list[dict], rail_ifaces: list[str]
@@ -155,7 +152,7 @@ class FabricModule(Module):
         if configured:
             rails = [str(r) for r in configured]
             for r in rails:
-                if not _ifname_ok(r):
+                if not interface_name_ok(r):
                     return Plan.fail(f"{h}: {r!r} is not an interface name")
                 if r not in links:
                     return Plan.fail(f"{h}: fabric rail {r} does not exist (interfaces: {', '.join(sorted(links))})")

@@ -35,10 +35,10 @@ from typing import Any, TypedDict
 
 from pydantic import Field
 
+from sparkprov import inventory_vars as iv
 from sparkprov.facts.base import ShellCtx
 from sparkprov.facts.fabric import Ibdev2netdev
-from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
-                                  ib_hca_problems, judge_rail)
+from sparkprov.facts.rail import QUAL_PATH, QualificationRecord, RailThroughput, ib_hca_problems, judge_rail
 from sparkprov.modules._provision import setting, write_file_script
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules.fabric_mesh import ring
@@ -61,8 +61,8 @@ class Args(ModuleArgs):
     seconds: int = Field(default=3, ge=1, le=60)          # per rail
     port: int = Field(default=18515, ge=1024, le=65000)   # perftest's default; rail i uses port + i
     qps: int = Field(default=1, ge=1, le=16)              # the healthy reference figures are 1 QP
-    min_gbps: float | None = Field(default=None, gt=0)       # default: `rail_min_gbps`, else MIN_GBPS
-    expected_gbps: float | None = Field(default=None, gt=0)  # default: `rail_expected_gbps`, else EXPECTED_GBPS
+    min_gbps: float | None = Field(default=None, gt=0)       # default: the `rail_min_gbps` variable
+    expected_gbps: float | None = Field(default=None, gt=0)  # default: the `rail_expected_gbps` variable
     record: bool = True
 
 
@@ -80,11 +80,8 @@ def _pending(host: HostContext) -> list[str]:
 
 
 def _thresholds(args: Args, host: HostContext) -> tuple[float, float]:
-    floor = setting(args.min_gbps, host, "rail_min_gbps", MIN_GBPS)
-    expected = setting(args.expected_gbps, host, "rail_expected_gbps", EXPECTED_GBPS)
-    for var, v in (("rail_min_gbps", floor), ("rail_expected_gbps", expected)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ValueError(f"inventory var {var}: a figure in Gb/s above 0, got {v!r}")
+    floor = setting(args.min_gbps, host, "rail_min_gbps")
+    expected = setting(args.expected_gbps, host, "rail_expected_gbps")
     if floor > expected:
         raise ValueError(f"rail_min_gbps {floor:g} is above rail_expected_gbps {expected:g}: the floor must be the lower")
     return float(floor), float(expected)
@@ -92,9 +89,9 @@ def _thresholds(args: Args, host: HostContext) -> tuple[float, float]:
 
 def named_hcas(host: HostContext, fabric: dict[str, Any]) -> list[str]:
     """NCCL_IB_HCA as serving sets it on this host (serving/node.py): `ib_hcas`, else every rail's HCA."""
-    v = host.vars.get("ib_hcas")
-    if v:
-        return [s.strip() for s in (v.split(",") if isinstance(v, str) else map(str, v)) if s.strip()]
+    named = iv.value(host.vars, "ib_hcas")
+    if named:
+        return named
     return [h for h in (fabric.get("nccl_ib_hca") or "").split(",") if h]
 
 

@@ -29,7 +29,7 @@ def smoke_setting(args, host: HostContext) -> tuple[str | None, tuple[str, ...]]
     """The smoke image and command: the arguments, else the inventory variables of the same names
     (docker_access pulls the image with the same reading)."""
     image = setting(args.smoke_image, host, "smoke_image")
-    command = setting(args.smoke_command, host, "smoke_command", [])
+    command = setting(args.smoke_command, host, "smoke_command")
     return (str(image) if image else None), tuple(str(c) for c in command)
 
 

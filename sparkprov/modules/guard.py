@@ -7,8 +7,8 @@ token timeout) and its configuration (/etc/sparkprov/guard.json), then runs it a
 - elsewhere (the lab's simulated Sparks, which start it at boot as they start sshd), a detached
   process with a pid file, (re)started when a file changed or it is not running.
 
-Every setting has a default with its source in serving/guard.py (DEFAULTS); an argument here wins,
-then the inventory variable `guard_<setting>`. Check mode and diff as every module: the config and
+Every setting is an inventory variable `guard_<setting>`, declared (range and default, the default's
+source in serving/guard.py DEFAULTS) by sparkprov/inventory_vars.py; an argument here wins. Check mode and diff as every module: the config and
 the unit are shown before and after.
 """
 
@@ -19,8 +19,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from sparkprov import inventory_vars as iv
 from sparkprov.facts import probe
 from sparkprov.facts.files import PathState
 from sparkprov.facts.guard import GuardState
@@ -30,29 +29,6 @@ from sparkprov.serving import guard as g
 from sparkprov.transport.shell import cmd, quote
 
 UNIT_PATH = f"/etc/systemd/system/{g.UNIT_NAME}"
-
-
-class Settings(BaseModel):
-    """The settings a user may change (module argument or inventory var guard_<name>)."""
-
-    model_config = ConfigDict(extra="forbid")
-    interval_s: float = Field(ge=1, le=300)
-    mem_floor_pct: float = Field(gt=0, lt=100)
-    mem_samples: int = Field(ge=1, le=100)
-    mem_clear_factor: float = Field(ge=1, le=10)
-    mem_clear_samples: int = Field(ge=1, le=100)
-    liveness_timeout_s: float = Field(ge=1, le=600)
-    liveness_failures: int = Field(ge=1, le=100)
-    restart_after_s: float = Field(ge=0, le=86400)
-    breaker_restarts: int = Field(ge=1, le=1000)
-    breaker_window_s: float = Field(ge=60, le=7 * 86400)
-    fatal_xids: list[int]
-    port: int = Field(ge=1, le=65535)
-    fabric_ifaces: list[str]
-    act: bool
-    meminfo: str = Field(pattern=r"^/[^\n]*$")
-    kernel_log: str = Field(pattern=r"^/[^\n]*$")
-    nvidia_smi: str = Field(pattern=r"^[^\n]+$")
 
 
 class Args(ModuleArgs):
@@ -70,17 +46,20 @@ class Args(ModuleArgs):
 
 
 def settings(args: Args, vars: dict[str, Any]) -> dict[str, Any]:
-    """Argument, else inventory var guard_<name>, else the default; raises ValueError naming the var."""
-    given = {k: getattr(args, k, None) for k in Settings.model_fields}
-    merged = {k: given[k] if given.get(k) is not None else vars.get(f"guard_{k}", g.DEFAULTS[k])
-              for k in Settings.model_fields}
-    try:
-        return Settings.model_validate(merged).model_dump()
-    except ValidationError as e:
-        err = e.errors()[0]
-        name = str(err["loc"][0])
-        where = f"guard argument {name}" if given.get(name) is not None else f"inventory var guard_{name}"
-        raise ValueError(f"{where}: {err['msg']} (got {merged.get(name)!r})") from None
+    """Every setting of the guard (the inventory variables guard_<key>, declared with their ranges
+    and defaults by sparkprov/inventory_vars.py guard_variables): the task's argument, else the
+    variable, else the default. ValueError naming the argument or the variable."""
+    out: dict[str, Any] = {}
+    for var in iv.guard_variables():
+        key = var.name[len(iv.GUARD_PREFIX):]
+        given = getattr(args, key, None)
+        try:
+            out[key] = var.check(given) if given is not None else iv.value(vars, var.name)
+        except iv.VarError as exc:  # "guard_port: 0 is not a port (fix: ...)"
+            said = exc.line()
+            raise ValueError(f"inventory var {said}" if given is None else
+                             f"guard argument {key}: {said[len(var.name) + 2:]}") from None
+    return out
 
 
 def config_text(values: dict[str, Any]) -> str:

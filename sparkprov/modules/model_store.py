@@ -34,8 +34,8 @@ class Args(ModuleArgs):
 
 
 def _paths(args: Args, host: HostContext) -> tuple[str, str]:
-    store = str(setting(args.path, host, "model_store", "~/vllm"))
-    cache = str(setting(args.compile_cache, host, "compile_cache", "~/vllm-compile-cache"))
+    store = str(setting(args.path, host, "model_store"))
+    cache = str(setting(args.compile_cache, host, "compile_cache"))
     return store, cache
 
 

@@ -44,7 +44,7 @@ class NativeRuntimeModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         tk = facts.toolkit
-        required = bool(setting(args.required, host, "native_runtime", False))
+        required = bool(setting(args.required, host, "native_runtime"))
         want = args.cuda_major
         ok_nvcc = _major(tk["nvcc_version"]) == want
         ok_ptxas = _major(tk["ptxas_version"]) == want

@@ -24,7 +24,7 @@ from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs, preflight_export
 from sparkprov.serving import node
 from sparkprov.staging.facts import StoreState
-from sparkprov.defaults import host_setting
+from sparkprov import inventory_vars as iv
 
 
 class Args(ServeArgs):
@@ -64,7 +64,7 @@ class ServePreflight(Module):
             return {}
         named = {"smi": NvidiaSmi(), "fabric": FabricInfo(), "mem": MemInfo(), "ollama": OllamaState(),
                  "containers": ManagedContainers(), "listening": Listeners((dep.port_on(host.vars),)),
-                 "store": StoreState(str(host_setting(host.vars, "model_store")),
+                 "store": StoreState(iv.value(host.vars, "model_store"),
                                      tuple(sorted({repo for repo, _ in node.repos(dep)})))}
         if dep.cluster:
             named["qualification"] = QualificationRecord()
@@ -122,7 +122,7 @@ class ServePreflight(Module):
         if missing and args.staged_here and host.check:
             notes.append("weights: the stage plays before would put them in place")
         elif missing:
-            fails.append(f"{h}: weights not staged and verified in {store.store or host_setting(host.vars, 'model_store')}: "
+            fails.append(f"{h}: weights not staged and verified in {store.store or iv.value(host.vars, 'model_store')}: "
                          f"{missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
                          + f" (fix: invoke stage-weights {dep.model} --hosts {','.join(dep.hosts)}, "
                          "or rerun with --stage)")

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
-from sparkprov.defaults import host_setting
+from sparkprov import inventory_vars as iv
 from sparkprov.facts.serving import ManagedContainers
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.staging import verify
@@ -142,8 +142,8 @@ class Store(Module):
     doc = "List the model store (repos, revisions, size, verified, in use); prune unused repos, revisions, compile cache."
 
     def needs(self, args: Args, host: HostContext):
-        return {"store": StoreContentsFact(str(host_setting(host.vars, "model_store")),
-                                           str(host_setting(host.vars, "compile_cache"))),
+        return {"store": StoreContentsFact(iv.value(host.vars, "model_store"),
+                                           iv.value(host.vars, "compile_cache")),
                 "containers": ManagedContainers()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:

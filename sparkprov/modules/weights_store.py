@@ -14,7 +14,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
-from sparkprov.defaults import host_setting
+from sparkprov import inventory_vars as iv
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.fabric import FabricInfo
 from sparkprov.staging import fanout, verify
@@ -68,7 +68,7 @@ def store_fact(args, host: HostContext) -> StoreState:
     in a container, whether the image is there."""
     items = items_of(args)
     image = args.image if host.name == args.source and host.name not in args.local_hosts else ""
-    return StoreState(str(host_setting(host.vars, "model_store")), tuple(sorted({i.repo for i in items if i.dest is None})),
+    return StoreState(iv.value(host.vars, "model_store"), tuple(sorted({i.repo for i in items if i.dest is None})),
                       tuple(sorted({i.dest for i in items if i.dest is not None})), image)
 
 
@@ -89,7 +89,7 @@ class WeightsStore(Module):
         sf = facts.store
         rehashing = args.rehash and args.phase == "check"
         hp = plan_host(host.name, items_of(args), sf, rehash=rehashing)
-        fabric = str(host.vars.get("fabric_address") or (facts.fabric or {}).get("node_ip") or "") or None
+        fabric = iv.value(host.vars, "fabric_address") or (facts.fabric or {}).get("node_ip") or None
         exports = STAGE({"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
                                                                                      Status.STAGED)),
                          "need": sorted(f.item.rel for f in hp.to_fetch),

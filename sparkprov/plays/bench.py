@@ -21,6 +21,7 @@ from sparkprov.serving import bench as sb
 class BenchRuns:
     served: list[str] = field(default_factory=list)         # the hosts whose rank 0 serves the deployment
     runs: list[dict[str, Any]] = field(default_factory=list)  # each stored run, its path, plot and comparison
+    skipped: list[str] = field(default_factory=list)          # stored files --compare could not read, and why
 
 
 def run_bench(inv: Inventory, targets: list[str], args: dict[str, Any], options: RunOptions, report: Report, *,
@@ -36,7 +37,8 @@ def run_bench(inv: Inventory, targets: list[str], args: dict[str, Any], options:
         if not rec:
             continue
         rec = sb.with_hosts(rec, members)
-        old = sb.previous(results, rec) if compare else None
+        old, skipped = sb.previous(results, rec) if compare else (None, [])
+        found.skipped += [e.line() for e in skipped]
         path = sb.store(results, rec)
         png = sb.plot(rec, path.with_suffix(".png"))
         found.runs.append({**rec, "path": str(path), "plot": str(png),

@@ -9,6 +9,7 @@ import dataclasses
 import io
 from typing import Any, TextIO
 
+from sparkprov import inventory_vars as iv
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
@@ -36,7 +37,7 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
         return report, {}
     # a host whose containers could not be read would lose its routes (or hide the gateway)
     refuse_unknown(st, consequence="the gateway was not changed")
-    where = host or (current or {}).get("host") or inv.hosts[targets[0]].vars.get("gateway_host") or targets[0]
+    where = host or (current or {}).get("host") or iv.value(inv.hosts[targets[0]].vars, "gateway_host") or targets[0]
     if where not in inv.hosts:
         raise SparkprovError(f"gateway_host {where!r} is not a host of {inv.path}", fix="name a host of the inventory")
     check = options.check
@@ -50,8 +51,8 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
         raise SparkprovError(f"the gateway runs on {current['host']}, not {where}",
                              fix="invoke gateway down first, or leave out --host")
     hv = inv.hosts[where].vars
-    args = {"image": image or (current or {}).get("image") or hv.get("gateway_image") or gw.IMAGE,
-            "port": port or (current or {}).get("port") or int(hv.get("gateway_port") or gw.PORT),
+    args = {"image": image or (current or {}).get("image") or iv.value(hv, "gateway_image"),
+            "port": port or (current or {}).get("port") or iv.value(hv, "gateway_port"),
             "bind": bind or (current or {}).get("bind") or "0.0.0.0", "timeout": timeout}
     addresses = {h: inv.hosts[h].address for h in everyone}
     routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)

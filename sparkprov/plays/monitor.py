@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.playbook import Playbook
-from sparkprov.defaults import host_setting
+from sparkprov import inventory_vars as iv
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
@@ -28,7 +28,6 @@ from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.fleet import read_fleet
 from sparkprov.serving import monitor as mon
 from sparkprov.serving import prometheus as prom
-from sparkprov.serving.guard import DEFAULTS as GUARD_DEFAULTS
 
 WHERE = ("monitor", None, None)
 
@@ -71,17 +70,17 @@ def read_deployments(inv: Inventory, targets: list[str], options: RunOptions, *,
     (status, deployments, hosts as serving/monitor.py takes them)."""
     everyone = list(dict.fromkeys(list(targets) + list(extra)))
     st = read_fleet(inv, everyone, dataclasses.replace(options, check=False), consequence=consequence)
-    monitored = {h: mon.MonitoredHost(h, inv.hosts[h].address, str(host_setting(inv.hosts[h].vars, "serve_bind")))
+    monitored = {h: mon.MonitoredHost(h, inv.hosts[h].address, iv.value(inv.hosts[h].vars, "serve_bind"))
                  for h in targets}
     return st, mon.deployments_from_status({h: st[h] for h in targets}, monitored), monitored
 
 
 def guard_port(inv: Inventory, h: str) -> int:
-    return int(inv.hosts[h].vars.get("guard_port") or GUARD_DEFAULTS["port"])
+    return iv.value(inv.hosts[h].vars, "guard_port")
 
 
 def scrape_interval_of(inv: Inventory, targets: list[str]) -> str:
-    return str(inv.hosts[targets[0]].vars.get("prometheus_scrape_interval") or "15s") if targets else "15s"
+    return iv.value(inv.hosts[targets[0]].vars if targets else {}, "prometheus_scrape_interval")
 
 
 @dataclass
@@ -120,16 +119,16 @@ def up(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | N
     """The status play, then the monitor plays: (report, summary)."""
     st, deps, _ = read_deployments(inv, targets, options, extra=[host] if host else [])
     current = prom.running_monitor(st)
-    where = host or (current or {}).get("host") or inv.hosts[targets[0]].vars.get("monitor_host") or targets[0]
+    where = host or (current or {}).get("host") or iv.value(inv.hosts[targets[0]].vars, "monitor_host") or targets[0]
     if where not in inv.hosts:
         raise SparkprovError(f"monitor_host {where!r} is not a host of {inv.path}", fix="name a host of the inventory")
     if current and current["host"] != where:
         raise SparkprovError(f"Prometheus runs on {current['host']}, not {where}",
                              fix="invoke monitor down first, or leave out --host")
     hv = inv.hosts[where].vars
-    args = {"image": image or hv.get("prometheus_image") or (current or {}).get("image") or prom.IMAGE,
-            "port": port or (current or {}).get("port") or int(hv.get("prometheus_port") or prom.PORT),
-            "bind": bind or hv.get("prometheus_bind") or None, "timeout": timeout,
+    args = {"image": image or iv.given(hv, "prometheus_image") or (current or {}).get("image") or prom.IMAGE,
+            "port": port or (current or {}).get("port") or iv.value(hv, "prometheus_port"),
+            "bind": bind or iv.value(hv, "prometheus_bind"), "timeout": timeout,
             "scrape_interval": scrape_interval or scrape_interval_of(inv, targets),
             "node_exporter_port": exporter_port or mon.NODE_EXPORTER_PORT}
     served = [{"name": d.name, "model": d.model, "host": d.host, "address": d.address, "port": d.port,

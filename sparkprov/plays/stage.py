@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.plays.book import play, run_book, task
+from sparkprov import inventory_vars as iv
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.playbook import Playbook
 from sparkprov.engine.report import Report
@@ -90,8 +91,8 @@ def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOp
     # the control machine is a Spark of the stage: the bytes are already here
     src = o.source or next((h for h in hosts if inventory.hosts[h].connection == "local"), hosts[0])
     spec = spec_for(model, o.revision)
-    image = o.image or spec.image or inventory.hosts[src].vars.get("stage_image") or ""
-    endpoint = str(inventory.hosts[hosts[0]].vars.get("hf_endpoint") or "https://huggingface.co").rstrip("/")
+    image = o.image or spec.image or iv.value(inventory.hosts[src].vars, "stage_image") or ""
+    endpoint = iv.value(inventory.hosts[hosts[0]].vars, "hf_endpoint").rstrip("/")
     token, token_src = resolve_token()
     items, listings = list_stage(spec, endpoint, token, include=o.include, exclude=o.exclude)
     book = stage_book(inventory, hosts, model, items, source=src, endpoint=endpoint, image=image, rehash=o.rehash,

@@ -18,7 +18,6 @@ output tok/s is recorded as failed and rolled back like a start that failed its 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time as _time
@@ -73,8 +72,18 @@ def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:
 def deployment_from(spec: dict[str, Any]) -> Deployment:
     """A recorded spec as a deployment cluster-up starts again (a value a record lacks or holds as
     null: the default)."""
+    from pydantic import ValidationError
+
+    from sparkprov.errors import InputError
+    from sparkprov.yamlpos import validation_error, Positions
+
     known = {k: v for k, v in spec.items() if k in Deployment.model_fields and v is not None}
-    return Deployment.model_validate({**known, "where": ("history", None, None)})
+    try:
+        return Deployment.model_validate({**known, "where": ("history", None, None)})
+    except ValidationError as exc:  # a record edited by hand, or written by another sparkprov
+        said = validation_error(exc, Positions("history"), model=Deployment)
+        raise InputError(f"the recorded spec of {spec.get('name')!r} is no deployment: {said.message}",
+                         fix="invoke history shows the records; start it with cluster-up instead") from None
 
 
 @dataclass
@@ -128,19 +137,15 @@ def bench_gate(inv, deps: list[Deployment], ratio: float, results: Path, *, fork
             out.ungated[d.name] = f"its spec is start #{good['n']}'s, the last good: not an upgrade"
             continue
         rank0 = (good.get("nodes") or {}).get((good.get("spec") or {}).get("hosts", [d.hosts[0]])[0]) or {}
-        runs = []
-        for path in sb.stored_runs(results, d.name):
-            try:
-                runs.append({**json.loads(path.read_text()), "path": str(path)})
-            except (OSError, ValueError):
-                continue
+        runs, skipped = sb.stored_runs(results, d.name)
         baseline = sb.gate_baseline(runs, rank0)
         if baseline is None:
+            unread = f"; {len(skipped)} stored file(s) skipped, the first {skipped[0].line()}" if skipped else ""
             raise SparkprovError(
                 f"--gate bench: no stored bench run of {d.name}'s last good start #{good['n']} (image "
-                f"{(rank0.get('image_id') or '?')[7:19]}, recipe {rank0.get('recipe_hash') or '?'}) under {results}",
-                fix=f"run invoke bench {d.name} before the upgrade (the gate reruns its parameters), "
-                    "or leave out --gate bench")
+                f"{(rank0.get('image_id') or '?')[7:19]}, recipe {rank0.get('recipe_hash') or '?'}) under {results}"
+                + unread, fix=f"run invoke bench {d.name} before the upgrade (the gate reruns its parameters), "
+                              "or leave out --gate bench")
         out.baselines[d.name] = {"start": good["n"], "run": baseline}
     return out
 
@@ -260,6 +265,7 @@ class DeploymentHistory:
     name: str
     host: str  # its rank 0: the host whose history of it is the newest
     records: list[dict[str, Any]]
+    skipped: list[str] = field(default_factory=list)  # lines of its file that are no record, and why
 
 
 def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_host_keys: bool) -> DeploymentHistory:
@@ -271,9 +277,9 @@ def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_h
 
     got = gather_facts(inv, targets, {"history": HistoryFile(history.history_file(name))}, forks=forks,
                        accept_new_host_keys=accept_new_host_keys)
-    found = {h: history.parse(r["facts"]["history"]["text"]) for h, r in got.items()
-             if r["ok"] and r["facts"]["history"]["exists"]}
-    found = {h: recs for h, recs in found.items() if recs}
+    read = {h: history.read(r["facts"]["history"]["text"]) for h, r in got.items()
+            if r["ok"] and r["facts"]["history"]["exists"]}
+    found = {h: recs for h, (recs, _) in read.items() if recs}
     if not found:
         unread = [f"{h} ({next(iter(r['errors'].values()), 'unreadable')})" for h, r in got.items() if not r["ok"]]
         raise SparkprovError(f"no history of deployment {name!r} on {', '.join(targets)}"
@@ -281,7 +287,7 @@ def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_h
                              fix="check the name (invoke status lists deployments); a start is recorded on its rank 0 "
                                  "from this version of sparkprov on")
     head = max(found, key=lambda h: (found[h][-1].get("time") or "", len(found[h])))
-    return DeploymentHistory(name, head, found[head])
+    return DeploymentHistory(name, head, found[head], read[head][1])
 
 
 def rollback_target(hist: DeploymentHistory, to: int | None) -> dict[str, Any]:

@@ -26,15 +26,145 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from pydantic import ValidationError
+
+from sparkprov.errors import InputError
+from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.transport.shell import quote
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
 RESULTS_DIR = "~/.local/share/sparkprov/bench"  # on this machine: DEPLOYMENT/RECIPE_HASH/*.json (invoke bench, the gate)
+
+
+# -- stored runs, read back: the bounded reader and a model of their shape -------------------------------
+
+MAX_RUN_BYTES = 4 * 2**20  # a run of 64 levels is about 40 KiB
+MAX_RUN_FILES = 5000       # a results folder larger than this is read in part (newest names first)
+
+
+class StoredRow(Stored):
+    concurrency: int
+    num_prompts: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    duration: float | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    ttft_mean_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_mean_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    e2el_mean_ms: float | None = None
+    e2el_p50_ms: float | None = None
+    e2el_p99_ms: float | None = None
+
+
+class StoredLayout(Stored):
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    nodes: int | None = None
+    executor: str | None = None
+    hosts: list[str] = []
+
+
+class StoredProvenance(Stored):
+    image: str | None = None
+    image_id: str | None = None
+    image_digest: str | None = None
+    model_repo: str | None = None
+    model_revision: str | None = None
+    model_commit: str | None = None
+    vllm_version: str | None = None
+    max_model_len: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    kernel: str | None = None
+    os: str | None = None
+    system: str | None = None
+    recipe_hash: str | None = None
+    layout: StoredLayout | None = None
+
+
+class StoredParams(Stored):
+    concurrency: list[int] | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    prompts: int | None = None
+
+
+class StoredRun(Stored):
+    rows: list[StoredRow]
+    deployment: str | None = None
+    host: str | None = None
+    time: str | None = None
+    recipe: str | None = None
+    recipe_hash: str | None = None
+    model: str | None = None
+    tp: str | int | None = None
+    image_id: str | None = None
+    repo_digests: list[str] = []
+    tokenizer: str | None = None
+    client: str | None = None
+    params: StoredParams = StoredParams()
+    profile: str | None = None
+    provenance: StoredProvenance | None = None
+
+
+NOT_A_RUN_FIX = "move it out of the results folder: it is not a run `invoke bench` stored"
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """One stored run: a regular file of bounded size (never a FIFO, a device or a folder), JSON,
+    shaped as `record` writes it. InputError naming the file and the first thing that does not fit."""
+    from sparkprov.inputfiles import read_text_checked
+
+    try:
+        text = read_text_checked(path, "stored bench run", MAX_RUN_BYTES)
+    except InputError as exc:  # not a regular file, too large, not UTF-8: the fix is the same
+        message = exc.message if exc.message.startswith("stored bench run") else f"stored bench run: {exc.message}"
+        raise InputError(message, file=str(path), line=exc.lineno, column=exc.column, fix=NOT_A_RUN_FIX) from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise InputError("stored bench run: JSON nested too deeply", file=str(path), fix=NOT_A_RUN_FIX) from None
+    except ValueError as exc:
+        raise InputError(f"stored bench run: not JSON ({exc})", file=str(path), fix=NOT_A_RUN_FIX) from None
+    try:
+        StoredRun.model_validate(doc)
+    except ValidationError as exc:
+        raise InputError(f"stored bench run: {shape_problem(exc)}", file=str(path), fix=NOT_A_RUN_FIX) from None
+    return doc
+
+
+def load_runs(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[InputError]]:
+    """The stored runs among `paths` (each with its "path"), at most MAX_RUN_FILES, and an
+    InputError for each file that is not one (skipped)."""
+    runs, skipped = [], []
+    for n, path in enumerate(paths):
+        if n >= MAX_RUN_FILES:
+            break
+        try:
+            runs.append({**read_run(path), "path": str(path)})
+        except InputError as exc:
+            skipped.append(exc)
+    return runs, skipped
 
 # Run inside the serving container (python3 is in every vLLM image): the refs (branch or tag ->
 # commit) of one repo of the store the container reads, as JSON. Which commit the server loaded.
@@ -287,21 +417,18 @@ def run_dir(results: Path, rec: dict) -> Path:
     return results / rec["deployment"] / (rec["recipe_hash"] or "no-recipe-hash")
 
 
-def previous(results: Path, rec: dict) -> dict | None:
-    """The last stored run of the same recipe on the same host with the same parameters."""
-    d = run_dir(results, rec)
-    for p in sorted(d.glob("*.json"), reverse=True):
-        try:
-            old = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if old.get("host") == rec["host"] and old.get("params") == rec["params"]:
-            old["path"] = str(p)
-            return old
-    return None
+def previous(results: Path, rec: dict) -> tuple[dict | None, list[InputError]]:
+    """The last stored run of the same recipe on the same host with the same parameters, and the
+    stored files that are not runs (skipped, each named)."""
+    runs, skipped = load_runs(sorted(run_dir(results, rec).glob("*.json"), reverse=True))
+    found = next((old for old in runs if old.get("host") == rec["host"] and old.get("params") == rec["params"]), None)
+    return found, skipped
 
 
 def store(results: Path, rec: dict) -> Path:
+    """The run as a new file under results (written whole or not at all)."""
+    from sparkprov.outputs import write_text_atomic
+
     d = run_dir(results, rec)
     d.mkdir(parents=True, exist_ok=True)
     stamp = rec["time"].replace("-", "").replace(":", "")
@@ -310,7 +437,7 @@ def store(results: Path, rec: dict) -> Path:
     while path.exists():  # two runs in one second
         n += 1
         path = d / f"{stamp}-{rec['host']}-{_short(rec['image_id'])}-{n}.json"
-    path.write_text(json.dumps(rec, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(rec, indent=2) + "\n")
     return path
 
 
@@ -379,8 +506,13 @@ def plot(rec: dict, path: Path) -> Path:
     fig.suptitle(f"{rec['deployment']} ({rec.get('recipe')}, TP {rec.get('tp')}) on {rec['host']}: "
                  f"input {rec['params']['input_len']}, output {rec['params']['output_len']} tokens")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:  # whole or not at all, as every output
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -395,15 +527,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 # -- NVIDIA's performance.yaml ----------------------------------------------------------------------
 
-def stored_runs(results: Path, deployment: str) -> list[Path]:
-    """Every stored run of a deployment (all recipe hashes), oldest first by the time it recorded."""
-    runs = []
-    for p in (results / deployment).glob("*/*.json"):
-        try:
-            runs.append((json.loads(p.read_text()).get("time") or "", p))
-        except (OSError, ValueError):
-            continue
-    return [p for _, p in sorted(runs)]
+def stored_runs(results: Path, deployment: str) -> tuple[list[dict[str, Any]], list[InputError]]:
+    """Every stored run of a deployment (all recipe hashes), oldest first by the time it recorded,
+    each with its "path"; and the files among them that are not runs (each named, skipped)."""
+    runs, skipped = load_runs(sorted((results / deployment).glob("*/*.json"), reverse=True))
+    return sorted(runs, key=lambda r: (r.get("time") or "", r["path"])), skipped
 
 
 def _per_second(tokens: Any, ms: Any) -> float | None:

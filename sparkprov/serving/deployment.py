@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.json_schema import SkipJsonSchema
 
 from sparkprov.catalog.layout import Layout, override_conflicts
-from sparkprov.defaults import MASTER_PORT, RAY_PORT, host_setting
+from sparkprov import inventory_vars as iv
+from sparkprov.defaults import MASTER_PORT, RAY_PORT
 from sparkprov.errors import InputError
 from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
@@ -153,12 +154,12 @@ class Deployment(BaseModel):
 
     def port_on(self, host_vars: dict[str, Any]) -> int:
         """The API port on a host: the deployment's, else the host's serve_port var (8000)."""
-        return int(self.port or host_setting(host_vars, "serve_port"))
+        return self.port or iv.value(host_vars, "serve_port")
 
     def endpoint(self, host_vars: dict[str, Any], address: str) -> str:
         """The API's URL on a host, reached at `address` (how the caller reaches that host) where
         the server binds every address (serve_bind 0.0.0.0 or ::), else at its bind address."""
-        return f"http://{reached_at(str(host_setting(host_vars, 'serve_bind')), address)}:{self.port_on(host_vars)}"
+        return f"http://{reached_at(iv.value(host_vars, 'serve_bind'), address)}:{self.port_on(host_vars)}"
 
     def hosts_problem(self) -> str | None:
         """Why the hosts cannot carry the layout (G35: a cluster takes exactly tp x pp x dp Sparks)."""

@@ -18,14 +18,15 @@ import hashlib
 import json
 from typing import Any
 
+from sparkprov.inventory_vars import default
 from sparkprov.serving.address import reached_at
 from sparkprov.serving.spec import SERVING_ROLES
 from sparkprov.transport.shell import cmd
 
-IMAGE = "ghcr.io/berriai/litellm:main-stable"  # pin it: gateway_image in the inventory, or --image
+IMAGE = default("gateway_image")  # pin it: gateway_image in the inventory, or --image
 CONTAINER = "sparkprov-gateway"
 ROLE = "gateway"
-PORT = 4000
+PORT = default("gateway_port")
 DIR = "~/.config/sparkprov/gateway"
 CONFIG = "config.yaml"
 MASTER_KEY = "master_key"

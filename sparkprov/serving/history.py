@@ -17,6 +17,10 @@ import json
 import re
 from typing import Any
 
+from pydantic import ValidationError
+
+from sparkprov.inputfiles import Stored, shape_problem
+
 HISTORY_DIR = "~/.local/state/sparkprov/deployments"  # on rank 0, the login user's: DIR/NAME/history.jsonl
 PASSED, FAILED = "passed", "failed"
 START, ROLLBACK = "start", "rollback"
@@ -27,18 +31,77 @@ def history_file(deployment: str) -> str:
     return f"{HISTORY_DIR}/{deployment}/history.jsonl"
 
 
+class NodeEntry(Stored):
+    host: str | None = None
+    container: str | None = None
+    container_id: str | None = None
+    image: str | None = None
+    image_id: str | None = None
+    digest: str | None = None
+    recipe_hash: str | None = None
+    status: str | None = None
+
+
+class RecordedSpec(Stored):
+    """The deployment's spec (serving/deployment.py Deployment as spec_of dumps it): what the
+    history's readers use of it typed; a rollback validates the whole as a Deployment again."""
+
+    name: str | None = None
+    model: str | None = None
+    hosts: list[str] = []
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    executor: str | None = None
+    overrides: dict[str, Any] = {}
+    recipe_files: list[str] = []
+
+
+class RecordedModel(Stored):
+    repo: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+
+class Record(Stored):
+    n: int
+    time: str | None = None
+    kind: str | None = None
+    rollback_of: int | None = None
+    result: str | None = None
+    problem: str | None = None
+    spec: RecordedSpec = RecordedSpec()
+    model: RecordedModel | None = None
+    nodes: dict[str, NodeEntry] = {}
+    smoke: dict[str, Any] | None = None
+    bench: dict[str, Any] | None = None
+
+
 def parse(text: str) -> list[dict[str, Any]]:
     """The records of a history file, oldest first; a line that is not a record (a write cut
-    short) is skipped, the ones after it still count."""
-    out = []
-    for line in text.splitlines():
+    short, or one that does not fit Record) is skipped, the ones after it still count."""
+    return read(text)[0]
+
+
+def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records of a history file, oldest first, and a line for each one skipped ("line 4:
+    nodes should be a JSON object"); a first line cut by the reader's byte bound is no record."""
+    out, skipped = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             doc = json.loads(line)
+            Record.model_validate(doc)
+        except RecursionError:
+            skipped.append(f"line {n}: nested too deeply")
+        except ValidationError as exc:
+            skipped.append(f"line {n}: {shape_problem(exc)}")
         except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("n"), int):
+            skipped.append(f"line {n}: not JSON (a write cut short)")
+        else:
             out.append(doc)
-    return out
+    return out, skipped
 
 
 def json_line(record: dict[str, Any]) -> str:

@@ -14,7 +14,8 @@ from sparkprov.catalog.derive import baked_requirements, derived_tag, ray_requir
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
-from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
+from sparkprov import inventory_vars as iv
+from sparkprov.defaults import expand_home
 from sparkprov.serving import spec as specmod
 from sparkprov.serving.deployment import Deployment
 from sparkprov.staging.plan import repo_dir
@@ -52,8 +53,7 @@ def base_url(dep: Deployment, host_vars: dict[str, Any]) -> str:
 
 def key_file(host_vars: dict[str, Any]) -> str | None:
     """The API key file as the inventory says it (may start with ~/); None: no key."""
-    v = host_setting(host_vars, "api_key_file")
-    return None if v in (None, "", False) else str(v)
+    return iv.value(host_vars, "api_key_file") or None
 
 
 def container_name(dep: Deployment, host: str) -> str:
@@ -71,7 +71,7 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
     cat = catalog_for(dep)
     extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": dep.port_on(host_vars)}
     if "api_key_file" not in host_vars:
-        extra["api_key_file"] = expand_home(str(host_setting(host_vars, "api_key_file")), home)
+        extra["api_key_file"] = expand_home(iv.default("api_key_file"), home)
     fabric = fabric or {}
     if dep.cluster:
         extra["cluster_size"] = dep.nodes
@@ -85,7 +85,7 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
         extra["driver_version"] = smi["driver_version"]
     for var in ("model_store", "compile_cache"):
         if var not in host_vars:
-            extra[var] = expand_home(str(host_setting(host_vars, var)) if var == "model_store" else COMPILE_CACHE, home)
+            extra[var] = expand_home(iv.default(var), home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
     out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
     image = dep.image or pinned or dep.image_override

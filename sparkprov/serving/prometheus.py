@@ -21,13 +21,14 @@ import hashlib
 import json
 from typing import Any
 
+from sparkprov.inventory_vars import default
 from sparkprov.serving.gateway import wait_ready_script
 from sparkprov.transport.shell import cmd
 
-IMAGE = "prom/prometheus:v3.5.0"  # an LTS release of upstream's image; pin a digest for repeatable runs
+IMAGE = default("prometheus_image")  # an LTS release of upstream's image; pin a digest for repeatable runs
 CONTAINER = "sparkprov-prometheus"
 ROLE = "monitor"
-PORT = 9090
+PORT = default("prometheus_port")
 DIR = "~/.local/share/sparkprov/monitor"
 CONFIG = "config"      # under DIR: what `render` returns and the keys, mounted read-only at MOUNT
 DATA = "data"          # under DIR: the TSDB

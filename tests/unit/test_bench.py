@@ -46,9 +46,9 @@ def test_store_compare_and_plot(tmp_path):
     first = sb.record("spark1", "tp", LABELS, PARAMS, host_doc())
     p1 = sb.store(tmp_path, first)
     assert p1.parent == tmp_path / "tp" / "0123456789abcdef" and p1.name.endswith("-spark1-abababababab.json")
-    assert sb.previous(tmp_path, first)["rows"] == first["rows"]
+    assert sb.previous(tmp_path, first)[0]["rows"] == first["rows"]
     second = sb.record("spark1", "tp", LABELS, PARAMS, host_doc(tps=(66.0, 150.0)))
-    old = sb.previous(tmp_path, second)
+    old = sb.previous(tmp_path, second)[0]
     cmp = sb.compare(second, old)
     assert cmp["same_image"] and cmp["against"] == str(p1)
     assert cmp["levels"]["1"]["output_throughput"] == 10.0 and cmp["levels"]["4"]["output_throughput"] == -25.0
@@ -56,11 +56,11 @@ def test_store_compare_and_plot(tmp_path):
     assert p2 != p1 and json.loads(p2.read_text())["rows"][1]["output_throughput"] == 150.0
     # other parameters, or another host: not the same benchmark
     other = sb.record("spark1", "tp", LABELS, {**PARAMS, "input_len": 64}, host_doc())
-    assert sb.previous(tmp_path, other) is None
-    assert sb.previous(tmp_path, sb.record("spark2", "tp", LABELS, PARAMS, host_doc())) is None
+    assert sb.previous(tmp_path, other)[0] is None
+    assert sb.previous(tmp_path, sb.record("spark2", "tp", LABELS, PARAMS, host_doc()))[0] is None
     # another image under the same recipe: compared, and said
     moved = sb.record("spark1", "tp", LABELS, PARAMS, host_doc(image="sha256:" + "cd" * 32))
-    assert sb.compare(moved, sb.previous(tmp_path, moved))["same_image"] is False
+    assert sb.compare(moved, sb.previous(tmp_path, moved)[0])["same_image"] is False
     png = sb.plot(second, p2.with_suffix(".png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 

@@ -119,7 +119,7 @@ def test_a_run_stored_before_provenance_loads_compares_plots_and_exports(tmp_pat
     d.mkdir(parents=True)
     (d / "20260101T000000Z-spark1-abababababab.json").write_text(json.dumps(old))
     new = run()
-    before = sb.previous(tmp_path, new)
+    before = sb.previous(tmp_path, new)[0]
     assert before["time"] == old["time"]
     cmp = sb.compare(new, before)
     assert cmp["same_image"] and cmp["changed"] == {} and cmp["levels"]["1"]["output_throughput"] == pytest.approx(-9.1)

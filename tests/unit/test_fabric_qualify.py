@@ -171,7 +171,7 @@ def test_a_degraded_rail_is_recorded_then_fails_naming_the_rail_figure_floor_and
     lab = plan(ctx(vars={"rail_min_gbps": 1.0, "rail_expected_gbps": 2.0}), throughput(5.1, 0.19), {"present": False})
     assert "(degraded)" in lab.changes[0].summary and "floor 1, expected 2 Gb/s" in lab.msg
     bad = plan(ctx(vars={"rail_min_gbps": "fast"}), throughput(92.57, 97.28), {"present": False})
-    assert bad.failed.startswith("spark1: inventory var rail_min_gbps")
+    assert bad.failed.startswith("spark1: rail_min_gbps: 'fast' is not a number (fix: give a number above 0")
 
 
 def test_half_a_port_in_nccl_ib_hca_fails_provision():

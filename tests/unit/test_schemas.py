@@ -41,3 +41,24 @@ def test_schema_rejects_what_the_loader_rejects_playbook(path):
     data = yaml.safe_load((REPO / "tests/fixtures/bad/playbook" / path).read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, playbook_schema())
+
+
+def test_readme_lists_every_inventory_variable_as_generated():
+    """The README's list of inventory variables is the declaration's (sparkprov/inventory_vars.py),
+    as `invoke schema` writes it."""
+    from sparkprov.data.schema import README, readme_with_variables
+    from sparkprov.inventory_vars import VARS
+
+    text = README.read_text()
+    assert text == readme_with_variables(text), "run `invoke schema` to refresh the README's list of variables"
+    for name in VARS:
+        assert f"| `{name}` |" in text
+
+
+def test_schema_types_the_declared_variables_and_keeps_the_users_own():
+    schema = inventory_schema()
+    ok = {"hosts": {"s1": {"vars": {"serve_port": 8000, "my_own": {"any": "thing"}}}}}
+    jsonschema.validate(ok, schema)
+    for bad in ({"serve_port": "8000; id"}, {"host_memory_gib": "lots"}, {"guard_act": "yes"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"vars": bad}, schema)
