@@ -10,15 +10,13 @@ import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from sparkprov.errors import SparkprovError
 from sparkprov.facts.base import Fact, FactError, ShellCtx, home_of
+from sparkprov.hosts import Inventory
 from sparkprov.transport.connect import make_transport
 from sparkprov.transport.shell import quote
-
-if TYPE_CHECKING:
-    from sparkprov.data.inventory import Inventory
 
 # -- the gather script ----------------------------------------------------------------------
 

@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from typing import TYPE_CHECKING
-
 from sparkprov import modules
 from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
@@ -31,14 +29,12 @@ from sparkprov.engine.validate import validate_playbook_expressions
 from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.hosts import Host, Inventory
 from sparkprov.inputfiles import MAX_SECRET, read_text_checked
 from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
 from sparkprov.transport.connect import make_transport  # noqa: F401 (the commands' one connect path)
 from sparkprov.transport.shell import quote
-
-if TYPE_CHECKING:
-    from sparkprov.data.inventory import Host, Inventory
 
 
 @dataclass

@@ -35,12 +35,12 @@ from pydantic.json_schema import SkipJsonSchema
 from sparkprov.catalog.layout import Layout, override_conflicts
 from sparkprov.defaults import MASTER_PORT, RAY_PORT, host_setting
 from sparkprov.errors import InputError
+from sparkprov.hosts import Inventory
 from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
-    from sparkprov.data.inventory import Inventory
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
