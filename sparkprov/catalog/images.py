@@ -15,6 +15,7 @@ import yaml
 
 from sparkprov.catalog.knownflags import recorded_set_name
 from sparkprov.catalog.models import Image
+from sparkprov.imageref import ImageRef
 from sparkprov.facts.serving import digest_script, help_script, parse_digests  # noqa: F401 (the host reads)
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def image_rows(catalog: "Catalog") -> list[ImageRow]:
     """One row per catalog image: vLLM version, digest (or `unpinned`), multi-node executors."""
     used: dict[str, set[str]] = {}
     for r in catalog.recipes.values():
-        used.setdefault(r.image.split("@", 1)[0], set()).add(r.alias)
+        used.setdefault(ImageRef.parse(r.image).tagged, set()).add(r.alias)
     rows = []
     for img in catalog.image_table.values():
         rows.append(ImageRow(ref=img.ref, vllm=img.vllm or "?", digest=img.digest or "unpinned",

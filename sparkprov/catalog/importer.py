@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from sparkprov.catalog.knownflags import normalize
-from sparkprov.catalog.load import IMAGE_RE
+from sparkprov.imageref import IMAGE_RE, ImageRef
 from sparkprov.catalog.models import ALIAS_RE, REPO_ID_RE, REVISION_RE
 from sparkprov.errors import InputError, one_line
 from sparkprov.yamlpos import Positions, load_yaml, parse_model, validation_error
@@ -454,7 +454,8 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     if not container:
         raise pos.error(("container",) if "container" in data else (), "the recipe names no container image",
                         fix="add container: REPO:TAG")
-    image = container if ":" in container.rsplit("/", 1)[-1] or "@" in container else container + ":latest"
+    ref = ImageRef.parse(container)
+    image = container if ref.tag is not None or ref.digest is not None else container + ":latest"
     if not IMAGE_RE.match(image):
         raise pos.error(("container",), f"container {container[:80]!r} is not an image reference",
                         fix="write it as registry/repo:tag (optionally @sha256:...)")

@@ -25,6 +25,7 @@ from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to
                                       kv_dtype_bytes, plan_host, plan_model)
 from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
 from sparkprov.catalog.models import ResolvedRecipe
+from sparkprov.imageref import ImageRef
 
 ERROR = "ERROR"
 WARNING = "WARNING"
@@ -82,7 +83,7 @@ class LintContext:
         ref = launch.image
         if launch.image_info is not None:
             return known_flags(launch.image_info, self.catalog, self.flags_cache, digest=self.image_digest
-                               or (ref.split("@", 1)[1] if "@" in ref else None))
+                               or ImageRef.parse(ref).digest)
         return known_flags(ref, self.catalog, self.flags_cache, digest=self.image_digest)
 
 
@@ -101,11 +102,8 @@ def rule(rule_id: str, severity: str, title: str, *sources: str):
 # ---------------------------------------------------------------- helpers
 
 def _repo_tag(image: str) -> tuple[str, str]:
-    ref = image.split("@", 1)[0]
-    repo, _, tag = ref.rpartition(":")
-    if "/" in tag or not repo:
-        return ref, "latest"
-    return repo, tag
+    ref = ImageRef.parse(image)
+    return ref.name, ref.tag or "latest"
 
 
 def _is_upstream(repo: str) -> bool:
@@ -300,7 +298,8 @@ def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
     # (an image cluster-up derives is built FROM its base's ID and tagged by the base reference: as
     # pinned as that reference)
-    pinned = "@" in launch.image or lc.pinned or (is_derived(launch.image) and info is not None and "@" in info.pinned)
+    pinned = (ImageRef.parse(launch.image).digest is not None or lc.pinned
+              or (is_derived(launch.image) and info is not None and info.is_pinned))
     if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
         what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
         yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",

@@ -41,13 +41,14 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkprov.catalog.derive import baked_requirements, derived_tag, start_steps
+from sparkprov.catalog.derive import ImageChoice, baked_requirements, choose_image, start_steps
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
 from sparkprov.defaults import (API_KEY_FILE, COMPILE_CACHE, MODEL_STORE, SERVE_BIND, SERVE_PORT,
                                 expand_home, host_setting)
 from sparkprov.errors import InputError
+from sparkprov.imageref import ImageRef
 
 KEY_PATH = "/run/secrets/sparkprov_api_key"
 COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm"
@@ -236,7 +237,8 @@ class Launch(BaseModel):
 
     @property
     def baked(self) -> list[str]:
-        """The pip requirements baked into the derived image (none: the image is the catalog's)."""
+        """The recipe's pip requirements baked into the image derived from its own (none: it runs
+        its image as it is)."""
         return baked_requirements(self.recipe.pre_serve)
 
     # ----- lookups the linter and the serve step use -----
@@ -311,26 +313,11 @@ def _shell_word(word: str) -> str:
     return '"$HOME"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
-def wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
-    lines = ["set -eu"]
-    lines += [shlex.join(cmd) for cmd in pre_serve]
-    if with_key:
-        lines += [
-            f"k=$(cat {KEY_PATH})",
-            '[ -n "$k" ] || { echo "sparkprov: the API key file is empty" >&2; exit 78; }',
-            "VLLM_API_KEY=$k",
-            "export VLLM_API_KEY",
-            "unset k",
-        ]
-    lines.append('exec "$@"')
-    return "; ".join(lines)
-
-
 def image_entrypoint(image: str, info: Image | None) -> str:
     """vllm-serve | passthrough | custom: the image's entrypoint kind (G2)."""
     if info is not None:
         return info.entrypoint
-    repo = image.split("@", 1)[0].rsplit(":", 1)[0]
+    repo = ImageRef.parse(image).name
     if repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai"):
         return "vllm-serve"
     if repo == "nvcr.io/nvidia/vllm":
@@ -351,14 +338,16 @@ def _store_path(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str
 
 def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
                   overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None,
-                  pp: int = 1, dp: int = 1, ep: bool = False) -> Launch:
+                  pp: int = 1, dp: int = 1, ep: bool = False, image: ImageChoice | None = None) -> Launch:
     """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp`,
     pipeline parallelism `pp`, `dp` data-parallel replicas, expert parallelism `ep` (the sizes:
     each rank's own options come from serving/spec.py) and flag `overrides` ({"--max-model-len":
     32768, "--enable-chunked-prefill": None (remove), "--enforce-eager": True (bare switch)}); an
     override may not set a size against the layout. A launch that spans nodes (tp x pp x dp > 1, or
     a ctx.cluster_size > 1) gets the fabric bindings of the node (VLLM_HOST_IP, NCCL/Gloo/UCX
-    interfaces), and an engine over several GPUs its executor. Pure: nothing is run."""
+    interfaces), and an engine over several GPUs its executor. `image`: the image its containers run
+    (catalog/derive.py choose_image; default: the recipe's, as the catalog records it). Pure: nothing
+    is run."""
     from sparkprov.catalog.layout import Layout, override_conflicts
 
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
@@ -372,9 +361,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
 
         catalog = load_catalog()
     info = catalog.image(recipe.image)
-    image = recipe.image if ("@" in recipe.image or info is None) else info.pinned
-    if baked_requirements(recipe.pre_serve):  # its pip installs run once, in the image derived from it
-        image = derived_tag(image, baked_requirements(recipe.pre_serve))
+    runs = (image or choose_image(recipe, catalog)).runs
     kind = image_entrypoint(recipe.image, info)
     command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
 
@@ -469,7 +456,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     if d.shm_size:
         options.append(DockerOption(words=["--shm-size", d.shm_size], source=docker_src))
     options += [DockerOption(words=["--ulimit", u], source=docker_src) for u in d.ulimits]
-    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=image, image_info=info, command=command,
+    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=runs, image_info=info, command=command,
                   container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=env, vllm_args=args,
                   mounts=mounts, docker_options=options, recipe=recipe, ctx=ctx, startup=recipe.startup,
                   smoke=recipe.smoke)

@@ -183,7 +183,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
 
 def apply_image_option(image, deps) -> None:
     """--image: one valid image reference, for one deployment; refused before any host."""
-    from sparkprov.catalog.load import IMAGE_RE
+    from sparkprov.imageref import IMAGE_RE
     from sparkprov.cli.options import OptionError, text_option
 
     image = text_option("image", image, max_len=512)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.errors import InputError
 from sparkprov.hosts import Host, Inventory, close_match
+from sparkprov.imageref import IMAGE_RE
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -165,8 +166,6 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
             elif name in URL_VARS and value is not None:
                 _check_url_var(pos, where, name, value)
             elif name in IMAGE_VARS and value is not None:
-                from sparkprov.catalog.load import IMAGE_RE
-
                 if not isinstance(value, str) or not IMAGE_RE.match(value):
                     raise pos.error(where, f"{name}: {value!r} is not an image reference",
                                     fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")

@@ -9,6 +9,7 @@ from typing import Any
 
 from sparkprov.facts import probe
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.imageref import ImageRef
 from sparkprov.transport.shell import cmd, quote
 
 MANAGED = "sparkprov.managed"
@@ -269,7 +270,7 @@ def digest_script(refs: list[str]) -> str:
     """POSIX sh printing `MARK REF DIGEST` for every image present on the host (nothing is pulled)."""
     lines = []
     for ref in refs:
-        repo = ref.rsplit(":", 1)[0]
+        repo = ImageRef.parse(ref).name
         lines.append(f"for d in $(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
                      f"{cmd(ref)} 2>/dev/null); do case \"$d\" in {cmd(repo)}@*) echo {_DIGEST_MARK} {cmd(ref)} \"${{d#*@}}\";; "
                      f"esac; done")

@@ -36,9 +36,9 @@ class Args(ServeArgs):
 
 
 def spec_of(dep) -> dict[str, Any]:
-    """The spec a record keeps: the deployment as cluster-up was asked for it (not the Ray image
-    derived from its image on the way; pin only where --pin was given: a record as before it)."""
-    return dep.model_dump(exclude={"image"} | ({"pin"} if not dep.pin else set()))
+    """The spec a record keeps: the deployment as cluster-up was asked for it (pin only where --pin
+    was given: a record as before it)."""
+    return dep.model_dump(exclude={"pin"} if not dep.pin else None)
 
 
 class HistoryRead(TypedDict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from sparkprov.catalog.derive import ImageChoice
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.hardware import NvidiaSmi
@@ -79,14 +80,14 @@ class VllmContainer(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
-        pinned, problems = self._pin(dep, host)
-        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, pinned)
+        image, problems = self._image(dep, host)
+        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, image)
         head = head_ip(host, dep)
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
-        problems += self._cluster_checks(dep, host)
+        problems += self._cluster_checks(dep, image.requested, host)
         flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0]) or {}
-        problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
+        problems += node.flag_problems(launch, dep, image, flags.get("cache"), (flags.get("ids") or {}).get(image.requested))
         if problems:
             return Plan.fail(" | ".join(problems))
         cont = facts.containers
@@ -104,7 +105,7 @@ class VllmContainer(Module):
                          and have["status"] in ("running", "restarting"))
         if args.checks_only:
             return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image"
-                            + (f", pinned to {pinned}" if pinned else ""), exports=STARTS({dep.name: not unchanged}))
+                            + (f", pinned to {image.runs}" if image.why == "pinned" else ""), exports=STARTS({dep.name: not unchanged}))
         if unchanged:
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
                         exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
@@ -160,22 +161,24 @@ class VllmContainer(Module):
                             touches=[ManagedContainers()], predicts=[(ManagedContainers(), left)])])
 
     @staticmethod
-    def _pin(dep, host: HostContext) -> tuple[str | None, list[str]]:
-        """--pin: the reference by digest this deployment runs, from what every node's image play
-        exported (node.pinned_image), and why it cannot be pinned."""
+    def _image(dep, host: HostContext) -> tuple[ImageChoice, list[str]]:
+        """The image this node's container runs (node.node_image); with --pin, by the registry digest
+        every node's image play exported (node.pin_digest), and why it cannot be pinned."""
+        image = node.node_image(dep)
         if not dep.pin:
-            return None, []
-        ref = node.image_ref(dep)
+            return image, []
+        ref = image.requested
         held = {h: ((IMAGE_IDS.read(host.exports, h) or {}).get(ref), (IMAGE_DIGESTS.read(host.exports, h) or {}).get(ref))
                 for h in dep.hosts}
-        return node.pinned_image(ref, held, host.name)
+        digest, problems = node.pin_digest(ref, held, host.name)
+        return node.node_image(dep, digest), problems
 
     @staticmethod
-    def _cluster_checks(dep, host: HostContext) -> list[str]:
+    def _cluster_checks(dep, ref: str, host: HostContext) -> list[str]:
         out: list[str] = []
-        ids = {h: (IMAGE_IDS.read(host.exports, h) or {}).get(node.image_ref(dep)) for h in dep.hosts}
+        ids = {h: (IMAGE_IDS.read(host.exports, h) or {}).get(ref) for h in dep.hosts}
         if len({i for i in ids.values() if i}) > 1:
-            out.append(f"{host.name}: the nodes hold different builds of {node.image_ref(dep)}: "
+            out.append(f"{host.name}: the nodes hold different builds of {ref}: "
                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
                        + " (G34) (fix: pin a digest in the catalog)")
         return out

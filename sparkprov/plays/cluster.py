@@ -177,7 +177,7 @@ def serving_image(inv: Inventory, playbook: str) -> str:
     """The image nccl-check measures in when none is given: the serve playbook's first multi-node
     deployment's (else its first deployment's), as cluster-up would start it."""
     deps = load_serve_playbook(playbook, inv).deployments
-    return node.image_ref(next((d for d in deps if d.cluster), None) or deps[0])
+    return node.node_image(next((d for d in deps if d.cluster), None) or deps[0]).requested
 
 
 def nccl_check(inv: Inventory, targets: list[str], image: str, options: RunOptions, report: Report, *,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkprov.catalog.derive import ImageChoice
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
@@ -89,12 +90,10 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                 book.plays.append(p)
         args = {"deployment": d.as_args()}
         where = d.where
-        image = node.image_ref(d)
-        derived = node.derived_image(d)
-        if derived:
-            # the image ships no Ray, or the recipe pip installs: every step after the image runs the
-            # one derived from it (nothing installed at container start)
-            args = {"deployment": {**args["deployment"], "image": derived}}
+        # the image ships no Ray, or the recipe pip installs: the containers run an image derived from
+        # it (nothing installed at container start), which rank 0 builds once the image is there
+        chosen = node.node_image(d)
+        image = chosen.requested
         pre = {**args, "drop_caches": o.drop_caches, "unload_ollama": o.unload_ollama}
         book.plays += [
             # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
@@ -116,8 +115,8 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                        {"images": [image], "versions": {image: node.image_version(d)}}, where)], where=where),
             *nccl_plays(d, image, where),
         ]
-        if derived:
-            book.plays += derived_plays(d, image, derived, where)
+        if chosen.derived:
+            book.plays += derived_plays(d, chosen, where)
         if d.cluster:
             book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
                 task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
@@ -144,16 +143,17 @@ def up_book(deployments: list[Deployment], o: UpOptions,
     return book
 
 
-def derived_plays(d: Deployment, image: str, derived: str, where: tuple) -> list:
+def derived_plays(d: Deployment, image: ImageChoice, where: tuple) -> list:
     """Rank 0 builds the derived image (its wheels from this machine), the others copy it from rank 0.
     Named `ray image` where Ray alone goes in, as before pip steps were baked too."""
-    reqs = node.derived_requirements(d)
+    reqs = list(image.requirements)
     what = "ray image" if all(r.startswith("ray==") for r in reqs) else "derived image"
     plays = [play(f"{d.name}: {what}", d.hosts[:1], [task(f"{d.name}: {what}", "derived_image",
-                                                          {"base": image, "requirements": reqs}, where)], where=where)]
+                                                          {"base": image.requested, "requirements": reqs}, where)],
+                  where=where)]
     if d.hosts[1:]:
         plays.append(play(f"{d.name}: {what} copies", d.hosts[1:], [task(
-            f"{d.name}: {what}", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
+            f"{d.name}: {what}", "docker_image", {"image": image.runs, "source": "peer", "peers": d.hosts[:1],
                                                   "deployment": d.name}, where)], where=where))
     return plays
 

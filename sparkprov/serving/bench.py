@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkprov.transport.shell import quote
+from sparkprov.imageref import ImageRef
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
 RESULTS_DIR = "~/.local/share/sparkprov/bench"  # on this machine: DEPLOYMENT/RECIPE_HASH/*.json (invoke bench, the gate)
@@ -183,28 +184,14 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
 
 
-def image_repository(ref: str) -> str:
-    """The repository of an image reference, as docker names it in RepoDigests (no tag, no digest;
-    Docker Hub's docker.io/ and library/ prefixes dropped)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    return name.removeprefix("library/")
-
-
 def pick_digest(image: str | None, repo_digests: list[str]) -> str | None:
     """The registry digest (REPO@sha256:...) of the image a container runs: the reference's own
     when it was started by digest, else the one of its repository among the image's RepoDigests,
     else the only one; None for an image that never came from a registry (built or loaded here)."""
-    if image and "@sha256:" in image:
+    if image and ImageRef.parse(image).digest:
         return image
-    repo = image_repository(image) if image else None
-    mine = [d for d in repo_digests if image_repository(d) == repo]
+    repo = ImageRef.parse(image).repository if image else None
+    mine = [d for d in repo_digests if ImageRef.parse(d).repository == repo]
     if mine:
         return mine[0]
     return repo_digests[0] if len(repo_digests) == 1 else None
@@ -472,7 +459,7 @@ def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
                    "operating_system": "linux", "os_version": os_version,
                    "driver_version": prov.get("driver_version"), "cuda_version": prov.get("cuda_version")},
         "software": {"backend_version": prov.get("vllm_version"), "model_revision": prov.get("model_commit"),
-                     "runtime_revision": digest.split("@", 1)[1] if digest else None},
+                     "runtime_revision": ImageRef.parse(digest).digest if digest else None},
         "profiles": profiles,
     }
 

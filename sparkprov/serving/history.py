@@ -17,6 +17,8 @@ import json
 import re
 from typing import Any
 
+from sparkprov.imageref import ImageRef
+
 HISTORY_DIR = "~/.local/state/sparkprov/deployments"  # on rank 0, the login user's: DIR/NAME/history.jsonl
 PASSED, FAILED = "passed", "failed"
 START, ROLLBACK = "start", "rollback"
@@ -153,7 +155,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
             out.append({"n": str(r["n"]) if i == 0 else "", "time": r.get("time", "") if i == 0 else "",
                         "start": what if i == 0 else "", "result": result if i == 0 else "", "host": h,
                         "image": n.get("image") or "-",
-                        "digest": (n.get("digest") or "").split("@", 1)[-1][:19] or (n.get("image_id") or "-")[:19],
+                        "digest": (ImageRef.parse(n.get("digest") or "").digest or "")[:19]
+                        or (n.get("image_id") or "-")[:19],
                         "recipe": n.get("recipe_hash") or "-",
                         "model": f"{model.get('repo')}@{(model.get('commit') or model.get('revision') or '?')[:12]}"
                         if i == 0 else "", "layout": layout if i == 0 else "",

@@ -169,7 +169,8 @@ def test_a_recorded_spec_starts_the_same_containers_again():
         assert specs[0].argv == specs[1].argv and specs[0].image == IMG + "-wrong-answers"
     # without the override the recipe's image runs (another hash: cluster-up replaces the containers)
     plain = Deployment.model_validate(DEP)
-    assert node.image_ref(plain) == IMG and node.image_ref(dep) == IMG + "-wrong-answers"
+    assert node.node_image(plain).requested == IMG and node.node_image(dep).requested == IMG + "-wrong-answers"
+    assert node.node_image(dep).why == "--image" and node.node_image(plain).why == "recipe"
 
 
 @pytest.mark.parametrize("image", ["Not An Image", "vllm/vllm-openai:v1\nrm -rf /", "-x", "a b"])
