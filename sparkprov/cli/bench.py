@@ -11,6 +11,7 @@ from __future__ import annotations
 import json as _json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from invoke import task
 
@@ -19,6 +20,9 @@ from sparkprov.cli.options import (OptionError, choice_option, csv_option, float
                                    positional, text_option)
 from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import SparkprovError
+
+if TYPE_CHECKING:  # annotations only: the plays load inside the task
+    from sparkprov.plays.bench import StoredRun
 
 HELP = {
     "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
@@ -129,7 +133,7 @@ def export_run(deployment: str, results, out, check: bool) -> None:
     print(f"{runs[-1]} -> {out} (NVIDIA performance.yaml, {len(rec.get('rows') or [])} profile(s))")
 
 
-def print_run(run: dict) -> None:
+def print_run(run: StoredRun) -> None:
     from rich.console import Console
     from rich.table import Table
 

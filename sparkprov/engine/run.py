@@ -155,7 +155,7 @@ class Runner:
                                                           "another host of this play failed, so every host of it "
                                                           "stops here (any_errors_fatal)" if h in live else
                                                           "another node of its group failed, so every node of it "
-                                                          "stops here (any_errors_fatal)"))
+                                                          "stops here (any_errors_fatal)", subject=play.subject))
         finally:
             for hr in self.runs.values():
                 if hr.transport is not None:
@@ -219,10 +219,11 @@ class Runner:
             hr.notified.clear()
         except Unreachable as exc:
             hr.dead = True
-            self.report.record(TaskResult(name, play.name, "connect", "-", "unreachable", exc.line()))
+            self.report.record(TaskResult(name, play.name, "connect", "-", "unreachable", exc.line(),
+                                          subject=play.subject))
         except SparkprovError as exc:
             hr.dead = True
-            self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line()))
+            self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line(), subject=play.subject))
 
     def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
         """The facts the host's tasks in the plays after `play` will read, as far as they can be
@@ -324,7 +325,7 @@ class Runner:
         its changes (or record its result). False when the host must stop."""
         name = hr.host.name
         module = modules.registry()[task.module]()
-        result = TaskResult(name, play.name, task.name, task.module, "ok")
+        result = TaskResult(name, play.name, task.name, task.module, "ok", subject=play.subject)
         variables = self._variables(play, hr.host, hr.info)
         try:
             if task.when is not None and not evaluate(task.when, variables):

@@ -64,6 +64,11 @@ class Container(TypedDict, total=False):
 CONTAINERS: Export[dict[str, Container]] = Export("containers", dict, "deployment -> its container on this host")
 STARTS: Export[dict[str, bool]] = Export("starts", dict,
                                          "deployment -> whether this run (re)starts its container here (checks_only)")
+# Exported by the start itself (Change.exports): only once it ran. An upgrade is a start that replaced
+# a container of the deployment that ran here before (plays/upgrade.py rolls a failed one back).
+REPLACED: Export[dict[str, str | None]] = Export("replaced", dict,
+                                                 "deployment -> the container this run's start replaced here "
+                                                 "(None: none was there)")
 
 
 class VllmContainer(Module):
@@ -145,6 +150,8 @@ class VllmContainer(Module):
                 start.summary += " (API key created, 0600)"
 
         start.outcome = key_note
+        # every deployment started on this host in this run, not only the latest (one key per host)
+        start.exports = REPLACED({**(REPLACED.read(host.exports, h) or {}), dep.name: have["name"] if have else None})
         changes.append(start)
         return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
 

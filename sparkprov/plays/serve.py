@@ -28,17 +28,19 @@ A deployment that fails after something started is removed again (cleanup play, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from sparkprov.catalog.derive import ImageChoice
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
+from sparkprov.modules.deployment_health import Health
 from sparkprov.modules.listening_ports import PORTS
 from sparkprov.modules.serve_status import SERVING_STATUS
 from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
+from sparkprov.serving.gateway import Route
 
 
 @dataclass
@@ -137,8 +139,9 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         book.plays.append(play(f"{d.name}: ready", serving, [task(
             f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
                                                "verify": o.verify}, where)], where=where))
-        if d.cluster:
-            for p in book.plays[first:]:
+        for p in book.plays[first:]:
+            p.subject = d.name  # its results are found by it (failed_deployments, started_anything)
+            if d.cluster:
                 p.any_errors_fatal, p.stops_together = True, tuple(d.hosts)
     return book
 
@@ -227,7 +230,23 @@ def status_book(hosts: list[str], ports: bool = False) -> Playbook:
                                play("deployments", hosts, [task("deployments", "deployment_health", {}, where)])])
 
 
-def read_status(inv, targets: list[str], options: RunOptions, ports: bool = False) -> tuple[dict[str, dict], int]:
+class _HostStatus(TypedDict):
+    reachable: bool
+    error: str | None                 # why it is unreachable, or docker's error
+    docker: bool                      # docker answered
+    containers: list[dict[str, Any]]  # sparkprov's containers (facts/serving.py ServingStatus)
+    host: dict[str, Any]              # memory, swap, GPU sensors, its node guard (facts/guard.py GuardSummary)
+    deployments: dict[str, Health]    # each deployment it leads (rank 0)
+    problem: str | None               # the status play's failure on it
+    remote_calls: int
+
+
+class HostStatus(_HostStatus, total=False):
+    ports: list[dict[str, Any]] | None  # with ports=True: every listening port (serving/ports.py report)
+
+
+def read_status(inv, targets: list[str], options: RunOptions,
+                ports: bool = False) -> tuple[dict[str, HostStatus], int]:
     """One status play: per host what serves, its health and each deployment it leads; the exit
     code. status, monitor, gateway and bench read the fleet through this."""
     import io
@@ -236,7 +255,7 @@ def read_status(inv, targets: list[str], options: RunOptions, ports: bool = Fals
 
     report = Report(io.StringIO(), quiet=True)
     runner = run_book(inv, status_book(targets, ports), targets, options, report)
-    st = {}
+    st: dict[str, HostStatus] = {}
     for h in targets:
         tally = report.hosts[h]
         unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
@@ -272,7 +291,7 @@ def bench_book(hosts: list[str], **bench: Any) -> Playbook:
                                                          where)])])
 
 
-def gateway_book(gateway_host: str, routes: list[dict[str, Any]], **gateway: Any) -> Playbook:
+def gateway_book(gateway_host: str, routes: list[Route], **gateway: Any) -> Playbook:
     """The serving hosts hand over their servers' keys (no_log), then the gateway host converges."""
     where = ("gateway", None, None)
     key_files: dict[str, list[str]] = {}
@@ -298,11 +317,11 @@ def gateway_down_book(gateway_host: str) -> Playbook:
 
 
 def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:
-    """Deployments with a failed or unreachable task in any of their plays."""
-    bad = {r.play.split(":", 1)[0] for r in report.results if r.status in ("failed", "unreachable")}
+    """Deployments with a failed or unreachable task in any of their plays (Play.subject)."""
+    bad = {r.subject for r in report.results if r.status in ("failed", "unreachable")}
     return [d for d in deployments if d.name in bad]
 
 
 def started_anything(report: Report, d: Deployment) -> bool:
-    return any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
-               for r in report.results)
+    """Whether this run changed a container of the deployment: started one, or removed an old rank."""
+    return any(r.subject == d.name and r.module == "vllm_container" and r.status == "changed" for r in report.results)

@@ -29,7 +29,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from sparkprov.transport.shell import quote
 from sparkprov.imageref import ImageRef
@@ -164,8 +164,52 @@ def summarize(concurrency: int, res: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+class BenchRun(TypedDict, total=False):
+    """One run as bench stores it (record; a run stored by an older sparkprov may lack keys)."""
+    deployment: str
+    host: str
+    recipe: str | None
+    recipe_hash: str | None
+    model: str | None
+    tp: str | None
+    image_id: str | None
+    repo_digests: list[str]
+    tokenizer: str | None
+    client: str
+    params: dict[str, Any]
+    profile: str | None
+    provenance: dict[str, Any]     # provenance(): what a later run must match to be compared with it
+    time: str
+    rows: list[dict[str, Any]]     # summarize(): one per concurrency level
+    path: str                      # where it is stored, once read back from there
+
+
+class Comparison(TypedDict):
+    """A run against the last stored one of the same recipe, host and parameters (compare)."""
+    against: str | None
+    time: str | None
+    same_image: bool
+    changed: dict[str, list]       # provenance field -> [before, now]
+    levels: dict[str, dict[str, float | None]]  # concurrency -> figure -> change in percent
+
+
+class GateVerdict(TypedDict, total=False):
+    """cluster-up --gate bench: a new start's run against its baseline (gate), with the run's stored
+    path and the start it was measured against (plays/upgrade.py)."""
+    passed: bool
+    line: str
+    ratio: float
+    kept: float | None
+    levels: list[int]
+    output_tok_s: float
+    baseline_tok_s: float
+    baseline: str | None
+    run: str
+    against_start: int
+
+
 def record(host: str, deployment: str, labels: dict[str, str], params: dict[str, Any], doc: dict[str, Any],
-           system: dict[str, Any] | None = None, profile: str | None = None) -> dict:
+           system: dict[str, Any] | None = None, profile: str | None = None) -> BenchRun:
     """What one run keeps: the deployment, its recipe hash and image, the parameters, a row per
     level, and its provenance (what a later run must match to be compared with it)."""
     return {"deployment": deployment, "host": host, "recipe": labels.get("sparkprov.recipe"),
@@ -259,7 +303,7 @@ def system_facts(gpu: dict[str, Any] | None, info: dict[str, str]) -> dict[str, 
             "system": info.get("dgx_pretty_name") or info.get("dgx_name")}
 
 
-def with_hosts(rec: dict, hosts: list[str]) -> dict:
+def with_hosts(rec: BenchRun, hosts: list[str]) -> BenchRun:
     """The run with the deployment's hosts (rank 0 first) in its layout."""
     prov = dict(rec.get("provenance") or {})
     prov["layout"] = {**(prov.get("layout") or {}), "hosts": list(hosts)}
@@ -270,11 +314,11 @@ def _short(image_id: str | None) -> str:
     return (image_id or "unknown").split(":")[-1][:12]
 
 
-def run_dir(results: Path, rec: dict) -> Path:
+def run_dir(results: Path, rec: BenchRun) -> Path:
     return results / rec["deployment"] / (rec["recipe_hash"] or "no-recipe-hash")
 
 
-def previous(results: Path, rec: dict) -> dict | None:
+def previous(results: Path, rec: BenchRun) -> BenchRun | None:
     """The last stored run of the same recipe on the same host with the same parameters."""
     d = run_dir(results, rec)
     for p in sorted(d.glob("*.json"), reverse=True):
@@ -288,7 +332,7 @@ def previous(results: Path, rec: dict) -> dict | None:
     return None
 
 
-def store(results: Path, rec: dict) -> Path:
+def store(results: Path, rec: BenchRun) -> Path:
     d = run_dir(results, rec)
     d.mkdir(parents=True, exist_ok=True)
     stamp = rec["time"].replace("-", "").replace(":", "")
@@ -305,10 +349,10 @@ COMPARED = ("output_throughput", "total_token_throughput", "ttft_p50_ms", "ttft_
             "itl_p99_ms", "e2el_p50_ms")
 
 
-def compare(rec: dict, old: dict) -> dict[str, Any]:
+def compare(rec: BenchRun, old: BenchRun) -> Comparison:
     """Per concurrency both runs have, the change of each compared figure in percent."""
     before = {r["concurrency"]: r for r in old.get("rows", [])}
-    out: dict[str, Any] = {"against": old.get("path"), "time": old.get("time"),
+    out: Comparison = {"against": old.get("path"), "time": old.get("time"),
                            "same_image": old.get("image_id") == rec.get("image_id"),
                            "changed": provenance_changes(old, rec), "levels": {}}
     for r in rec["rows"]:
@@ -324,7 +368,7 @@ def compare(rec: dict, old: dict) -> dict[str, Any]:
 PROVENANCE_COMPARED = ("image_digest", "model_commit", "vllm_version", "driver_version", "kernel", "recipe_hash")
 
 
-def provenance_changes(old: dict, new: dict) -> dict[str, list]:
+def provenance_changes(old: BenchRun, new: BenchRun) -> dict[str, list]:
     """{field: [before, now]} for each provenance field both runs recorded and that differs."""
     a, b = old.get("provenance") or {}, new.get("provenance") or {}
     return {k: [a[k], b.get(k)] for k in PROVENANCE_COMPARED if a.get(k) is not None and a.get(k) != b.get(k)}
@@ -336,7 +380,7 @@ def _pct(a, b) -> float | None:
     return round(100.0 * (b - a) / a, 1)
 
 
-def plot(rec: dict, path: Path) -> Path:
+def plot(rec: BenchRun, path: Path) -> Path:
     """Throughput and latency against concurrency (PNG)."""
     import matplotlib
 
@@ -413,7 +457,7 @@ def _day(stamp: str | None):
         return None
 
 
-def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
+def performance_doc(rec: BenchRun) -> dict[str, Any]:
     """A stored run in the shape of the `performance.yaml` files of NVIDIA's recipe catalog
     (NVIDIA/local-ai-inference-recipes: schema 1, one profile per workload), one profile per
     concurrency level. What vLLM's summary does not give is null: the prompt lengths' min and max
@@ -464,7 +508,7 @@ def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def performance_yaml(rec: dict[str, Any]) -> str:
+def performance_yaml(rec: BenchRun) -> str:
     import yaml
 
     return yaml.safe_dump(performance_doc(rec), sort_keys=False, allow_unicode=True, width=120)
@@ -475,7 +519,7 @@ def performance_yaml(rec: dict[str, Any]) -> str:
 DEFAULT_GATE_RATIO = 0.9  # issue 26: the new start keeps at least 0.9 of the last good's output tok/s
 
 
-def gate_baseline(runs: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str, Any] | None:
+def gate_baseline(runs: list[BenchRun], rank0: dict[str, Any]) -> BenchRun | None:
     """The newest stored run (oldest first in `runs`) of the build and recipe a start ran on its
     rank 0 (`rank0`: the history's node entry: image ID and recipe hash): what an upgrade of that
     start is measured against. A run of another image or recipe measured something else."""
@@ -486,7 +530,7 @@ def gate_baseline(runs: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str
     return None
 
 
-def gate_args(deployment: str, baseline: dict[str, Any]) -> dict[str, Any]:
+def gate_args(deployment: str, baseline: BenchRun) -> dict[str, Any]:
     """serve_bench's arguments for the gate's run: the baseline's own parameters."""
     p = baseline.get("params") or {}
     return {"deployment": deployment, "concurrency": list(p.get("concurrency") or [r["concurrency"]
@@ -495,7 +539,7 @@ def gate_args(deployment: str, baseline: dict[str, Any]) -> dict[str, Any]:
             "prompts": p.get("prompts"), "timeout": 3600.0, "profile": baseline.get("profile")}
 
 
-def gate(new: dict[str, Any], baseline: dict[str, Any], ratio: float) -> dict[str, Any]:
+def gate(new: BenchRun, baseline: BenchRun, ratio: float) -> GateVerdict:
     """Whether a new start's run keeps up with the baseline: the output tok/s summed over the
     concurrency levels both measured, new against old, at least `ratio`. Summed, not per level:
     one level's noise (a 2-core lab measures +-10% at concurrency 1) does not decide alone, and a
