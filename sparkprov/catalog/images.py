@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from sparkprov.catalog.knownflags import recorded_set_name
-from sparkprov.catalog.models import Image
 from sparkprov.imageref import ImageRef
-from sparkprov.facts.serving import digest_script, help_script, parse_digests  # noqa: F401 (the host reads)
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
@@ -70,10 +68,3 @@ def pinned_images_yaml(catalog: "Catalog", digests: dict[str, str], *, host: str
     return ("# Written by `invoke images --pin`: images pinned to the digests their tags resolved to.\n"
             + yaml.safe_dump({"images": out}, sort_keys=False, allow_unicode=True))
 
-
-def image_of(catalog: "Catalog", ref: str) -> Image | None:
-    return catalog.image(ref)
-
-
-__all__ = ["ImageRow", "image_rows", "digest_script", "parse_digests", "help_script", "pinned_images_yaml",
-           "image_of"]

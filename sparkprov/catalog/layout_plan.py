@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 # -> 162.4 ms), pipeline parallel 1.08x (TPOT flat), two replicas 1.30x at 8 users to 1.91x at 32
 # (aggregate decode); issue 23: for gpt-oss-120b two single-Spark replicas behind LiteLLM beat
 # TP 2 at 64 concurrent requests.
-TP_SPEEDUP_2 = 2.09
-PP_SPEEDUP_2 = 1.08
 REPLICAS_FROM_CONCURRENCY = 8  # where two replicas first measured ahead (1.30x at 8 users)
 MEASURED = ("unsloth PR#10280 (2 Sparks): TP 2.09x per token, PP 1.08x, two replicas 1.30x at 8 users to "
             "1.91x at 32; issue 23: gpt-oss-120b two replicas beat TP 2 at 64 concurrent")

@@ -23,7 +23,7 @@ from sparkprov.catalog.layout import GPUS_PER_SPARK
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import (GIB, HostPlan, ModelPlan, PlanError, gb_to_gib, kv_bytes_per_token,
                                       kv_dtype_bytes, plan_host, plan_model)
-from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
+from sparkprov.catalog.render import Launch, image_entrypoint
 from sparkprov.catalog.models import ResolvedRecipe
 from sparkprov.imageref import ImageRef
 
@@ -896,12 +896,6 @@ def lint_launch(launch: Launch, *, catalog: Catalog, colocated: Iterable[Launch]
     return out
 
 
-def lint_recipe(recipe: ResolvedRecipe, *, catalog: Catalog, ctx: HostServeContext | None = None,
-                tp: int | None = None, overrides=None, colocated: Iterable[Launch] = ()) -> list[Finding]:
-    launch = render_launch(recipe, ctx or HostServeContext(), tp or min(recipe.tp_sizes), overrides, catalog=catalog)
-    return lint_launch(launch, catalog=catalog, colocated=colocated)
-
-
 def lint_cluster(launches: list[Launch]) -> list[Finding]:
     """G34 across the nodes of one TP group: same image, same store path, same model and flags."""
     out: list[Finding] = []
@@ -928,6 +922,3 @@ def lint_cluster(launches: list[Launch]) -> list[Finding]:
 def errors(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == ERROR]
 
-
-def visible(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if not f.silenced]

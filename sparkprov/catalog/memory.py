@@ -26,7 +26,7 @@ vLLM carves the Mamba state out of the same pool, and with prefix caching on it 
 "align" mode (G11) and reports fewer tokens. The notes' own logs show it: Qwen3.6-35B-A3B
 costs ~16.6 KiB/token at fp8 (001 §8; the formula gives 10 KiB), Qwen3.5-35B-A3B-FP8 ~62 GiB /
 ~820K tokens = ~79 KiB/token (000). Where a note gives a measured figure, the catalog records it
-and the planner prefers it (`kv_bytes_per_token_measured`).
+and the planner prefers it (a recipe's `kv_measured`).
 
 Sliding-window layers (gpt-oss, Gemma) hold at most a window of tokens; like the linear layers they
 are left out (the catalog lists only the full-attention layer count).

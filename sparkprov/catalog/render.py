@@ -364,8 +364,18 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     runs = (image or choose_image(recipe, catalog)).runs
     kind = image_entrypoint(recipe.image, info)
     command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
+    args, pp = _vllm_args(recipe, ctx, overrides or {}, tp, pp, dp, ep)
+    spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
+    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=runs, image_info=info, command=command,
+                  container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=_environment(recipe, ctx, spans),
+                  vllm_args=args, mounts=_mounts(recipe, ctx), docker_options=_docker_options(recipe), recipe=recipe,
+                  ctx=ctx, startup=recipe.startup, smoke=recipe.smoke)
 
-    # ---- vLLM arguments, in the note's order ----
+
+def _vllm_args(recipe: ResolvedRecipe, ctx: HostServeContext, overrides: Mapping[str, Any], tp: int, pp: int, dp: int,
+               ep: bool) -> tuple[list[Arg], int]:
+    """vLLM's arguments, in the note's order: the model, the recipe's flags, the overrides, the
+    layout's sizes and executor, the bind address; and the pipeline stages they give."""
     # Always positional (`vllm serve MODEL`): --model is deprecated for `vllm serve`.
     model_src = recipe.source_of("model")
     args: list[Arg] = [Arg(flag=None, value=recipe.model.served_ref, source=model_src)]
@@ -382,7 +392,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
                 return
         args.append(Arg(flag=flag, value=value, source=source, origin=origin))
 
-    for flag, value in (overrides or {}).items():
+    for flag, value in overrides.items():
         if not isinstance(flag, str) or not flag.startswith("--"):
             raise InputError(f"override {flag!r} is not a long option", fix="write it as --flag-name")
         if flag == "--model":
@@ -405,14 +415,17 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--data-parallel-size", str(dp), SRC_DP, "tp")
     if ep:
         put("--enable-expert-parallel", None, SRC_EP, "tp")
-    spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
     engine_spans = tp * pp > 1 or (dp == 1 and (ctx.cluster_size or 1) > 1)  # one engine over several GPUs
     if engine_spans and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")
+    return args, pp
 
-    # ---- environment ----
+
+def _environment(recipe: ResolvedRecipe, ctx: HostServeContext, spans: bool) -> list[EnvVar]:
+    """The container's environment: the store, offline, the recipe's variables, and for a launch
+    that spans nodes the node's fabric bindings."""
     env: list[EnvVar] = [
         EnvVar(name="HF_HOME", value=ctx.model_store, source=SRC_STORE, origin="sparkprov"),
         EnvVar(name="HF_HUB_OFFLINE", value="1", source=SRC_OFFLINE, origin="sparkprov"),
@@ -432,8 +445,11 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
             fabric["VLLM_HOST_IP"] = ctx.node_ip
         env = [e for e in env if e.name not in fabric]
         env += [EnvVar(name=k, value=v, source=SRC_FABRIC, origin="host") for k, v in fabric.items()]
+    return env
 
-    # ---- mounts ----
+
+def _mounts(recipe: ResolvedRecipe, ctx: HostServeContext) -> list[LaunchMount]:
+    """The store, the compile cache, the API key (read-only) and the recipe's own mounts."""
     mounts = [
         LaunchMount(host=ctx.model_store, container=ctx.model_store, purpose="model store (HF_HOME)", source=SRC_STORE),
         LaunchMount(host=ctx.compile_cache, container=COMPILE_CACHE_IN_CONTAINER, purpose="torch.compile cache",
@@ -445,8 +461,12 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     for m in recipe.mounts:
         mounts.append(LaunchMount(host=_store_path(m.host, ctx, recipe), container=m.container,
                                   read_only=m.read_only, purpose=m.purpose, source=m.source or recipe.source))
+    return mounts
 
-    # ---- docker options (the name, detaching and the labels are the container's: serving/spec.py) ----
+
+def _docker_options(recipe: ResolvedRecipe) -> list[DockerOption]:
+    """`docker run`'s options of the recipe (the name, detaching and the labels are the
+    container's: serving/spec.py)."""
     d = recipe.docker
     docker_src = recipe.source_of("docker")
     options = [DockerOption(words=["--restart", d.restart], source=docker_src),
@@ -456,7 +476,4 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     if d.shm_size:
         options.append(DockerOption(words=["--shm-size", d.shm_size], source=docker_src))
     options += [DockerOption(words=["--ulimit", u], source=docker_src) for u in d.ulimits]
-    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=runs, image_info=info, command=command,
-                  container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=env, vllm_args=args,
-                  mounts=mounts, docker_options=options, recipe=recipe, ctx=ctx, startup=recipe.startup,
-                  smoke=recipe.smoke)
+    return options

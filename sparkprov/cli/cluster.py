@@ -345,7 +345,7 @@ def print_status(st) -> None:
     for col in ("host", "MemAvailable", "swap used", "GPU temp", "GPU power"):
         hosts.add_column(col)
     for host, h in st.items():
-        m = h.get("host") or {}
+        m = h["host"]
         gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else ""  # noqa: E731
         hosts.add_row(host, (gib(m.get("mem_available")) + f" of {gib(m.get('mem_total'))}") if m.get("mem_total") else "",
                       gib(m.get("swap_used")) if m.get("swap_total") else "no swap",
@@ -377,7 +377,7 @@ def print_status(st) -> None:
                       f"{100 * acc:.1f}%" if acc is not None else ("" if "spec_acceptance" not in m else "no drafts yet"))
     con.print(t)
     for host, h in st.items():
-        for dep, r in (h.get("deployments") or {}).items():
+        for dep, r in h["deployments"].items():
             state = "DEGRADED: " + "; ".join(r["problems"]) if r["problems"] else "healthy"
             con.print(f"{dep} (rank 0 on {host}): {r['joined_nodes']}/{r['expected_nodes']} nodes, "
                       f"{r['gpus']:g} GPUs: {state}")

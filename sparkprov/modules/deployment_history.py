@@ -75,7 +75,7 @@ class DeploymentHistory(Module):
             return Plan(msg=f"{entry['container'] or 'no container'}: {entry['digest'] or entry['image_id'] or '-'}",
                         exports=HISTORY_NODE({dep.name: entry}))
         records = history.parse(facts.history["text"])
-        nodes = {n: (HISTORY_NODE.read(host.exports, n) or {}).get(dep.name) or {"host": n, "status": "unread"}
+        nodes = {n: HISTORY_NODE.entry(host.exports, n, dep.name) or {"host": n, "status": "unread"}
                  for n in dep.hosts}
         done = next((r for r in reversed(records) if history.same_start(r, nodes)), None)
         if done is not None:

@@ -91,8 +91,9 @@ class VllmContainer(Module):
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
         problems += self._cluster_checks(dep, image.requested, host)
-        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0]) or {}
-        problems += node.flag_problems(launch, dep, image, flags.get("cache"), (flags.get("ids") or {}).get(image.requested))
+        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0])  # rank 0 asked the image (None: it did not get that far)
+        problems += node.flag_problems(launch, dep, image, flags["cache"] if flags else None,
+                                       flags["ids"].get(image.requested) if flags else None)
         if problems:
             return Plan.fail(" | ".join(problems))
         cont = facts.containers
@@ -101,8 +102,8 @@ class VllmContainer(Module):
             return self._stale_rank(dep, host, cont, mine)
         rank0_id = ""
         if dep.cluster and dep.rank(h) > 0:
-            rank0 = (CONTAINERS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or {}
-            rank0_id = rank0.get("id") or "(rank 0 to be started)"
+            rank0 = CONTAINERS.entry(host.exports, dep.hosts[0], dep.name)
+            rank0_id = (rank0 and rank0.get("id")) or "(rank 0 to be started)"
         spec = node.container(dep, h, launch, head, rank0_id, host.home)
         have = next((c for c in mine if c["name"] == spec.name), None)
         strays = [c["name"] for c in mine if c["name"] != spec.name]
@@ -158,7 +159,7 @@ class VllmContainer(Module):
     @staticmethod
     def _stale_rank(dep, host: HostContext, cont, mine) -> Plan:
         """A rank of the old group removed before a new rank 0 starts (Args.stale_ranks)."""
-        if not (STARTS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or not mine:
+        if not STARTS.entry(host.exports, dep.hosts[0], dep.name) or not mine:
             return Plan(msg="no rank of an old group here" if not mine else "rank 0 stays: its ranks stay")
         names = [c["name"] for c in mine]
         left = {**cont, "containers": [c for c in cont["containers"] if c not in mine]}
@@ -175,15 +176,14 @@ class VllmContainer(Module):
         if not dep.pin:
             return image, []
         ref = image.requested
-        held = {h: ((IMAGE_IDS.read(host.exports, h) or {}).get(ref), (IMAGE_DIGESTS.read(host.exports, h) or {}).get(ref))
-                for h in dep.hosts}
+        held = {h: (IMAGE_IDS.entry(host.exports, h, ref), IMAGE_DIGESTS.entry(host.exports, h, ref)) for h in dep.hosts}
         digest, problems = node.pin_digest(ref, held, host.name)
         return node.node_image(dep, digest), problems
 
     @staticmethod
     def _cluster_checks(dep, ref: str, host: HostContext) -> list[str]:
         out: list[str] = []
-        ids = {h: (IMAGE_IDS.read(host.exports, h) or {}).get(ref) for h in dep.hosts}
+        ids = {h: IMAGE_IDS.entry(host.exports, h, ref) for h in dep.hosts}
         if len({i for i in ids.values() if i}) > 1:
             out.append(f"{host.name}: the nodes hold different builds of {ref}: "
                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())

@@ -168,14 +168,14 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
 
 def _outcome(inv: Inventory, d: Deployment, exports: Exports, state: str) -> DeploymentSummary:
     head = d.hosts[0]
-    serving = (SERVING.read(exports, head) or {}).get(d.name) or {}
+    serving = SERVING.entry(exports, head, d.name) or {}
     host = inv.hosts[head]
     endpoint = d.endpoint(inv.host_vars(head), "127.0.0.1" if host.connection == "local" else host.address)
     return {"alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
             "executor": d.executor if d.cluster else None, "hosts": d.hosts, "state": state,
             "endpoint": f"{endpoint}/v1", "model": serving.get("model"),
             "api_key_file": f"{head}:{serving['api_key_file']}" if serving.get("api_key_file") else None,
-            "containers": {h: (CONTAINERS.read(exports, h) or {}).get(d.name) for h in d.hosts}}
+            "containers": {h: CONTAINERS.entry(exports, h, d.name) for h in d.hosts}}
 
 
 def add_settled(result: UpResult, name: str, settled: upgrade.Settled) -> None:

@@ -78,10 +78,9 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)
     runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
                       options, report)
-    ep = GATEWAY.read(runner.exports, where) or {}
     bind_at = reached_at(args["bind"], inv.hosts[where].address)
     return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
-                    "models": ep.get("models") or sorted({r["model"] for r in routes}),
+                    "models": GATEWAY.entry(runner.exports, where, "models") or sorted({r["model"] for r in routes}),
                     "routes": [GatewayRoute(model=r["model"], deployment=r["deployment"], host=r["host"],
                                             api_base=r["api_base"]) for r in routes],
                     "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}

@@ -86,8 +86,8 @@ def scrape_interval_of(inv: Inventory, targets: list[str]) -> str:
 
 @dataclass
 class MonitorFiles:
-    deployments: list[Any]      # serving/monitor.py Deployment: what the vLLM targets are
-    hosts: list[Any]            # serving/monitor.py MonitoredHost, each with its guard's address (or None)
+    deployments: list[mon.RunningDeployment]  # what the vLLM targets are
+    hosts: list[mon.MonitoredHost]            # each with its guard's address (or None)
     files: dict[str, str]       # path under the output folder -> its text
     notes: list[str]            # a guard without a target, and why
 

@@ -37,7 +37,7 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.modules.deployment_health import Health
 from sparkprov.modules.listening_ports import PORTS
 from sparkprov.modules.serve_status import SERVING_STATUS
-from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
+from sparkprov.plays.book import play, run_book, task
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
 from sparkprov.serving.gateway import Route

@@ -63,7 +63,7 @@ def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int |
 
 def read_history(runner, d: Deployment) -> HistoryRead | None:
     """What the history play exported on rank 0: its records and this start's (None: it did not record)."""
-    return (HISTORY.read(runner.exports, d.hosts[0]) or {}).get(d.name)
+    return HISTORY.entry(runner.exports, d.hosts[0], d.name)
 
 
 def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:

@@ -14,7 +14,7 @@ from sparkprov.catalog.derive import ImageChoice, choose_image
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
-from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting  # noqa: F401 (host_setting: re-exported)
+from sparkprov.defaults import COMPILE_CACHE, expand_home, host_setting
 from sparkprov.imageref import ImageRef
 from sparkprov.serving import spec as specmod
 from sparkprov.serving.deployment import Deployment

@@ -5,10 +5,11 @@ import shlex
 
 import pytest
 
-from sparkprov.catalog.images import digest_script, image_rows, parse_digests, pinned_images_yaml
+from sparkprov.catalog.images import image_rows, pinned_images_yaml
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
+from sparkprov.facts.serving import digest_script, parse_digests
 from helpers import one
 
 CAT = load_catalog()
