@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     ifname = os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME")
     where = _gather_json({"rank": rank, "host": host, "device": str(device),
-                         "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                          "ifname": ifname, "address": if_address(ifname)}, torch=torch, dist=dist, device=device,
-                         world=world)
+                          "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                          "ifname": ifname, "address": if_address(ifname)},
+                         torch=torch, dist=dist, device=device, world=world)
     expect = world * (world + 1) / 2
     rows = []
     for size in sizes(a.min_bytes, a.max_bytes, a.factor):
