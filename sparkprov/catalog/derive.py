@@ -1,17 +1,30 @@
-"""What a derived image holds (issue 26): the pip installs a recipe's pre_serve would run at every
-container start, and Ray for a Ray cluster on an image that ships none, baked once into an image
-built FROM the base (modules/derived_image.py builds it; nothing is installed at start).
+"""Which image a recipe's containers run, decided in one place (choose_image), and what a
+derived image holds (issue 26).
+
+The image is the one requested (cluster-up --image's, else the recipe's, by the catalog's digest
+where it records one), or, where the recipe's pre_serve has plain pip installs or a Ray cluster
+runs an image that ships no Ray, an image derived from it with those baked in once (built FROM
+the base by modules/derived_image.py; nothing is installed at container start), or, with
+cluster-up --pin, the requested one by the registry digest its nodes hold. The choice is part of
+every container's recipe hash: a change here restarts containers.
 
 Pure: which pre_serve steps are plain pip installs (their requirements go into the image, the
-rest still run at start, where G24 warns), and the derived image's tag.
+rest still run at start, where G24 warns), the derived image's tag, and the choice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from sparkprov.defaults import RAY_DERIVED_PREFIX, RAY_VERSION
+from sparkprov.imageref import ImageRef
+
+if TYPE_CHECKING:
+    from sparkprov.catalog.load import Catalog
+    from sparkprov.catalog.models import ResolvedRecipe
 
 # a derived image without Ray: sparkprov/derived:HASH (one with Ray keeps RAY_DERIVED_PREFIX)
 DERIVED_REPO = "sparkprov/derived"
@@ -70,3 +83,39 @@ def derived_tag(base: str, requirements: list[str]) -> str:
 
 def is_derived(image: str) -> bool:
     return image.startswith((RAY_DERIVED_PREFIX, DERIVED_REPO + ":"))
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    """The image a recipe's containers run, and why."""
+
+    requested: str  # --image's reference, else the recipe's (the catalog's pinned form where it has one)
+    runs: str       # what the containers run: `requested`, the image derived from it, or it by digest
+    why: Literal["recipe", "--image", "derived", "pinned"]
+    requirements: tuple[str, ...] = ()  # baked into the derived image (Ray first, then the recipe's pip installs)
+
+    @property
+    def derived(self) -> bool:
+        return self.why == "derived"
+
+    @property
+    def ray(self) -> bool:
+        """The derived image adds Ray (a Ray cluster on an image that ships none)."""
+        return any(r.startswith("ray==") for r in self.requirements)
+
+
+def choose_image(recipe: ResolvedRecipe, catalog: Catalog, *, override: str | None = None, ray_cluster: bool = False,
+                 digest: str | None = None) -> ImageChoice:
+    """The image `recipe`'s containers run: `override` (cluster-up --image) or the recipe's image;
+    derived from it where its pre_serve pip installs, or for a Ray cluster (`ray_cluster`) on an
+    image the catalog knows ships no Ray; else by the registry `digest` its nodes hold (cluster-up
+    --pin, known once the image is on them; a derived image has none)."""
+    info = catalog.image(recipe.image)
+    requested = override or catalog.reference(recipe.image)
+    ray = [ray_requirement()] if ray_cluster and info is not None and info.has_ray is False else []
+    requirements = ray + baked_requirements(recipe.pre_serve)
+    if requirements:
+        return ImageChoice(requested, derived_tag(requested, requirements), "derived", tuple(requirements))
+    if digest:
+        return ImageChoice(requested, ImageRef.parse(requested).by_digest(digest), "pinned")
+    return ImageChoice(requested, requested, "--image" if override else "recipe")

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from sparkprov.catalog.knownflags import recorded_set_name
-from sparkprov.catalog.models import Image
-from sparkprov.facts.serving import digest_script, help_script, parse_digests  # noqa: F401 (the host reads)
+from sparkprov.imageref import ImageRef
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
@@ -44,7 +43,7 @@ def image_rows(catalog: "Catalog") -> list[ImageRow]:
     """One row per catalog image: vLLM version, digest (or `unpinned`), multi-node executors."""
     used: dict[str, set[str]] = {}
     for r in catalog.recipes.values():
-        used.setdefault(r.image.split("@", 1)[0], set()).add(r.alias)
+        used.setdefault(ImageRef.parse(r.image).tagged, set()).add(r.alias)
     rows = []
     for img in catalog.image_table.values():
         rows.append(ImageRow(ref=img.ref, vllm=img.vllm or "?", digest=img.digest or "unpinned",
@@ -69,10 +68,3 @@ def pinned_images_yaml(catalog: "Catalog", digests: dict[str, str], *, host: str
     return ("# Written by `invoke images --pin`: images pinned to the digests their tags resolved to.\n"
             + yaml.safe_dump({"images": out}, sort_keys=False, allow_unicode=True))
 
-
-def image_of(catalog: "Catalog", ref: str) -> Image | None:
-    return catalog.image(ref)
-
-
-__all__ = ["ImageRow", "image_rows", "digest_script", "parse_digests", "help_script", "pinned_images_yaml",
-           "image_of"]

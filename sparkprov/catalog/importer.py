@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from sparkprov.catalog.knownflags import normalize
-from sparkprov.catalog.load import IMAGE_RE
+from sparkprov.imageref import IMAGE_RE, ImageRef
 from sparkprov.catalog.models import ALIAS_RE, REPO_ID_RE, REVISION_RE
 from sparkprov.errors import InputError, one_line
 from sparkprov.yamlpos import Positions, load_yaml, parse_model, validation_error
@@ -399,88 +399,15 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
         model, args, entry = _parse_serve(command, problems, pos)
         model_at: tuple = ("command",)
     else:
-        model, args, entry, model_at = model_repo, [], "vllm serve", ("model",)
-        for k, v in defaults.items():
-            if k in LAUNCHER_KEYS or v is None or v is False:
-                continue
-            flag = "--" + k.replace("_", "-")
-            if not _FLAG_NAME.match(flag):
-                raise pos.error(("defaults", k), f"defaults key {k[:40]!r} does not name an option of vllm serve",
-                                fix="use the option's name with underscores, like max_model_len", key=True)
-            args.append((flag, None if v is True else _scalar(v)))
-        if defaults.get("tensor_parallel"):
-            args.append(("--tensor-parallel-size", _scalar(defaults["tensor_parallel"])))
+        model, args, entry, model_at = model_repo, _launcher_args(defaults, pos), "vllm serve", ("model",)
     flags = dict(args)
-    if "--model" in flags:
-        model = model or flags["--model"]
-        problems.append("the command passes --model (deprecated in vllm serve): converted to the positional model")
-    model = model or model_repo
-    if not model:
-        raise pos.error((), "the recipe names no model", fix="add model: ORG/NAME (or vllm serve ORG/NAME)")
+    model, repo = _served(model, model_repo, flags, model_at, problems, pos)
     container_path = model.startswith("/")
-    repo = model_repo if container_path or not model_repo else model
-    if model_repo and model != model_repo and not container_path:
-        problems.append(f"the command serves {model[:80]} while model: says {model_repo[:80]}; the command wins")
-    if not repo:
-        raise pos.error(model_at, f"the command serves the container path {model[:80]!r} and model: names no repo",
-                        fix="add model: ORG/NAME, the repo whose weights are there")
-    if not REPO_ID_RE.match(repo):
-        at = ("model",) if repo == model_repo else model_at
-        raise pos.error(at, f"{repo[:80]!r} is not a Hugging Face repo id", fix="write it as ORG/NAME")
-    tp_value = flags.get("--tensor-parallel-size") or defaults.get("tensor_parallel") or 1
-    from_defaults = "tensor_parallel" in defaults and _scalar(tp_value) == _scalar(defaults["tensor_parallel"])
-    tp = _count(tp_value, "tensor-parallel size", ("defaults", "tensor_parallel") if from_defaults else ("command",),
-                pos)
-    pp = _count(flags.get("--pipeline-parallel-size") or 1, "pipeline-parallel size", ("command",), pos)
-    out_args: list[Any] = []
-    for name, value in args:
-        if name in ("--model", "--tensor-parallel-size"):
-            continue
-        if name in HOUSE_FLAGS:
-            continue  # sparkprov binds from the host's vars (G31)
-        if value is not None and any(u in value for u in unfilled):
-            continue  # reported by _fill
-        if name == "--api-key":
-            problems.append("--api-key on the command line shows in `ps` and `docker inspect`: removed; sparkprov "
-                            "passes the host's 0600 key file (G31)")
-            continue
-        if value is not None and value.lstrip()[:1] in ("{", "[") and not _is_json(value):
-            # vLLM reads such a value with json.loads: the container would exit at start
-            raise pos.error(("command",) if rec.command else ("defaults",),
-                            f"the value of {name} ({value[:60]!r}) is not JSON, and vLLM reads it as JSON",
-                            fix="write it as JSON (in an eugr command, a literal brace is doubled: {{ }})")
-        out_args.append(name if value is None else {name: value})
-    container = (rec.container or "").strip()
-    if not container:
-        raise pos.error(("container",) if "container" in data else (), "the recipe names no container image",
-                        fix="add container: REPO:TAG")
-    image = container if ":" in container.rsplit("/", 1)[-1] or "@" in container else container + ":latest"
-    if not IMAGE_RE.match(image):
-        raise pos.error(("container",), f"container {container[:80]!r} is not an image reference",
-                        fix="write it as registry/repo:tag (optionally @sha256:...)")
-    for key in ("mods", "patches", "pre_exec", "build_args"):
-        items = getattr(rec, key)
-        if items:
-            problems.append(f"{key} ({_brief(items)}) change the image or run scripts at start: "
-                            "not imported; bake them into a derived image and name it in image:")
-    if entry != "vllm serve":
-        problems.append(f"the command starts vLLM with `{entry}`; sparkprov runs `vllm serve` (same options)")
-    env: dict[str, str] = {}
-    for k, v in (rec.env or {}).items():
-        if not _ENV_NAME.match(k):
-            raise pos.error(("env", k), f"env {k[:40]!r} is not an environment variable name",
-                            fix="use letters, digits and _", key=True)
-        if v is None:
-            problems.append(f"env {k} has no value: not imported")
-        elif "\0" in _scalar(v):
-            raise pos.error(("env", k), f"env {k} holds a NUL character, which no environment can carry",
-                            fix="remove it")
-        else:
-            env[k] = _scalar(v)
-    for k in ("HF_TOKEN", "VLLM_API_KEY", "HF_HOME"):
-        if k in env:
-            env.pop(k)
-            problems.append(f"env {k} is sparkprov's to set (G22/G26/G31): removed")
+    tp, pp = _sizes(flags, defaults, pos)
+    out_args = _kept_args(args, unfilled, problems, pos, ("command",) if rec.command else ("defaults",))
+    image = _image(rec, data, pos)
+    problems += _not_imported(rec, entry)
+    env = _environment(rec, problems, pos)
     nodes = tp * pp
     name = rec.name or Path(origin).stem
     alias = alias or _slug(name + (f"-{variant}" if variant else ""))
@@ -517,6 +444,124 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     if nodes > 1:
         recipe["notes"].append(f"spans {nodes} Sparks (tp {tp} x pp {pp})")
     return Imported(fmt=fmt, alias=alias, recipe=recipe, problems=problems)
+
+
+def _sizes(flags: dict[str, str | None], defaults: dict[str, Any], pos: Positions) -> tuple[int, int]:
+    """(tp, pp): the command's sizes, else the defaults' tensor_parallel."""
+    tp_value = flags.get("--tensor-parallel-size") or defaults.get("tensor_parallel") or 1
+    from_defaults = "tensor_parallel" in defaults and _scalar(tp_value) == _scalar(defaults["tensor_parallel"])
+    tp = _count(tp_value, "tensor-parallel size", ("defaults", "tensor_parallel") if from_defaults else ("command",),
+                pos)
+    return tp, _count(flags.get("--pipeline-parallel-size") or 1, "pipeline-parallel size", ("command",), pos)
+
+
+def _not_imported(rec: Any, entry: str) -> list[str]:
+    """What the foreign recipe does that an import leaves out: image changes and start scripts,
+    another way of starting vLLM."""
+    out = [f"{key} ({_brief(items)}) change the image or run scripts at start: not imported; bake them into "
+           "a derived image and name it in image:" for key in ("mods", "patches", "pre_exec", "build_args")
+           if (items := getattr(rec, key))]
+    if entry != "vllm serve":
+        out.append(f"the command starts vLLM with `{entry}`; sparkprov runs `vllm serve` (same options)")
+    return out
+
+
+def _launcher_args(defaults: dict[str, Any], pos: Positions) -> list[tuple[str, str | None]]:
+    """vllm serve's options from a recipe's `defaults` where it has no command (launcher keys aside)."""
+    args: list[tuple[str, str | None]] = []
+    for k, v in defaults.items():
+        if k in LAUNCHER_KEYS or v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        if not _FLAG_NAME.match(flag):
+            raise pos.error(("defaults", k), f"defaults key {k[:40]!r} does not name an option of vllm serve",
+                            fix="use the option's name with underscores, like max_model_len", key=True)
+        args.append((flag, None if v is True else _scalar(v)))
+    if defaults.get("tensor_parallel"):
+        args.append(("--tensor-parallel-size", _scalar(defaults["tensor_parallel"])))
+    return args
+
+
+def _served(model: str | None, model_repo: str | None, flags: dict[str, str | None], model_at: tuple,
+            problems: list[str], pos: Positions) -> tuple[str, str]:
+    """(what the command serves, the Hugging Face repo whose weights those are): the command's
+    model wins over model:, which names the repo of a container path."""
+    if "--model" in flags:
+        model = model or flags["--model"]
+        problems.append("the command passes --model (deprecated in vllm serve): converted to the positional model")
+    model = model or model_repo
+    if not model:
+        raise pos.error((), "the recipe names no model", fix="add model: ORG/NAME (or vllm serve ORG/NAME)")
+    container_path = model.startswith("/")
+    repo = model_repo if container_path or not model_repo else model
+    if model_repo and model != model_repo and not container_path:
+        problems.append(f"the command serves {model[:80]} while model: says {model_repo[:80]}; the command wins")
+    if not repo:
+        raise pos.error(model_at, f"the command serves the container path {model[:80]!r} and model: names no repo",
+                        fix="add model: ORG/NAME, the repo whose weights are there")
+    if not REPO_ID_RE.match(repo):
+        at = ("model",) if repo == model_repo else model_at
+        raise pos.error(at, f"{repo[:80]!r} is not a Hugging Face repo id", fix="write it as ORG/NAME")
+    return model, repo
+
+
+def _kept_args(args: list[tuple[str, str | None]], unfilled: set[str], problems: list[str], pos: Positions,
+               at: tuple) -> list[Any]:
+    """The recipe's args: the model, the layout's sizes and the host's binding left out (sparkprov's),
+    --api-key removed (G31); a JSON value that is not JSON refused at `at`."""
+    out: list[Any] = []
+    for name, value in args:
+        if name in ("--model", "--tensor-parallel-size"):
+            continue
+        if name in HOUSE_FLAGS:
+            continue  # sparkprov binds from the host's vars (G31)
+        if value is not None and any(u in value for u in unfilled):
+            continue  # reported by _fill
+        if name == "--api-key":
+            problems.append("--api-key on the command line shows in `ps` and `docker inspect`: removed; sparkprov "
+                            "passes the host's 0600 key file (G31)")
+            continue
+        if value is not None and value.lstrip()[:1] in ("{", "[") and not _is_json(value):
+            # vLLM reads such a value with json.loads: the container would exit at start
+            raise pos.error(at, f"the value of {name} ({value[:60]!r}) is not JSON, and vLLM reads it as JSON",
+                            fix="write it as JSON (in an eugr command, a literal brace is doubled: {{ }})")
+        out.append(name if value is None else {name: value})
+    return out
+
+
+def _image(rec: Any, data: Any, pos: Positions) -> str:
+    """The recipe's container image, :latest where it names no tag or digest."""
+    container = (rec.container or "").strip()
+    if not container:
+        raise pos.error(("container",) if "container" in data else (), "the recipe names no container image",
+                        fix="add container: REPO:TAG")
+    ref = ImageRef.parse(container)
+    image = container if ref.tag is not None or ref.digest is not None else container + ":latest"
+    if not IMAGE_RE.match(image):
+        raise pos.error(("container",), f"container {container[:80]!r} is not an image reference",
+                        fix="write it as registry/repo:tag (optionally @sha256:...)")
+    return image
+
+
+def _environment(rec: Any, problems: list[str], pos: Positions) -> dict[str, str]:
+    """The recipe's environment, less what sparkprov sets itself (G22/G26/G31)."""
+    env: dict[str, str] = {}
+    for k, v in (rec.env or {}).items():
+        if not _ENV_NAME.match(k):
+            raise pos.error(("env", k), f"env {k[:40]!r} is not an environment variable name",
+                            fix="use letters, digits and _", key=True)
+        if v is None:
+            problems.append(f"env {k} has no value: not imported")
+        elif "\0" in _scalar(v):
+            raise pos.error(("env", k), f"env {k} holds a NUL character, which no environment can carry",
+                            fix="remove it")
+        else:
+            env[k] = _scalar(v)
+    for k in ("HF_TOKEN", "VLLM_API_KEY", "HF_HOME"):
+        if k in env:
+            env.pop(k)
+            problems.append(f"env {k} is sparkprov's to set (G22/G26/G31): removed")
+    return env
 
 
 def import_file(path: str | Path, *, alias: str | None = None, variant: str | None = None) -> Imported:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from sparkprov.catalog.models import DIGEST_RE, Image, _ver
 from sparkprov.errors import InputError
+from sparkprov.imageref import ImageRef
 from sparkprov.inputfiles import read_text_checked
 
 # A flag set (recorded, or an image's cached answer) is a few hundred lines; a file far larger is another.
@@ -232,8 +233,9 @@ def write_cache(cache_dir: str | Path, digest: str, help_text: str, *, image: st
 
 
 def _image_digest(ref: str, info: Image | None) -> str | None:
-    if "@" in ref:
-        return ref.split("@", 1)[1]
+    own = ImageRef.parse(ref).digest
+    if own:
+        return own
     if info is not None and info.is_pinned:
         return info.digest
     return None
@@ -245,10 +247,11 @@ _UPSTREAM_RELEASE = re.compile(r"^(?:docker\.io/)?vllm/vllm-openai:v(\d+\.\d+\.\
 def infer_image(ref: str) -> Image | None:
     """An image the catalog does not list but whose vLLM its tag states: upstream release tags
     (`vllm/vllm-openai:v0.24.0` carries vLLM 0.24.0)."""
-    m = _UPSTREAM_RELEASE.match(ref.split("@", 1)[0])
+    tagged = ImageRef.parse(ref).tagged
+    m = _UPSTREAM_RELEASE.match(tagged)
     if not m:
         return None
-    return Image(ref=ref.split("@", 1)[0], entrypoint="vllm-serve", vllm=m[1],
+    return Image(ref=tagged, entrypoint="vllm-serve", vllm=m[1],
                  source="sparkprov: an upstream release tag names the vLLM version it carries")
 
 

@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 # tok/s at 1 request, 102 at 4, 207 at 16, 444 at 64: aggregate throughput keeps growing with the
 # requests one engine takes, so two engines each at half the load add up, where TP 2 (004: 70 tok/s
 # single-stream against 60 on one Spark) buys latency.
-TP_SPEEDUP_2 = 2.09
-PP_SPEEDUP_2 = 1.08
 REPLICAS_FROM_CONCURRENCY = 8  # where two replicas first measured ahead (1.30x at 8 users)
 MEASURED = ("unsloth PR#10280 (2 Sparks): TP 2.09x per token, PP 1.08x, two replicas 1.30x at 8 users to "
             "1.91x at 32; issue 23: gpt-oss-120b two replicas beat TP 2 at 64 concurrent")

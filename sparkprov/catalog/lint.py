@@ -24,8 +24,9 @@ from sparkprov.catalog.layout import GPUS_PER_SPARK
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import (GIB, HostPlan, KvSettings, ModelPlan, PlanError, gb_to_gib, kv_dtype_bytes,
                                       kv_shape_of, plan_host, plan_model)
-from sparkprov.catalog.render import HostServeContext, Launch, image_entrypoint, render_launch
+from sparkprov.catalog.render import Launch, image_entrypoint
 from sparkprov.catalog.models import ResolvedRecipe
+from sparkprov.imageref import ImageRef
 
 ERROR = "ERROR"
 WARNING = "WARNING"
@@ -83,7 +84,7 @@ class LintContext:
         ref = launch.image
         if launch.image_info is not None:
             return known_flags(launch.image_info, self.catalog, self.flags_cache, digest=self.image_digest
-                               or (ref.split("@", 1)[1] if "@" in ref else None))
+                               or ImageRef.parse(ref).digest)
         return known_flags(ref, self.catalog, self.flags_cache, digest=self.image_digest)
 
 
@@ -102,11 +103,8 @@ def rule(rule_id: str, severity: str, title: str, *sources: str):
 # ---------------------------------------------------------------- helpers
 
 def _repo_tag(image: str) -> tuple[str, str]:
-    ref = image.split("@", 1)[0]
-    repo, _, tag = ref.rpartition(":")
-    if "/" in tag or not repo:
-        return ref, "latest"
-    return repo, tag
+    ref = ImageRef.parse(image)
+    return ref.name, ref.tag or "latest"
 
 
 def _is_upstream(repo: str) -> bool:
@@ -311,7 +309,8 @@ def g4_pin_and_flags(launch: Launch, lc: LintContext) -> Iterator[Hit]:
     info = launch.image_info
     # (an image cluster-up derives is built FROM its base's ID and tagged by the base reference: as
     # pinned as that reference)
-    pinned = "@" in launch.image or lc.pinned or (is_derived(launch.image) and info is not None and "@" in info.pinned)
+    pinned = (ImageRef.parse(launch.image).digest is not None or lc.pinned
+              or (is_derived(launch.image) and info is not None and info.is_pinned))
     if not pinned and launch.ctx.host_known:  # a deployment (G34 covers moving tags across nodes)
         what = "a moving tag" if info is not None and info.moving else "not pinned to a digest"
         yield Hit(f"{launch.recipe.image} is {what}: the same recipe can run different code next week",
@@ -908,12 +907,6 @@ def lint_launch(launch: Launch, *, catalog: Catalog, colocated: Iterable[Launch]
     return out
 
 
-def lint_recipe(recipe: ResolvedRecipe, *, catalog: Catalog, ctx: HostServeContext | None = None,
-                tp: int | None = None, overrides=None, colocated: Iterable[Launch] = ()) -> list[Finding]:
-    launch = render_launch(recipe, ctx or HostServeContext(), tp or min(recipe.tp_sizes), overrides, catalog=catalog)
-    return lint_launch(launch, catalog=catalog, colocated=colocated)
-
-
 def lint_cluster(launches: list[Launch]) -> list[Finding]:
     """G34 across the nodes of one TP group: same image, same store path, same model and flags."""
     out: list[Finding] = []
@@ -940,6 +933,3 @@ def lint_cluster(launches: list[Launch]) -> list[Finding]:
 def errors(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == ERROR]
 
-
-def visible(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if not f.silenced]

@@ -10,7 +10,6 @@ it replaces. Errors in a file are one line: `FILE:LINE:COL: message (fix: ...)`.
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,11 +18,11 @@ from pydantic import Field
 
 from sparkprov.catalog.models import (NESTED, REQUIRED, DockerOpts, Image, Recipe, ResolvedRecipe, SmokeSpec, Source,
                                       Startup, Strict)
-from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
+from sparkprov.imageref import IMAGE_RE, ImageRef
+from sparkprov.yamlpos import Positions, load_yaml, parse_model
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?\Z")  # \Z: `$` lets a trailing newline through
 
 
 class CatalogFile(Strict):
@@ -72,15 +71,17 @@ class Catalog:
         return self.recipes[alias]
 
     def image(self, ref: str) -> Image | None:
-        return self.image_table.get(ref.split("@", 1)[0])
+        return self.image_table.get(ImageRef.parse(ref).tagged)
+
+    def reference(self, ref: str) -> str:
+        """The reference a recipe's image `ref` runs by: with the catalog's digest where it records
+        one (a reference that names its own digest, or an image the catalog does not list: as it is)."""
+        img = self.image(ref)
+        return img.pinned if img is not None and ImageRef.parse(ref).digest is None else ref
 
     def images(self) -> set[str]:
         """Every image a recipe uses, with its digest where the catalog knows it."""
-        out = set()
-        for r in self.recipes.values():
-            img = self.image(r.image)
-            out.add(r.image if "@" in r.image or img is None else img.pinned)
-        return out
+        return {self.reference(r.image) for r in self.recipes.values()}
 
     def repos(self) -> list[RepoInfo]:
         """Every repo a recipe reads: the model, drafters/tokenizers, repos of staged files."""

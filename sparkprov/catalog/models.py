@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkprov.imageref import ImageRef
+
 ALIAS_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 # A Hugging Face repo id: NAME or ORG/NAME (letters, digits, . _ -; no '..'). It becomes a path
 # under the store (models--ORG--NAME) and the argument of `vllm serve`, so nothing else is one.
@@ -525,7 +527,8 @@ class Image(Strict):
     @field_validator("ref")
     @classmethod
     def _ref(cls, v: str) -> str:
-        if "@" in v or ":" not in v.rsplit("/", 1)[-1]:
+        ref = ImageRef.parse(v)
+        if ref.digest is not None or ref.tag is None:
             raise ValueError("ref is repo:tag (put a digest in `digest:`)")
         return v
 
@@ -547,7 +550,7 @@ class Image(Strict):
 
     @property
     def repo(self) -> str:
-        return self.ref.rsplit(":", 1)[0]
+        return ImageRef.parse(self.ref).name
 
     @property
     def vllm_version(self) -> str | None:

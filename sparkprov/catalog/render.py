@@ -41,13 +41,14 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkprov.catalog.derive import baked_requirements, derived_tag, start_steps
+from sparkprov.catalog.derive import ImageChoice, baked_requirements, choose_image, start_steps
 from sparkprov.catalog.load import Catalog
 from sparkprov.catalog.memory import HOST_MEMORY_GIB, MIN_HEADROOM_GIB
 from sparkprov.catalog.models import Image, ResolvedRecipe, SmokeSpec, Source, Startup, render_value
 from sparkprov import inventory_vars as iv
 from sparkprov.defaults import API_KEY_FILE, COMPILE_CACHE, MODEL_STORE, SERVE_BIND, SERVE_PORT, expand_home
 from sparkprov.errors import InputError
+from sparkprov.imageref import ImageRef
 
 KEY_PATH = "/run/secrets/sparkprov_api_key"
 COMPILE_CACHE_IN_CONTAINER = "/root/.cache/vllm"
@@ -236,7 +237,8 @@ class Launch(BaseModel):
 
     @property
     def baked(self) -> list[str]:
-        """The pip requirements baked into the derived image (none: the image is the catalog's)."""
+        """The recipe's pip requirements baked into the image derived from its own (none: it runs
+        its image as it is)."""
         return baked_requirements(self.recipe.pre_serve)
 
     # ----- lookups the linter and the serve step use -----
@@ -311,26 +313,11 @@ def _shell_word(word: str) -> str:
     return '"$HOME"'.join(shlex.quote(p) if p else "" for p in parts)
 
 
-def wrapper_script(pre_serve: list[list[str]], with_key: bool) -> str:
-    lines = ["set -eu"]
-    lines += [shlex.join(cmd) for cmd in pre_serve]
-    if with_key:
-        lines += [
-            f"k=$(cat {KEY_PATH})",
-            '[ -n "$k" ] || { echo "sparkprov: the API key file is empty" >&2; exit 78; }',
-            "VLLM_API_KEY=$k",
-            "export VLLM_API_KEY",
-            "unset k",
-        ]
-    lines.append('exec "$@"')
-    return "; ".join(lines)
-
-
 def image_entrypoint(image: str, info: Image | None) -> str:
     """vllm-serve | passthrough | custom: the image's entrypoint kind (G2)."""
     if info is not None:
         return info.entrypoint
-    repo = image.split("@", 1)[0].rsplit(":", 1)[0]
+    repo = ImageRef.parse(image).name
     if repo in ("vllm/vllm-openai", "docker.io/vllm/vllm-openai"):
         return "vllm-serve"
     if repo == "nvcr.io/nvidia/vllm":
@@ -351,14 +338,16 @@ def _store_path(path: str, ctx: HostServeContext, recipe: ResolvedRecipe) -> str
 
 def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
                   overrides: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None,
-                  pp: int = 1, dp: int = 1, ep: bool = False) -> Launch:
+                  pp: int = 1, dp: int = 1, ep: bool = False, image: ImageChoice | None = None) -> Launch:
     """The launch of `recipe` on the host described by `ctx`, with tensor parallelism `tp`,
     pipeline parallelism `pp`, `dp` data-parallel replicas, expert parallelism `ep` (the sizes:
     each rank's own options come from serving/spec.py) and flag `overrides` ({"--max-model-len":
     32768, "--enable-chunked-prefill": None (remove), "--enforce-eager": True (bare switch)}); an
     override may not set a size against the layout. A launch that spans nodes (tp x pp x dp > 1, or
     a ctx.cluster_size > 1) gets the fabric bindings of the node (VLLM_HOST_IP, NCCL/Gloo/UCX
-    interfaces), and an engine over several GPUs its executor. Pure: nothing is run."""
+    interfaces), and an engine over several GPUs its executor. `image`: the image its containers run
+    (catalog/derive.py choose_image; default: the recipe's, as the catalog records it). Pure: nothing
+    is run."""
     from sparkprov.catalog.layout import Layout, override_conflicts
 
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
@@ -372,13 +361,21 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
 
         catalog = load_catalog()
     info = catalog.image(recipe.image)
-    image = recipe.image if ("@" in recipe.image or info is None) else info.pinned
-    if baked_requirements(recipe.pre_serve):  # its pip installs run once, in the image derived from it
-        image = derived_tag(image, baked_requirements(recipe.pre_serve))
+    runs = (image or choose_image(recipe, catalog)).runs
     kind = image_entrypoint(recipe.image, info)
     command = recipe.command or ("bare" if kind == "vllm-serve" else "full")
+    args, pp = _vllm_args(recipe, ctx, overrides or {}, tp, pp, dp, ep)
+    spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
+    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=runs, image_info=info, command=command,
+                  container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=_environment(recipe, ctx, spans),
+                  vllm_args=args, mounts=_mounts(recipe, ctx), docker_options=_docker_options(recipe), recipe=recipe,
+                  ctx=ctx, startup=recipe.startup, smoke=recipe.smoke)
 
-    # ---- vLLM arguments, in the note's order ----
+
+def _vllm_args(recipe: ResolvedRecipe, ctx: HostServeContext, overrides: Mapping[str, Any], tp: int, pp: int, dp: int,
+               ep: bool) -> tuple[list[Arg], int]:
+    """vLLM's arguments, in the note's order: the model, the recipe's flags, the overrides, the
+    layout's sizes and executor, the bind address; and the pipeline stages they give."""
     # Always positional (`vllm serve MODEL`): --model is deprecated for `vllm serve`.
     model_src = recipe.source_of("model")
     args: list[Arg] = [Arg(flag=None, value=recipe.model.served_ref, source=model_src)]
@@ -395,7 +392,7 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
                 return
         args.append(Arg(flag=flag, value=value, source=source, origin=origin))
 
-    for flag, value in (overrides or {}).items():
+    for flag, value in overrides.items():
         if not isinstance(flag, str) or not flag.startswith("--"):
             raise InputError(f"override {flag!r} is not a long option", fix="write it as --flag-name")
         if flag == "--model":
@@ -418,14 +415,17 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
         put("--data-parallel-size", str(dp), SRC_DP, "tp")
     if ep:
         put("--enable-expert-parallel", None, SRC_EP, "tp")
-    spans = tp * pp * dp > 1 or (ctx.cluster_size or 1) > 1  # the deployment spans nodes: fabric bindings
     engine_spans = tp * pp > 1 or (dp == 1 and (ctx.cluster_size or 1) > 1)  # one engine over several GPUs
     if engine_spans and not any(a.flag == "--distributed-executor-backend" for a in args):
         put("--distributed-executor-backend", "ray", SRC_RAY, "tp")
     put("--host", ctx.bind_host, SRC_BIND, "host")
     put("--port", str(ctx.port), SRC_BIND, "host")
+    return args, pp
 
-    # ---- environment ----
+
+def _environment(recipe: ResolvedRecipe, ctx: HostServeContext, spans: bool) -> list[EnvVar]:
+    """The container's environment: the store, offline, the recipe's variables, and for a launch
+    that spans nodes the node's fabric bindings."""
     env: list[EnvVar] = [
         EnvVar(name="HF_HOME", value=ctx.model_store, source=SRC_STORE, origin="sparkprov"),
         EnvVar(name="HF_HUB_OFFLINE", value="1", source=SRC_OFFLINE, origin="sparkprov"),
@@ -445,8 +445,11 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
             fabric["VLLM_HOST_IP"] = ctx.node_ip
         env = [e for e in env if e.name not in fabric]
         env += [EnvVar(name=k, value=v, source=SRC_FABRIC, origin="host") for k, v in fabric.items()]
+    return env
 
-    # ---- mounts ----
+
+def _mounts(recipe: ResolvedRecipe, ctx: HostServeContext) -> list[LaunchMount]:
+    """The store, the compile cache, the API key (read-only) and the recipe's own mounts."""
     mounts = [
         LaunchMount(host=ctx.model_store, container=ctx.model_store, purpose="model store (HF_HOME)", source=SRC_STORE),
         LaunchMount(host=ctx.compile_cache, container=COMPILE_CACHE_IN_CONTAINER, purpose="torch.compile cache",
@@ -458,8 +461,12 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     for m in recipe.mounts:
         mounts.append(LaunchMount(host=_store_path(m.host, ctx, recipe), container=m.container,
                                   read_only=m.read_only, purpose=m.purpose, source=m.source or recipe.source))
+    return mounts
 
-    # ---- docker options (the name, detaching and the labels are the container's: serving/spec.py) ----
+
+def _docker_options(recipe: ResolvedRecipe) -> list[DockerOption]:
+    """`docker run`'s options of the recipe (the name, detaching and the labels are the
+    container's: serving/spec.py)."""
     d = recipe.docker
     docker_src = recipe.source_of("docker")
     options = [DockerOption(words=["--restart", d.restart], source=docker_src),
@@ -469,7 +476,4 @@ def render_launch(recipe: ResolvedRecipe, ctx: HostServeContext, tp: int = 1,
     if d.shm_size:
         options.append(DockerOption(words=["--shm-size", d.shm_size], source=docker_src))
     options += [DockerOption(words=["--ulimit", u], source=docker_src) for u in d.ulimits]
-    return Launch(alias=recipe.alias, tp=tp, pp=pp, dp=dp, ep=ep, image=image, image_info=info, command=command,
-                  container_name=ctx.container_name or f"sparkprov-{recipe.alias}", env=env, vllm_args=args,
-                  mounts=mounts, docker_options=options, recipe=recipe, ctx=ctx, startup=recipe.startup,
-                  smoke=recipe.smoke)
+    return options

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from invoke import task
 
@@ -18,6 +19,9 @@ from sparkprov.cli.options import (OptionError, choice_option, csv_option, float
                                    positional, text_option)
 from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import SparkprovError
+
+if TYPE_CHECKING:  # annotations only: the plays load inside the task
+    from sparkprov.plays.bench import BenchResult
 
 HELP = {
     "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
@@ -134,7 +138,7 @@ def export_run(deployment: str, results, out, check: bool) -> None:
     print(f"{rec['path']} -> {out} (NVIDIA performance.yaml, {len(rec.get('rows') or [])} profile(s))")
 
 
-def print_run(run: dict) -> None:
+def print_run(run: BenchResult) -> None:
     from rich.console import Console
     from rich.table import Table
 

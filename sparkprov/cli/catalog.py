@@ -278,11 +278,10 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
                          "would bind the management LAN (G32)", fix="set fabric_ip and fabric_ifaces in the hosts' "
                          "vars (invoke provision --tags fabric brings the link up)")
     dep = dep.model_copy(update={"hosts": names})
-    if node.derived_image(dep):
-        dep = dep.model_copy(update={"image": node.derived_image(dep)})
+    image = node.node_image(dep)
     out = []
     for h in names:
-        launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None)
+        launch = node.launch(dep, h, host_vars[h], _home(inv, h), None, None, image)
         out.append((h, node.container(dep, h, launch, iv.value(host_vars[names[0]], "fabric_ip"), foreground=systemd)))
     if systemd:
         return _print_units(inv, out)
@@ -294,11 +293,11 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
     unverified = unverified_executor(cat.image(cat.get(alias).image), layout)
     if unverified:
         print(f"# unverified: {unverified}")
-    if dep.image and node.derived_requirements(dep) == [ray_requirement()]:
-        print(f"# {node.image_ref(dep)} ships no Ray: cluster-up runs {dep.image}, derived from it once with Ray")
-    elif dep.image:
-        print(f"# cluster-up runs {dep.image}, derived once from {node.image_ref(dep)} with "
-              f"{' '.join(node.derived_requirements(dep))} (nothing installed at container start)")
+    if image.derived and image.requirements == (ray_requirement(),):
+        print(f"# {image.requested} ships no Ray: cluster-up runs {image.runs}, derived from it once with Ray")
+    elif image.derived:
+        print(f"# cluster-up runs {image.runs}, derived once from {image.requested} with "
+              f"{' '.join(image.requirements)} (nothing installed at container start)")
     for h, s in out:
         print(f"# rank {dep.rank(h)} on {h}: {s.name} ({s.role})")
         print(shlex.join(s.argv))

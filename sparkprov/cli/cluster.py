@@ -183,7 +183,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
 
 def apply_image_option(image, deps) -> None:
     """--image: one valid image reference, for one deployment; refused before any host."""
-    from sparkprov.catalog.load import IMAGE_RE
+    from sparkprov.imageref import IMAGE_RE
     from sparkprov.cli.options import OptionError, text_option
 
     image = text_option("image", image, max_len=512)
@@ -211,28 +211,30 @@ def apply_pin_option(deps) -> None:
 
 
 def print_summary(summary) -> None:
-    for name, d in summary.get("deployments", {}).items():
-        size = f"TP {d['tp']}" + (f" x PP {d['pp']}" if d.get("pp", 1) > 1 else "") + \
-            (f" x DP {d['dp']}" if d.get("dp", 1) > 1 else "") + (" +EP" if d.get("ep") else "") + \
-            (f", {d['executor']}" if d.get("executor") else "")
+    """cluster-up's summary (plays/cluster.py UpSummary) in words."""
+    for name, d in summary["deployments"].items():
+        size = f"TP {d['tp']}" + (f" x PP {d['pp']}" if d["pp"] > 1 else "") + \
+            (f" x DP {d['dp']}" if d["dp"] > 1 else "") + (" +EP" if d["ep"] else "") + \
+            (f", {d['executor']}" if d["executor"] else "")
         print(f"\n{name}: {d['alias']} ({size}) on {', '.join(d['hosts'])}: {d['state']}")
         if not d["state"].startswith(("failed", "would")):
             print(f"  endpoint:     {d['endpoint']}")
             print(f"  model:        {d['model']}")
             print(f"  API key file: {d['api_key_file'] or 'none (bound to loopback)'}")
-            for h, c in (d.get("containers") or {}).items():
+            for h, c in d["containers"].items():
                 if c:
                     print(f"  {h}: {c['name']} ({c['role']}, recipe {c['hash']})")
-        if d.get("gate") and d["gate"].get("passed"):
-            print(f"  {d['gate']['line']} (start #{d['gate']['against_start']})")
-    for line in summary.get("upgrade") or []:  # a failed upgrade: what failed, and what serves again
+        gate = d.get("gate")
+        if gate and gate["passed"]:
+            print(f"  {gate['line']} (start #{gate['against_start']})")
+    for line in summary.get("upgrade", []):  # a failed upgrade: what failed, and what serves again
         print(f"\n{line}")
-    for line in summary.get("replaced") or []:  # --replace: what made room, and whether it came back
+    for line in summary.get("replaced", []):  # --replace: what made room, and whether it came back
         print(f"\n{line}")
     if summary.get("gateway"):
         print(f"\n{summary['gateway']}")
-    calls = ", ".join(f"{h}={n}" for h, n in summary.get("remote_calls", {}).items())
-    print(f"\ncluster-up {'(check) ' if summary.get('check') else ''}took {summary['seconds']:.1f}s; remote calls: {calls}")
+    calls = ", ".join(f"{h}={n}" for h, n in summary["remote_calls"].items())
+    print(f"\ncluster-up {'(check) ' if summary['check'] else ''}took {summary['seconds']:.1f}s; remote calls: {calls}")
 
 
 def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, name=None, check=False, json=False,
@@ -343,7 +345,7 @@ def print_status(st) -> None:
     for col in ("host", "MemAvailable", "swap used", "GPU temp", "GPU power"):
         hosts.add_column(col)
     for host, h in st.items():
-        m = h.get("host") or {}
+        m = h["host"]
         gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else ""  # noqa: E731
         hosts.add_row(host, (gib(m.get("mem_available")) + f" of {gib(m.get('mem_total'))}") if m.get("mem_total") else "",
                       gib(m.get("swap_used")) if m.get("swap_total") else "no swap",
@@ -375,7 +377,7 @@ def print_status(st) -> None:
                       f"{100 * acc:.1f}%" if acc is not None else ("" if "spec_acceptance" not in m else "no drafts yet"))
     con.print(t)
     for host, h in st.items():
-        for dep, r in (h.get("deployments") or {}).items():
+        for dep, r in h["deployments"].items():
             state = "DEGRADED: " + "; ".join(r["problems"]) if r["problems"] else "healthy"
             con.print(f"{dep} (rank 0 on {host}): {r['joined_nodes']}/{r['expected_nodes']} nodes, "
                       f"{r['gpus']:g} GPUs: {state}")

@@ -8,16 +8,17 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
+from sparkprov.hosts import Host, Inventory, close_match
+from sparkprov.imageref import IMAGE_RE
 from sparkprov.inventory_vars import valid_address
+from sparkprov.yamlpos import Positions, load_yaml, parse_model
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 RESERVED = {"all", "localhost"}
@@ -100,89 +101,6 @@ class InventoryFile(_Strict):
     vars: dict[str, Any] = Field(default_factory=dict)
 
 
-class Host(BaseModel):
-    """A resolved host: connection settings with defaults applied, and merged variables."""
-
-    name: str
-    address: str
-    connection: Literal["ssh", "local"] = "ssh"
-    user: str | None = None
-    port: int | None = None
-    ssh_key: str | None = None
-    known_hosts: str | None = None
-    become_password_env: str | None = None
-    become_password_file: str | None = None
-    connect_timeout: float = 10.0
-    vars: dict[str, Any] = Field(default_factory=dict)
-    groups: list[str] = Field(default_factory=list)
-
-
-class Inventory:
-    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, list[str]], pos: Positions,
-                 vars_order: list[str] | None = None):
-        self.path = path
-        self.hosts = hosts
-        self.groups = groups  # group -> host names (flattened)
-        self.pos = pos
-        self.vars_order = vars_order if vars_order is not None else list(groups)  # groups whose vars apply, in order
-
-    def host_vars(self, name: str) -> dict[str, Any]:
-        return dict(self.hosts[name].vars)
-
-    def var_where(self, host: str, var: str) -> tuple:
-        """Where the value a host has for `var` is written: its own vars, else the last of its
-        groups' that sets it, else the inventory-wide vars."""
-        own = ("hosts", host, "vars", var)
-        if own in self.pos.marks:
-            return own
-        for group in reversed(self.vars_order):
-            if host in self.groups.get(group, ()) and ("groups", group, "vars", var) in self.pos.marks:
-                return ("groups", group, "vars", var)
-        return ("vars", var)
-
-    def var_error(self, host: str, var: str, message: str, *, fix: str | None = None) -> InputError:
-        """An error at the line of the value `host` has for `var`."""
-        return self.pos.error(self.var_where(host, var), message, fix=fix)
-
-    def resolve(self, pattern: str | list[str], *, where: tuple[str, int | None, int | None] | None = None,
-                what: str = "host pattern") -> list[str]:
-        """Names matching a pattern: names, groups, `all`, globs, `!exclusions`, `&intersections`,
-        comma-separated. Order follows the inventory. Unknown plain names are an error."""
-        parts = pattern if isinstance(pattern, list) else [p for p in re.split(r"[,:\s]+", pattern) if p]
-        order = list(self.hosts)
-        chosen: set[str] = set()
-        for raw in parts:
-            raw = str(raw).strip()
-            if not raw:
-                continue
-            neg, inter = raw.startswith("!"), raw.startswith("&")
-            term = raw[1:] if (neg or inter) else raw
-            matched = self._match(term)
-            if matched is None:
-                file, line, col = where or (self.path, None, None)
-                close = _close(term, list(self.hosts) + list(self.groups))
-                raise InputError(f"unknown host or group {term!r} in {what}", file=file, line=line, column=col,
-                                 fix=f"did you mean {close!r}?" if close else
-                                 f"define it under hosts: or groups: in {self.path}")
-            if neg:
-                chosen -= matched
-            elif inter:
-                chosen &= matched
-            else:
-                chosen |= matched
-        return [h for h in order if h in chosen]
-
-    def _match(self, term: str) -> set[str] | None:
-        if term == "all" or term == "*":
-            return set(self.hosts)
-        if term in self.groups:
-            return set(self.groups[term])
-        if term in self.hosts:
-            return {term}
-        if any(c in term for c in "*?["):
-            return {h for h in self.hosts if fnmatch.fnmatchcase(h, term)} | {
-                h for g, members in self.groups.items() if fnmatch.fnmatchcase(g, term) for h in members}
-        return None
 
 
 def _check_vars(model: InventoryFile, pos: Positions) -> None:
@@ -214,13 +132,11 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
             if rule == "url":
                 _check_url_var(pos, where, name, value)
             elif rule == "image":
-                from sparkprov.catalog.load import IMAGE_RE
-
                 if not IMAGE_RE.match(value):
                     raise pos.error(where, f"{name}: {value!r} is not an image reference",
                                     fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")
             elif rule == "host" and value not in hosts:
-                close = _close(value, hosts)
+                close = close_match(value, hosts)
                 raise pos.error(where, f"{name}: {value!r} is not a host of this inventory",
                                 fix=f"did you mean {close!r}?" if close else "name a host under hosts:")
 
@@ -262,13 +178,6 @@ def _check_url_var(pos: Positions, where: tuple, name: str, value: Any) -> None:
         check_endpoint(value)
     except SparkprovError as exc:
         raise pos.error(where, exc.message, fix=exc.fix) from None
-
-
-def _close(term: str, names: list[str]) -> str | None:
-    import difflib
-
-    found = difflib.get_close_matches(term, names, n=1)
-    return found[0] if found else None
 
 
 def implicit_localhost() -> Host:
@@ -349,7 +258,7 @@ def _flatten_groups(model: InventoryFile, hosts: dict[str, Host], pos: Positions
             elif member in raw:
                 found = expand(member, stack + (group,))
             else:
-                close = _close(member, list(hosts)) or _close(member, list(raw))
+                close = close_match(member, list(hosts)) or close_match(member, list(raw))
                 raise pos.error(base + (i,), f"group {group!r} names unknown host {member!r}",
                                 fix=f"did you mean {close!r}?" if close else "add it under hosts:")
             members.extend(h for h in found if h not in members)

@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov import modules
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
-from sparkprov.engine.args import render_args  # noqa: F401 (callers validate a task's arguments here)
 from sparkprov.engine.expr import ExprError, check_condition, has_template
 from sparkprov.engine.playbook import Play, Playbook, Task
 from sparkprov.engine.validate import check_condition_safe, template_problems

@@ -10,15 +10,13 @@ import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable, TypedDict
 
 from sparkprov.errors import SparkprovError
 from sparkprov.facts.base import Fact, FactError, ShellCtx, home_of
+from sparkprov.hosts import Inventory
 from sparkprov.transport.connect import make_transport
 from sparkprov.transport.shell import quote
-
-if TYPE_CHECKING:
-    from sparkprov.data.inventory import Inventory
 
 # -- the gather script ----------------------------------------------------------------------
 
@@ -159,11 +157,22 @@ def parse_gather(gs: GatherScript, stdout: str) -> GatherResult:
     return GatherResult(values, errors, how)
 
 
-def gather_facts(inventory: Inventory, hosts: list[str], facts: dict[str, Fact], *, forks: int = 32,
-                 accept_new_host_keys: bool = False) -> dict[str, dict[str, Any]]:
-    """host -> {"ok": bool, "facts": {section: value}, "errors": {section: msg}, "remote_calls": n}"""
+class _HostFacts(TypedDict):
+    ok: bool                   # every fact was read
+    facts: dict[str, Any]      # section -> its parsed value
+    errors: dict[str, str]     # section -> why it could not be read ("connect": the host)
+    remote_calls: int
 
-    def one(name: str) -> tuple[str, dict[str, Any]]:
+
+class HostFacts(_HostFacts, total=False):
+    unreachable: bool
+
+
+def gather_facts(inventory: Inventory, hosts: list[str], facts: dict[str, Fact], *, forks: int = 32,
+                 accept_new_host_keys: bool = False) -> dict[str, HostFacts]:
+    """host -> what was read there: the facts by their section names, and why others were not."""
+
+    def one(name: str) -> tuple[str, HostFacts]:
         transport = make_transport(inventory.hosts[name], accept_new_host_keys)
         try:
             transport.connect()

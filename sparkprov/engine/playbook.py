@@ -45,6 +45,9 @@ class Play:
     # with any_errors_fatal, the hosts that stop together when one of them has failed, where the
     # play runs on some of them only (a cluster's rank 0 or its other ranks); empty: the play's own
     stops_together: tuple[str, ...] = ()
+    # what the play acts for, where a command builds it for one thing (cluster-up: a deployment's
+    # name): its results carry it (TaskResult.subject), so the command finds them by this value
+    subject: str = ""
 
 
 @dataclass

@@ -22,6 +22,7 @@ class TaskResult:
     msg: str = ""
     diff: list[dict[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    subject: str = ""  # its play's subject (Play.subject): not in the JSON document
 
     def as_dict(self) -> dict[str, Any]:
         d = {"host": self.host, "play": self.play, "task": self.task, "module": self.module,

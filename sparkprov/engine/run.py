@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from typing import TYPE_CHECKING
-
 from sparkprov import modules
 from sparkprov.engine.args import render_args
 from sparkprov.engine.expr import ExprError, Undefined, evaluate, has_template
@@ -31,14 +29,12 @@ from sparkprov.engine.validate import validate_playbook_expressions
 from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import InputError, SparkprovError
 from sparkprov.facts.base import Fact, FactError, HostInfo, ShellCtx
+from sparkprov.hosts import Host, Inventory
 from sparkprov.inputfiles import MAX_SECRET, read_text_checked
 from sparkprov.modules.base import FactView, HostContext, Plan
 from sparkprov.transport.base import BecomeMethod, Transport, Unreachable
 from sparkprov.transport.connect import make_transport  # noqa: F401 (the commands' one connect path)
 from sparkprov.transport.shell import quote
-
-if TYPE_CHECKING:
-    from sparkprov.data.inventory import Host, Inventory
 
 
 @dataclass
@@ -159,7 +155,7 @@ class Runner:
                                                           "another host of this play failed, so every host of it "
                                                           "stops here (any_errors_fatal)" if h in live else
                                                           "another node of its group failed, so every node of it "
-                                                          "stops here (any_errors_fatal)"))
+                                                          "stops here (any_errors_fatal)", subject=play.subject))
         finally:
             for hr in self.runs.values():
                 if hr.transport is not None:
@@ -223,10 +219,11 @@ class Runner:
             hr.notified.clear()
         except Unreachable as exc:
             hr.dead = True
-            self.report.record(TaskResult(name, play.name, "connect", "-", "unreachable", exc.line()))
+            self.report.record(TaskResult(name, play.name, "connect", "-", "unreachable", exc.line(),
+                                          subject=play.subject))
         except SparkprovError as exc:
             hr.dead = True
-            self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line()))
+            self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line(), subject=play.subject))
 
     def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
         """The facts the host's tasks in the plays after `play` will read, as far as they can be
@@ -328,7 +325,7 @@ class Runner:
         its changes (or record its result). False when the host must stop."""
         name = hr.host.name
         module = modules.registry()[task.module]()
-        result = TaskResult(name, play.name, task.name, task.module, "ok")
+        result = TaskResult(name, play.name, task.name, task.module, "ok", subject=play.subject)
         variables = self._variables(play, hr.host, hr.info)
         try:
             if task.when is not None and not evaluate(task.when, variables):

@@ -176,16 +176,6 @@ class FabricInfo(Fact):
         return fabric_info(devices, parse_ip_addr(addr.strip()))
 
 
-def ping_targets_script(targets: tuple[tuple[str, str], ...], size: int) -> str:
-    """Ping each (source address, target) pair; binding the source address needs no privilege."""
-    lines = []
-    for src, addr in targets:
-        lines.append(f"printf '@ping %s %s\\n' {quote(src)} {quote(addr)}; o=$("
-                     + cmd("ping", "-n", "-M", "do", "-s", size, "-c", "2", "-i", "0.2", "-W", "2", "-I", src, addr)
-                     + " 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 3; echo \"@rc=$r\"")
-    return "\n".join(lines)
-
-
 def parse_ping(text: str) -> dict[str, Any]:
     """Summary of `ping -c N`: received count and the first error line."""
     m = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", text)

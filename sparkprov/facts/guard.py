@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import ValidationError
 
@@ -136,7 +136,25 @@ def _first(exc: Exception) -> str:
     return "not JSON" if isinstance(exc, ValueError) else "nested too deeply"
 
 
-def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
+class GuardSummary(TypedDict):
+    """One host's guard as `status` and `invoke guard` show it (guard_summary)."""
+    installed: bool
+    running: bool
+    pid: int | None
+    started_by: str                 # systemd | boot
+    last_sample_age_s: float | None
+    mem_available: int | None
+    mem_total: int | None
+    mem_floor: int | None
+    gpu: dict[str, Any]             # its last GPU readings
+    held: dict[str, Any]            # container -> why the guard holds it stopped
+    breaker: str | None             # the crash-loop breaker, open
+    events: list[dict[str, Any]]    # the end of its journal
+    acted: bool                     # an action of it stands (held, or the breaker open)
+    problems: list[str]             # what makes status exit 2
+
+
+def guard_summary(fact: dict[str, Any]) -> GuardSummary:
     """One host's guard, judged: running, its last readings, what it holds, its events, and the
     problems that make `status` exit 2 (installed but not running, or an action that stands:
     containers held stopped, the breaker open). A host without the guard is shown, not failed."""
@@ -172,7 +190,7 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
             "acted": bool(held or state.get("breaker")), "problems": problems, "unread": fact.get("unread") or []}
 
 
-def describe(host: str, s: dict[str, Any]) -> str:
+def describe(host: str, s: GuardSummary) -> str:
     """One line per host for `status`: the guard's state, its last readings, its standing problems."""
     if not s.get("installed"):
         return f"guard on {host}: not installed (invoke provision installs it)"
@@ -186,7 +204,7 @@ def describe(host: str, s: dict[str, Any]) -> str:
     return head + "".join(f"\n  {p}" for p in s["problems"] + (s.get("unread") or []))
 
 
-def exit_code(summaries: dict[str, dict[str, Any]], code: int) -> int:
+def exit_code(summaries: dict[str, GuardSummary], code: int) -> int:
     """status's exit code with the guards': 2 where a guard acted (and its action stands) or is not
     running, unless the code already says worse (4: a host unreachable)."""
     if code == 0 and any(s.get("problems") for s in summaries.values()):
@@ -194,7 +212,7 @@ def exit_code(summaries: dict[str, dict[str, Any]], code: int) -> int:
     return code
 
 
-def fleet_events(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def fleet_events(summaries: dict[str, GuardSummary]) -> list[dict[str, Any]]:
     """Every host's journaled events with the host named, oldest first."""
     return sorted(({"host": h, **e} for h, s in summaries.items() for e in s.get("events") or []),
                   key=lambda e: (e.get("epoch") or 0, e["host"]))

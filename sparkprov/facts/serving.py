@@ -9,6 +9,7 @@ from typing import Any
 
 from sparkprov.facts import probe
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.imageref import ImageRef
 from sparkprov.transport.shell import cmd, quote
 
 MANAGED = "sparkprov.managed"
@@ -154,27 +155,6 @@ def parse_ray_status(text: str) -> dict[str, Any]:
             "gpus_used": float(m.group(1)) if m else 0.0, "gpus": float(m.group(2)) if m else 0.0}
 
 
-@dataclass(frozen=True)
-class RayStatus(Fact):
-    """`ray status` inside the head container (None when the container is not running)."""
-
-    container: str
-
-    def command(self, sh: ShellCtx) -> str:
-        return (f"s=$({cmd('docker', 'inspect', '--format', '{{.State.Status}}', self.container)} 2>/dev/null) || s=absent\n"
-                "echo \"@state=$s\"\n"
-                f"[ \"$s\" = running ] && {cmd('docker', 'exec', self.container, 'ray', 'status')} 2>&1 | head -n 60; true")
-
-    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
-        head, _, body = out.partition("\n")
-        state = head.strip().removeprefix("@state=")
-        res = parse_ray_status(body) if state == "running" else {"ok": False, "nodes": 0, "node_ids": [], "gpus": 0.0, "gpus_used": 0.0}
-        res["container_state"] = state
-        if state == "running" and not res["ok"]:
-            res["error"] = body.strip().splitlines()[-1] if body.strip() else "ray status printed nothing"
-        return res
-
-
 SMOKE_DIR = "~/.cache/sparkprov/smoke"  # per container ID: the smoke test's answer (JSON)
 
 
@@ -269,7 +249,7 @@ def digest_script(refs: list[str]) -> str:
     """POSIX sh printing `MARK REF DIGEST` for every image present on the host (nothing is pulled)."""
     lines = []
     for ref in refs:
-        repo = ref.rsplit(":", 1)[0]
+        repo = ImageRef.parse(ref).name
         lines.append(f"for d in $(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
                      f"{cmd(ref)} 2>/dev/null); do case \"$d\" in {cmd(repo)}@*) echo {_DIGEST_MARK} {cmd(ref)} \"${{d#*@}}\";; "
                      f"esac; done")

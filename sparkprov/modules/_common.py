@@ -7,10 +7,16 @@ import re
 
 from pydantic import field_validator
 
+from sparkprov.facts.base import Fact
 from sparkprov.modules.base import ModuleArgs
 from sparkprov.transport.shell import cmd
 
 _OWNER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$|^[0-9]+$")
+
+
+def owned_path(args: "OwnedPathArgs", facts, host) -> tuple[str, Fact, dict]:
+    """The module's path as the host sees it (~ expanded), its `path` fact (PathState) and what it read."""
+    return host.path(args.path), facts.fact("path"), facts.path
 
 
 class OwnedPathArgs(ModuleArgs):

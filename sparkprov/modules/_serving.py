@@ -27,7 +27,7 @@ class ServeArgs(ModuleArgs):
 
 def preflight_export(host: HostContext, name: str, deployment: str) -> Preflight:
     """What the preflight play found on host `name` for this deployment ({} when it did not run there)."""
-    return (PREFLIGHT.read(host.exports, name) or {}).get(deployment) or {}
+    return PREFLIGHT.entry(host.exports, name, deployment) or {}
 
 
 def head_ip(host: HostContext, dep: Deployment) -> str | None:

@@ -8,7 +8,6 @@ that makes it so, and the facts that script touches (read again afterwards to ve
 from __future__ import annotations
 
 import difflib
-import os
 import posixpath
 import sys
 from dataclasses import dataclass, field
@@ -127,6 +126,12 @@ class Export(Generic[T]):
         """What `host` exported under this declaration in the run so far (None: nothing)."""
         return (exports.get(host) or {}).get(self.key)
 
+    def entry(self, exports: Exports, host: str, key: str) -> Any:
+        """One entry of what `host` exported under this declaration: a deployment's (the value keyed
+        by its name), an image's, a field's (None: the host exported none, or none for `key`)."""
+        value = self.read(exports, host)
+        return None if value is None else value.get(key)
+
     def of(self, exported: Mapping[str, Any]) -> T | None:
         """This value from one host's exports."""
         return exported.get(self.key)
@@ -237,10 +242,3 @@ class Module:
     def plan(self, args: Any, facts: FactView, host: HostContext) -> Plan:  # pragma: no cover
         raise NotImplementedError
 
-
-def mode_str(mode: int | None) -> str:
-    return "-" if mode is None else format(mode, "04o")
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

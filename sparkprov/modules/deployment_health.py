@@ -19,7 +19,7 @@ class Args(ModuleArgs):
 
 def deployments_led_by(name: str, exports: Exports) -> dict[str, dict]:
     """deployment -> its rank-0 container's record, for those whose rank 0 is on host `name`."""
-    mine = (SERVING_STATUS.read(exports, name) or {}).get("containers") or []
+    mine = SERVING_STATUS.entry(exports, name, "containers") or []
     return {c["labels"].get("sparkprov.deployment"): c for c in mine
             if c["labels"].get("sparkprov.role") in SERVING_ROLES and c["labels"].get("sparkprov.deployment")}
 

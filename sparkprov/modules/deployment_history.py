@@ -35,18 +35,18 @@ class Args(ServeArgs):
     bench: dict[str, Any] | None = None                           # its bench gate (cluster-up --gate bench)
 
 
-def spec_of(dep) -> dict[str, Any]:
-    """The spec a record keeps: the deployment as cluster-up was asked for it (not the Ray image
-    derived from its image on the way; pin only where --pin was given: a record as before it)."""
-    return dep.model_dump(exclude={"image"} | ({"pin"} if not dep.pin else set()))
+def spec_of(dep) -> history.Spec:
+    """The spec a record keeps: the deployment as cluster-up was asked for it (pin only where --pin
+    was given: a record as before it)."""
+    return dep.model_dump(exclude={"pin"} if not dep.pin else None)
 
 
 class HistoryRead(TypedDict):
-    records: list[dict[str, Any]]   # serving/history.py records, oldest first
-    record: dict[str, Any]          # this start's
+    records: list[history.Record]   # oldest first
+    record: history.Record          # this start's
 
 
-HISTORY_NODE: Export[dict[str, dict[str, Any]]] = Export("history_node", dict,
+HISTORY_NODE: Export[dict[str, history.NodeEntry]] = Export("history_node", dict,
                                                          "deployment -> what this node runs of it (history.node_entry)")
 HISTORY: Export[dict[str, HistoryRead]] = Export("history", dict, "rank 0: deployment -> its history and this start's record")
 
@@ -75,7 +75,7 @@ class DeploymentHistory(Module):
             return Plan(msg=f"{entry['container'] or 'no container'}: {entry['digest'] or entry['image_id'] or '-'}",
                         exports=HISTORY_NODE({dep.name: entry}))
         records = history.parse(facts.history["text"])
-        nodes = {n: (HISTORY_NODE.read(host.exports, n) or {}).get(dep.name) or {"host": n, "status": "unread"}
+        nodes = {n: HISTORY_NODE.entry(host.exports, n, dep.name) or {"host": n, "status": "unread"}
                  for n in dep.hosts}
         done = next((r for r in reversed(records) if history.same_start(r, nodes)), None)
         if done is not None:

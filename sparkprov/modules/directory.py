@@ -6,7 +6,7 @@ from typing import Literal
 
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import PathState
-from sparkprov.modules._common import OwnedPathArgs, ownership_script
+from sparkprov.modules._common import OwnedPathArgs, owned_path, ownership_script
 from sparkprov.transport.shell import cmd
 
 
@@ -23,9 +23,7 @@ class DirectoryModule(Module):
         return {"path": PathState(args.path)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        path = host.path(args.path)
-        fact = facts.fact("path")
-        state = facts.path
+        path, fact, state = owned_path(args, facts, host)
         if args.state == "absent":
             if not state["exists"]:
                 return Plan(msg=f"{path} absent")

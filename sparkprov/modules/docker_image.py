@@ -15,6 +15,7 @@ from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.serving import ImageDigests, ImageId
+from sparkprov.imageref import ImageRef
 from sparkprov.modules._serving import preflight_export
 from sparkprov.transport.shell import cmd
 
@@ -79,4 +80,4 @@ class DockerImage(Module):
 def held_digest(image: str, digests: dict[str, str]) -> str | None:
     """The registry digest of the image a host holds: the one its docker names for the reference's
     repository (ImageDigests), or the reference's own (docker holds REPO@DIGEST by that digest only)."""
-    return image.split("@", 1)[1] if "@sha256:" in image else digests.get(image)
+    return ImageRef.parse(image).digest or digests.get(image)

@@ -135,6 +135,13 @@ class Fabric(TypedDict):
 FABRIC: Export[Fabric] = Export("fabric", Fabric, "the host's fabric rails as configured, and NCCL's bindings")
 
 
+def play_fabric(host: HostContext) -> tuple[dict[str, Fabric], Fabric | None]:
+    """Every fabric the hosts of the planning host's play exported, and its own (None: no fabric
+    configured on it)."""
+    fabrics = FABRIC.of_play(host)
+    return fabrics, fabrics.get(host.name)
+
+
 class FabricModule(Module):
     name = "fabric"
     Args = Args
@@ -148,19 +155,9 @@ class FabricModule(Module):
         ib, net = facts.ib, facts.net
         links = net["links"]
         hca_of = {d["iface"]: d["hca"] for d in ib["devices"]}
-        configured = setting(args.rails, host, "fabric_rails")
-        if configured:
-            rails = [str(r) for r in configured]
-            for r in rails:
-                if not interface_name_ok(r):
-                    return Plan.fail(f"{h}: {r!r} is not an interface name")
-                if r not in links:
-                    return Plan.fail(f"{h}: fabric rail {r} does not exist (interfaces: {', '.join(sorted(links))})")
-                if not links[r]["carrier"] and links[r]["admin_up"]:
-                    return Plan.fail(f"{h}: fabric rail {r} has no carrier: check the QSFP cable")
-        else:
-            rails = [d["iface"] for d in sorted(ib["devices"], key=lambda d: iface_order(d["iface"]))
-                     if d["up"] and d["iface"] in links]
+        rails, problem = _rails(args, host, ib, links)
+        if problem:
+            return Plan.fail(f"{h}: {problem}")
         if not rails:
             why = ("ibdev2netdev is not installed" if not ib["present"] else
                    "ibdev2netdev shows no twin Up: " + ", ".join(f"{d['iface']} ({'Up' if d['up'] else 'Down'})"
@@ -179,76 +176,15 @@ class FabricModule(Module):
         subnets, err = choose_subnets(len(rails), setting(args.subnets, host, "fabric_subnets"), net["routes"], rails)
         if err:
             return Plan.fail(f"{h}: {err}")
-        addresses = setting(args.addresses, host, "fabric_addresses")
-        if addresses:
-            try:
-                want = [ipaddress.ip_interface(str(a)) for a in addresses]
-            except ValueError as exc:
-                return Plan.fail(f"{h}: bad fabric address: {exc} (write each as ADDRESS/PREFIX)")
-            if len(want) < len(rails):
-                return Plan.fail(f"{h}: {len(rails)} rails but fabric_addresses has {len(want)}")
-            want = want[:len(rails)]
-            for w, n in zip(want, subnets):
-                if w.network != n:
-                    return Plan.fail(f"{h}: fabric address {w} is not in the rail's subnet {n}")
-        else:
-            order = cluster_order(host)
-            num = setting(args.host_id, host, "fabric_host_id") or 10 + order.index(h) + 1
-            if not str(num).isdigit():
-                return Plan.fail(f"{h}: fabric_host_id {num!r} is not a whole number")
-            want = []
-            for n in subnets:
-                hosts_n = n.num_addresses - 2
-                if not 1 <= int(num) <= hosts_n:
-                    return Plan.fail(f"{h}: host number {num} does not fit in {n}: set fabric_host_id")
-                want.append(ipaddress.ip_interface(f"{n.network_address + int(num)}/{n.prefixlen}"))
+        want, problem = _addresses(args, host, rails, subnets)
+        if problem:
+            return Plan.fail(f"{h}: {problem}")
         desired = [{"iface": r, "address": str(w.ip), "prefix": w.network.prefixlen, "subnet": str(w.network),
                     "hca": hca_of.get(r), "mtu": args.mtu, "up": True} for r, w in zip(rails, want)]
-        changes: list[Change] = []
-        touched = [NetState(), Ibdev2netdev()]
-        for d in desired:
-            link = links[d["iface"]]
-            ifc = d["iface"]
-            script, notes = [], []
-            if link["mtu"] != args.mtu:
-                script.append(cmd("ip", "link", "set", "dev", ifc, "mtu", args.mtu))
-                notes.append(f"mtu {link['mtu']} -> {args.mtu}")
-            if not link["admin_up"]:
-                script.append(cmd("ip", "link", "set", "dev", ifc, "up"))
-                notes.append("set up")
-            cidr = f"{d['address']}/{d['prefix']}"
-            have = {f"{a['address']}/{a['prefix']}" for a in link["ipv4"]}
-            for a in link["ipv4"]:
-                full = f"{a['address']}/{a['prefix']}"
-                if full != cidr and a["scope"] == "global" and not a["address"].startswith("169.254."):
-                    script.append(cmd("ip", "addr", "del", full, "dev", ifc))
-                    notes.append(f"remove {full}")
-            if cidr not in have:
-                script.append(cmd("ip", "addr", "add", cidr, "dev", ifc))
-                notes.append(f"add {cidr}")
-            if script:
-                after = f"{ifc}: mtu {args.mtu} up {cidr}\n"
-                changes.append(Change(f"{ifc}: " + ", ".join(notes), "\n".join(script),
-                                      Diff(f"rail {ifc}", _rail_text(ifc, link), after), touched))
+        changes = [c for d in desired if (c := _rail_change(d, links[d["iface"]], args.mtu))]
+        netplan = _netplan_change(args, facts, desired, net["netplan"])
+        changes += [netplan] if netplan else []
         warnings = []
-        pfact = facts.fact("netplan")
-        pst = facts.netplan
-        text = netplan_text(desired, args.mtu)
-        before = (pst.get("content") or b"").decode(errors="replace") if pst["exists"] else ""
-        if not pst["exists"] or before != text or pst.get("mode") != 0o600 or pst.get("owner") != "root":
-            f = args.netplan_file
-            prev = f + ".sparkprov-prev"
-            script = ["umask 077", cmd("mkdir", "-p", "/etc/netplan"),
-                      f"if [ -f {quote(f)} ]; then cp -p -- {quote(f)} {quote(prev)}; else rm -f -- {quote(prev)}; fi",
-                      write_file_script(f, text.encode(), mode="0600", owner="root", group="root")]
-            if net["netplan"]:
-                script.append(f"if ! netplan generate >/tmp/sparkprov-netplan.log 2>&1; then "
-                              f"if [ -f {quote(prev)} ]; then mv -f -- {quote(prev)} {quote(f)}; else rm -f -- {quote(f)}; fi; "
-                              "echo \"netplan generate rejected the fabric file: $(tail -n 3 /tmp/sparkprov-netplan.log)\" >&2; exit 1; fi")
-            script.append(cmd("rm", "-f", "--", prev))
-            verb = "update" if pst["exists"] else "write"
-            changes.append(Change(f"{verb} {f} (mode 0600" + (", checked with netplan generate)" if net["netplan"] else ")"),
-                                  "\n".join(script), Diff(f, before, text), [pfact]))
         if not net["netplan"]:
             warnings.append(f"{h}: netplan is not installed: the rails are configured live and {args.netplan_file} "
                             "is written, but nothing applies it at boot")
@@ -257,3 +193,97 @@ class FabricModule(Module):
         msg = "; ".join(f"{d['iface']} ({d['hca'] or 'no RoCE device'}) {d['address']}/{d['prefix']} mtu {args.mtu}"
                         for d in desired)
         return Plan(changes, msg=msg, warnings=warnings, exports=exports)
+
+
+def _rails(args: Args, host: HostContext, ib: dict, links: dict) -> tuple[list[str], str | None]:
+    """The rails: the inventory's fabric_rails (each must exist and have a carrier), else every
+    ConnectX-7 twin ibdev2netdev shows Up; and why the configured ones cannot be."""
+    configured = setting(args.rails, host, "fabric_rails")
+    if not configured:
+        return [d["iface"] for d in sorted(ib["devices"], key=lambda d: iface_order(d["iface"]))
+                if d["up"] and d["iface"] in links], None
+    rails = [str(r) for r in configured]
+    for r in rails:
+        if not interface_name_ok(r):
+            return rails, f"{r!r} is not an interface name"
+        if r not in links:
+            return rails, f"fabric rail {r} does not exist (interfaces: {', '.join(sorted(links))})"
+        if not links[r]["carrier"] and links[r]["admin_up"]:
+            return rails, f"fabric rail {r} has no carrier: check the QSFP cable"
+    return rails, None
+
+
+def _addresses(args: Args, host: HostContext, rails: list[str], subnets: list) -> tuple[list, str | None]:
+    """Each rail's address in its subnet: the inventory's fabric_addresses, else the host's number
+    (fabric_host_id, else 11, 12, ... in the cluster's order) in every subnet; and why not."""
+    addresses = setting(args.addresses, host, "fabric_addresses")
+    if addresses:
+        try:
+            want = [ipaddress.ip_interface(str(a)) for a in addresses]
+        except ValueError as exc:
+            return [], f"bad fabric address: {exc} (write each as ADDRESS/PREFIX)"
+        if len(want) < len(rails):
+            return [], f"{len(rails)} rails but fabric_addresses has {len(want)}"
+        want = want[:len(rails)]
+        for w, n in zip(want, subnets):
+            if w.network != n:
+                return [], f"fabric address {w} is not in the rail's subnet {n}"
+        return want, None
+    num = setting(args.host_id, host, "fabric_host_id") or 10 + cluster_order(host).index(host.name) + 1
+    if not str(num).isdigit():
+        return [], f"fabric_host_id {num!r} is not a whole number"
+    want = []
+    for n in subnets:
+        if not 1 <= int(num) <= n.num_addresses - 2:
+            return [], f"host number {num} does not fit in {n}: set fabric_host_id"
+        want.append(ipaddress.ip_interface(f"{n.network_address + int(num)}/{n.prefixlen}"))
+    return want, None
+
+
+def _rail_change(d: dict, link: dict, mtu: int) -> Change | None:
+    """One rail brought to its MTU, up, and its one global address (None: it is)."""
+    ifc = d["iface"]
+    script, notes = [], []
+    if link["mtu"] != mtu:
+        script.append(cmd("ip", "link", "set", "dev", ifc, "mtu", mtu))
+        notes.append(f"mtu {link['mtu']} -> {mtu}")
+    if not link["admin_up"]:
+        script.append(cmd("ip", "link", "set", "dev", ifc, "up"))
+        notes.append("set up")
+    cidr = f"{d['address']}/{d['prefix']}"
+    have = {f"{a['address']}/{a['prefix']}" for a in link["ipv4"]}
+    for a in link["ipv4"]:
+        full = f"{a['address']}/{a['prefix']}"
+        if full != cidr and a["scope"] == "global" and not a["address"].startswith("169.254."):
+            script.append(cmd("ip", "addr", "del", full, "dev", ifc))
+            notes.append(f"remove {full}")
+    if cidr not in have:
+        script.append(cmd("ip", "addr", "add", cidr, "dev", ifc))
+        notes.append(f"add {cidr}")
+    if not script:
+        return None
+    return Change(f"{ifc}: " + ", ".join(notes), "\n".join(script),
+                  Diff(f"rail {ifc}", _rail_text(ifc, link), f"{ifc}: mtu {mtu} up {cidr}\n"), [NetState(), Ibdev2netdev()])
+
+
+def _netplan_change(args: Args, facts, desired: list[dict], netplan: bool) -> Change | None:
+    """The rails persisted in the netplan file (0600 root), checked with `netplan generate` where
+    netplan is installed, the previous file put back when it rejects it (None: it holds them)."""
+    pst = facts.netplan
+    text = netplan_text(desired, args.mtu)
+    before = (pst.get("content") or b"").decode(errors="replace") if pst["exists"] else ""
+    if pst["exists"] and before == text and pst.get("mode") == 0o600 and pst.get("owner") == "root":
+        return None
+    f = args.netplan_file
+    prev = f + ".sparkprov-prev"
+    script = ["umask 077", cmd("mkdir", "-p", "/etc/netplan"),
+              f"if [ -f {quote(f)} ]; then cp -p -- {quote(f)} {quote(prev)}; else rm -f -- {quote(prev)}; fi",
+              write_file_script(f, text.encode(), mode="0600", owner="root", group="root")]
+    if netplan:
+        script.append(f"if ! netplan generate >/tmp/sparkprov-netplan.log 2>&1; then "
+                      f"if [ -f {quote(prev)} ]; then mv -f -- {quote(prev)} {quote(f)}; else rm -f -- {quote(f)}; fi; "
+                      "echo \"netplan generate rejected the fabric file: $(tail -n 3 /tmp/sparkprov-netplan.log)\" >&2; exit 1; fi")
+    script.append(cmd("rm", "-f", "--", prev))
+    verb = "update" if pst["exists"] else "write"
+    return Change(f"{verb} {f} (mode 0600" + (", checked with netplan generate)" if netplan else ")"),
+                  "\n".join(script), Diff(f, before, text), [facts.fact("netplan")])

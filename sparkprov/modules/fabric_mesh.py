@@ -35,7 +35,7 @@ from pydantic import Field
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.fabric import MeshProbe, PROOF_RECORD
 from sparkprov.modules._provision import write_file_script
-from sparkprov.modules.fabric import FABRIC
+from sparkprov.modules.fabric import FABRIC, play_fabric
 from sparkprov.modules.ssh_keypair import SSH_KEY
 from sparkprov.modules.ssh_mesh import SSH_MESH
 
@@ -53,17 +53,16 @@ def proof_key(host: HostContext, targets: list[str]) -> str:
     parts = {"user": host.user, "targets": targets}
     fabrics = FABRIC.of_play(host)
     for h in sorted(fabrics):
-        ssh, mesh = SSH_KEY.read(host.exports, h) or {}, SSH_MESH.read(host.exports, h) or {}
-        if not ssh.get("pub") or not mesh.get("digest"):
+        ssh, mesh = SSH_KEY.read(host.exports, h), SSH_MESH.read(host.exports, h)
+        if not (ssh and ssh["pub"] and mesh and mesh["digest"]):
             return ""
-        parts[h] = {"pub": ssh["pub"], "host_keys": ssh.get("host_keys"), "mesh": mesh["digest"],
+        parts[h] = {"pub": ssh["pub"], "host_keys": ssh["host_keys"], "mesh": mesh["digest"],
                     "rails": [r["address"] for r in fabrics[h]["rails"]]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _probe(args: Args, host: HostContext) -> MeshProbe | None:
-    fabrics = FABRIC.of_play(host)
-    mine = fabrics.get(host.name)
+    fabrics, mine = play_fabric(host)
     if not mine or len(fabrics) < 2 or _pending(args, host):
         return None
     pings, targets = [], []
@@ -132,8 +131,7 @@ class FabricMeshModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
-        fabrics = FABRIC.of_play(host)
-        mine = fabrics.get(h)
+        fabrics, mine = play_fabric(host)
         if not mine:
             return Plan.skip("no fabric configured on this host")
         nccl: Nccl = {"node_ip": mine["node_ip"], "NCCL_SOCKET_IFNAME": mine["nccl_socket_ifname"],

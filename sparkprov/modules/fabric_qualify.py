@@ -42,7 +42,7 @@ from sparkprov.facts.rail import QUAL_PATH, QualificationRecord, RailThroughput,
 from sparkprov.modules._provision import setting, write_file_script
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules.fabric_mesh import ring
-from sparkprov.modules.fabric import FABRIC
+from sparkprov.modules.fabric import FABRIC, play_fabric
 from sparkprov.modules.ssh_mesh import SSH_MESH
 
 # A figure within this share of the recorded one is the same link: the record is rewritten only when
@@ -152,8 +152,7 @@ class FabricQualifyModule(Module):
            "NCCL_IB_HCA; record it; fail a degraded rail naming the figure, the floor and the fix.")
 
     def needs(self, args: Args, host: HostContext):
-        fabrics = FABRIC.of_play(host)
-        mine = fabrics.get(host.name)
+        fabrics, mine = play_fabric(host)
         if not mine or len(fabrics) < 2 or _pending(host):
             return {}
         named = {"bw": throughput_fact(args, host, fabrics), "ib": Ibdev2netdev()}
@@ -163,8 +162,7 @@ class FabricQualifyModule(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         h = host.name
-        fabrics = FABRIC.of_play(host)
-        mine = fabrics.get(h)
+        fabrics, mine = play_fabric(host)
         if not mine:
             return Plan.skip("no fabric configured on this host")
         if len(fabrics) < 2:

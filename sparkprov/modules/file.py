@@ -6,7 +6,7 @@ from typing import Literal
 
 from sparkprov.modules.base import Change, Diff, FactView, HostContext, Module, Plan
 from sparkprov.facts.files import MAX_CONTENT, PathState
-from sparkprov.modules._common import OwnedPathArgs, ownership_script
+from sparkprov.modules._common import OwnedPathArgs, owned_path, ownership_script
 from sparkprov.transport.shell import cmd, heredoc_bytes, quote
 
 
@@ -24,9 +24,7 @@ class FileModule(Module):
         return {"path": PathState(args.path, with_content=args.content is not None)}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        path = host.path(args.path)
-        fact = facts.fact("path")
-        state = facts.path
+        path, fact, state = owned_path(args, facts, host)
         if args.state == "absent":
             if not state["exists"]:
                 return Plan(msg=f"{path} absent")

@@ -71,11 +71,11 @@ class Gateway(Module):
         keys = {}
         for r in args.routes:
             if r.key_file:
-                got = GATEWAY_KEYS.read(host.exports, r.host) or {}
-                if not got.get(r.key_file):
+                key = GATEWAY_KEYS.entry(host.exports, r.host, r.key_file)
+                if not key:
                     return Plan.fail(f"{host.name}: the key of {r.model} on {r.host} was not read (its gateway_keys "
                                      "task failed or did not run)")
-                keys[(r.host, r.key_file)] = got[r.key_file]
+                keys[(r.host, r.key_file)] = key
         routes = [r.model_dump() for r in args.routes]
         config = gw.litellm_config(routes, keys)
         digest = gw.state_hash(args.image, args.port, args.bind, config)

@@ -123,11 +123,11 @@ class GpuCheckModule(Module):
             if v and not driver_at_least(driver, v):
                 warnings.append(f"{h}: driver {driver} is below {v} that {ref} needs: that image will restart-loop "
                                 f"with 'compatibility mode is UNAVAILABLE' (G5)")
-        ident = IDENTITY.read(host.exports, h) or {}
+        ident = IDENTITY.read(host.exports, h)
         cc = gpu["compute_cap"]
         if args.compute_cap and cc != args.compute_cap:
             return Plan.fail(f"{h}: GPU {gpu['name']} has compute capability {cc}, need {args.compute_cap}")
-        if ident.get("is_spark") and cc != GB10_COMPUTE_CAP:
+        if ident and ident["is_spark"] and cc != GB10_COMPUTE_CAP:
             warnings.append(f"{h}: a DGX Spark with GPU {gpu['name']} (compute capability {cc}), expected GB10 ({GB10_COMPUTE_CAP})")
         unified = gpu["memory_total_mib"] is None
         total = mem["MemTotal"] if unified else gpu["memory_total_mib"] * 2**20

@@ -120,7 +120,7 @@ class Prometheus(Module):
         for d in deps:
             if not d.api_key_file:
                 continue
-            key = (GATEWAY_KEYS.read(host.exports, d.host) or {}).get(d.api_key_file)
+            key = GATEWAY_KEYS.entry(host.exports, d.host, d.api_key_file)
             if not key:
                 return Plan.fail(f"{host.name}: the API key of {d.name} on {d.host} was not read (its key task "
                                  "failed or did not run)")

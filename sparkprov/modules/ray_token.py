@@ -63,7 +63,7 @@ class RayToken(Module):
         if args.phase == "make":
             want = have or secrets.token_hex(32)
         else:
-            want = (RAY_TOKEN.read(host.exports, dep.hosts[0]) or {}).get(dep.name)
+            want = RAY_TOKEN.entry(host.exports, dep.hosts[0], dep.name)
             if not want:
                 return Plan.fail(f"{host.name}: rank 0 ({dep.hosts[0]}) has no Ray token for {dep.name} "
                                  "(its ray token task failed)")

@@ -16,7 +16,7 @@ from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import bench
-from typing import Any, TypedDict
+from typing import TypedDict
 
 
 class Args(ModuleArgs):
@@ -40,7 +40,7 @@ class BenchMember(TypedDict):
 
 BENCH_TARGET: Export[BenchTarget] = Export("bench_target", BenchTarget, "the deployment serves its API here")
 BENCH_MEMBER: Export[BenchMember] = Export("bench_member", BenchMember, "a node of the deployment, and its rank")
-BENCH: Export[dict[str, Any]] = Export("bench", dict, "the run (serving/bench.py record: rows, provenance, ...)")
+BENCH: Export[bench.BenchRun] = Export("bench", dict, "the run (serving/bench.py record: rows, provenance, ...)")
 
 
 class ServeBench(Module):

@@ -72,7 +72,7 @@ def uses(containers: list[dict[str, Any]], recipe_files: tuple[str, ...] = ()) -
     out: dict[str, list[dict]] = {}
     unknown: list[str] = []
     for c in containers:
-        labels = c.get("labels") or {}
+        labels = c["labels"]
         alias = labels.get("sparkprov.recipe")
         if not alias:
             continue  # not a serving container (nccl-check)
@@ -194,40 +194,15 @@ class Store(Module):
             return Plan.fail(f"{host.name}: not pruned: " + "; ".join(refused)
                              + f" (stop it first: invoke cluster-down --deployments {','.join(deps)})", exports=exports)
         if args.unused:
-            for repo, rc in sorted(sc.repos.items()):
-                if repo in args.prune:
-                    continue
-                if repo not in used:
-                    removals.append(removal_whole(rc))
-                    continue
-                keep = {_commit(sc, repo, u["revision"]) for u in used[repo]}
-                if None not in keep:
-                    r = removal_revisions(rc, keep)
-                    if r is not None:
-                        removals.append(r)
+            removals += _unused(sc, used, args.prune)
         changes: list[Change] = []
         fact = facts.fact("store")
         if removals:
-            freed = sum(r.bytes for r in removals)
-            before = "".join(f"{r['repo']}: {human(r['size'])}, " + ", ".join(v["commit"][:12] for v in r["revisions"])
-                             + "\n" for r in rows)
-            gone = {r.repo: r for r in removals}
-            after = ""
-            for r in rows:
-                rm = gone.get(r["repo"])
-                if rm is None:
-                    after += before.splitlines(keepends=True)[rows.index(r)]
-                elif not rm.whole:
-                    kept = [v for v in r["revisions"] if v["commit"] not in rm.commits]
-                    after += (f"{r['repo']}: {human(r['size'] - rm.bytes)}, "
-                              + ", ".join(v["commit"][:12] for v in kept) + "\n")
-            changes.append(Change(f"remove {', '.join(r.describe() for r in removals)} ({human(freed)})",
-                                  removal_script(sc.store, removals),
-                                  Diff(f"{host.name}: {sc.store}/hub", before, after), touches=[fact]))
+            changes.append(_removal(host.name, sc, rows, removals, fact))
         if args.compile_cache:
-            running = [c for c in containers if c.get("status") in RUNNING and (c.get("labels") or {}).get("sparkprov.recipe")]
+            running = [c for c in containers if c.get("status") in RUNNING and c["labels"].get("sparkprov.recipe")]
             if running:
-                deps = sorted({(c.get("labels") or {}).get("sparkprov.deployment") or c["name"] for c in running})
+                deps = sorted({c["labels"].get("sparkprov.deployment") or c["name"] for c in running})
                 return Plan.fail(f"{host.name}: compile cache {cache.get('path')} not emptied: deployment "
                                  f"{', '.join(deps)} runs here (stop it first: invoke cluster-down --deployments "
                                  f"{','.join(deps)})", exports=exports)
@@ -274,3 +249,40 @@ class Store(Module):
     def _exports(sc: StoreContents, used: dict[str, list[dict]], cont: dict[str, Any]) -> dict[str, Any]:
         return STORE_CONTENTS({"store": sc.store, "repos": report(sc, used), "compile_cache": sc.cache,
                                "docker": bool(cont.get("access")), "docker_error": cont.get("error")})
+
+
+def _unused(sc: StoreContents, used: dict, named: list[str]) -> list[Removal]:
+    """What no deployment uses (besides the repos named to prune): a repo no container reads, and
+    the revisions of a used repo that none of its containers runs."""
+    out: list[Removal] = []
+    for repo, rc in sorted(sc.repos.items()):
+        if repo in named:
+            continue
+        if repo not in used:
+            out.append(removal_whole(rc))
+            continue
+        keep = {_commit(sc, repo, u["revision"]) for u in used[repo]}
+        if None not in keep:
+            r = removal_revisions(rc, keep)
+            if r is not None:
+                out.append(r)
+    return out
+
+
+def _removal(host: str, sc: StoreContents, rows: list, removals: list[Removal], fact) -> Change:
+    """The removals as one change, its diff the store's repos and revisions before and after."""
+    freed = sum(r.bytes for r in removals)
+    before = "".join(f"{r['repo']}: {human(r['size'])}, " + ", ".join(v["commit"][:12] for v in r["revisions"])
+                     + "\n" for r in rows)
+    gone = {r.repo: r for r in removals}
+    after = ""
+    for r in rows:
+        rm = gone.get(r["repo"])
+        if rm is None:
+            after += before.splitlines(keepends=True)[rows.index(r)]
+        elif not rm.whole:
+            kept = [v for v in r["revisions"] if v["commit"] not in rm.commits]
+            after += (f"{r['repo']}: {human(r['size'] - rm.bytes)}, "
+                      + ", ".join(v["commit"][:12] for v in kept) + "\n")
+    return Change(f"remove {', '.join(r.describe() for r in removals)} ({human(freed)})",
+                  removal_script(sc.store, removals), Diff(f"{host}: {sc.store}/hub", before, after), touches=[fact])

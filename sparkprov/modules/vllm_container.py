@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from sparkprov.catalog.derive import ImageChoice
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.hardware import NvidiaSmi
@@ -63,6 +64,11 @@ class Container(TypedDict, total=False):
 CONTAINERS: Export[dict[str, Container]] = Export("containers", dict, "deployment -> its container on this host")
 STARTS: Export[dict[str, bool]] = Export("starts", dict,
                                          "deployment -> whether this run (re)starts its container here (checks_only)")
+# Exported by the start itself (Change.exports): only once it ran. An upgrade is a start that replaced
+# a container of the deployment that ran here before (plays/upgrade.py rolls a failed one back).
+REPLACED: Export[dict[str, str | None]] = Export("replaced", dict,
+                                                 "deployment -> the container this run's start replaced here "
+                                                 "(None: none was there)")
 
 
 class VllmContainer(Module):
@@ -79,14 +85,15 @@ class VllmContainer(Module):
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
-        pinned, problems = self._pin(dep, host)
-        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, pinned)
+        image, problems = self._image(dep, host)
+        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, image)
         head = head_ip(host, dep)
         if dep.cluster and not head:
             return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
-        problems += self._cluster_checks(dep, host)
-        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0]) or {}
-        problems += node.flag_problems(launch, dep, flags.get("cache"), (flags.get("ids") or {}).get(node.image_ref(dep)))
+        problems += self._cluster_checks(dep, image.requested, host)
+        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0])  # rank 0 asked the image (None: it did not get that far)
+        problems += node.flag_problems(launch, dep, image, flags["cache"] if flags else None,
+                                       flags["ids"].get(image.requested) if flags else None)
         if problems:
             return Plan.fail(" | ".join(problems))
         cont = facts.containers
@@ -95,8 +102,8 @@ class VllmContainer(Module):
             return self._stale_rank(dep, host, cont, mine)
         rank0_id = ""
         if dep.cluster and dep.rank(h) > 0:
-            rank0 = (CONTAINERS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or {}
-            rank0_id = rank0.get("id") or "(rank 0 to be started)"
+            rank0 = CONTAINERS.entry(host.exports, dep.hosts[0], dep.name)
+            rank0_id = (rank0 and rank0.get("id")) or "(rank 0 to be started)"
         spec = node.container(dep, h, launch, head, rank0_id, host.home)
         have = next((c for c in mine if c["name"] == spec.name), None)
         strays = [c["name"] for c in mine if c["name"] != spec.name]
@@ -104,7 +111,7 @@ class VllmContainer(Module):
                          and have["status"] in ("running", "restarting"))
         if args.checks_only:
             return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image"
-                            + (f", pinned to {pinned}" if pinned else ""), exports=STARTS({dep.name: not unchanged}))
+                            + (f", pinned to {image.runs}" if image.why == "pinned" else ""), exports=STARTS({dep.name: not unchanged}))
         if unchanged:
             return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
                         exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
@@ -144,13 +151,15 @@ class VllmContainer(Module):
                 start.summary += " (API key created, 0600)"
 
         start.outcome = key_note
+        # every deployment started on this host in this run, not only the latest (one key per host)
+        start.exports = REPLACED({**(REPLACED.read(host.exports, h) or {}), dep.name: have["name"] if have else None})
         changes.append(start)
         return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
 
     @staticmethod
     def _stale_rank(dep, host: HostContext, cont, mine) -> Plan:
         """A rank of the old group removed before a new rank 0 starts (Args.stale_ranks)."""
-        if not (STARTS.read(host.exports, dep.hosts[0]) or {}).get(dep.name) or not mine:
+        if not STARTS.entry(host.exports, dep.hosts[0], dep.name) or not mine:
             return Plan(msg="no rank of an old group here" if not mine else "rank 0 stays: its ranks stay")
         names = [c["name"] for c in mine]
         left = {**cont, "containers": [c for c in cont["containers"] if c not in mine]}
@@ -160,22 +169,23 @@ class VllmContainer(Module):
                             touches=[ManagedContainers()], predicts=[(ManagedContainers(), left)])])
 
     @staticmethod
-    def _pin(dep, host: HostContext) -> tuple[str | None, list[str]]:
-        """--pin: the reference by digest this deployment runs, from what every node's image play
-        exported (node.pinned_image), and why it cannot be pinned."""
+    def _image(dep, host: HostContext) -> tuple[ImageChoice, list[str]]:
+        """The image this node's container runs (node.node_image); with --pin, by the registry digest
+        every node's image play exported (node.pin_digest), and why it cannot be pinned."""
+        image = node.node_image(dep)
         if not dep.pin:
-            return None, []
-        ref = node.image_ref(dep)
-        held = {h: ((IMAGE_IDS.read(host.exports, h) or {}).get(ref), (IMAGE_DIGESTS.read(host.exports, h) or {}).get(ref))
-                for h in dep.hosts}
-        return node.pinned_image(ref, held, host.name)
+            return image, []
+        ref = image.requested
+        held = {h: (IMAGE_IDS.entry(host.exports, h, ref), IMAGE_DIGESTS.entry(host.exports, h, ref)) for h in dep.hosts}
+        digest, problems = node.pin_digest(ref, held, host.name)
+        return node.node_image(dep, digest), problems
 
     @staticmethod
-    def _cluster_checks(dep, host: HostContext) -> list[str]:
+    def _cluster_checks(dep, ref: str, host: HostContext) -> list[str]:
         out: list[str] = []
-        ids = {h: (IMAGE_IDS.read(host.exports, h) or {}).get(node.image_ref(dep)) for h in dep.hosts}
+        ids = {h: IMAGE_IDS.entry(host.exports, h, ref) for h in dep.hosts}
         if len({i for i in ids.values() if i}) > 1:
-            out.append(f"{host.name}: the nodes hold different builds of {node.image_ref(dep)}: "
+            out.append(f"{host.name}: the nodes hold different builds of {ref}: "
                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
                        + " (G34) (fix: pin a digest in the catalog)")
         return out

@@ -81,9 +81,8 @@ def to_download(args, host: HostContext, own) -> list:
     for h in args.hosts:
         if h == host.name:
             continue
-        ex = STAGE.read(host.exports, h) or {}
-        held |= set(ex.get("ok") or [])
-        needed |= set(ex.get("need") or [])
+        held |= set(STAGE.entry(host.exports, h, "ok") or [])
+        needed |= set(STAGE.entry(host.exports, h, "need") or [])
     out, seen = [], set()
     for i in items_of(args):
         if i.rel in needed - held and i.rel not in seen:

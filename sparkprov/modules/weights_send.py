@@ -32,7 +32,7 @@ def holders(args, host: HostContext) -> dict[str, list[str]]:
     for h in [args.source] + [x for x in args.hosts if x != args.source]:
         held = HELD.read(host.exports, h) if h == args.source else None
         if held is None:
-            held = (STAGE.read(host.exports, h) or {}).get("ok")
+            held = STAGE.entry(host.exports, h, "ok")
         for rel in held or []:
             out.setdefault(rel, []).append(h)
     return out

@@ -2,8 +2,10 @@
 (sparkprov/cli) parses options and prints what these return.
 
     book.py      building plays and tasks in code; running a book (what every command shares)
-    serve.py     cluster-up, cluster-down, status, nccl-check, and the gateway and bench books
-    upgrade.py   cluster-up's history records and rollbacks
+    serve.py     the books of cluster-up, cluster-down, status, nccl-check, gateway and bench
+    cluster.py   cluster-up, cluster-down, status and nccl-check as the commands run them
+    upgrade.py   cluster-up's history records and rollbacks; history and rollback
+    replace.py   cluster-up --replace: the deployments it makes room on, brought back on a failure
     stage.py     stage-weights (the weights_* modules)
     store.py     store (list, prune, verify)
     gateway.py   gateway up|down, and the refresh cluster-up and cluster-down run after a change

@@ -17,10 +17,17 @@ from sparkprov.plays.serve import bench_book
 from sparkprov.serving import bench as sb
 
 
+class BenchResult(sb.BenchRun, total=False):
+    """A run bench brought back and stored (its path), plotted, compared when asked."""
+    plot: str
+    compare: sb.Comparison | None
+    compared: bool
+
+
 @dataclass
 class BenchRuns:
-    served: list[str] = field(default_factory=list)         # the hosts whose rank 0 serves the deployment
-    runs: list[dict[str, Any]] = field(default_factory=list)  # each stored run, its path, plot and comparison
+    served: list[str] = field(default_factory=list)           # the hosts whose rank 0 serves the deployment
+    runs: list[BenchResult] = field(default_factory=list)     # each stored run, its path, plot and comparison
     skipped: list[str] = field(default_factory=list)          # stored files --compare could not read, and why
 
 
@@ -41,8 +48,9 @@ def run_bench(inv: Inventory, targets: list[str], args: dict[str, Any], options:
         found.skipped += [e.line() for e in skipped]
         path = sb.store(results, rec)
         png = sb.plot(rec, path.with_suffix(".png"))
-        found.runs.append({**rec, "path": str(path), "plot": str(png),
-                           "compare": sb.compare(rec, old) if old else None, "compared": bool(compare)})
+        stored: BenchResult = {**rec, "path": str(path), "plot": str(png),
+                             "compare": sb.compare(rec, old) if old else None, "compared": bool(compare)}
+        found.runs.append(stored)
     return found
 
 

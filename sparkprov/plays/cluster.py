@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 from sparkprov.data.inventory import Inventory, check_host_files
 from sparkprov.data.playbook import Playbook
@@ -16,14 +16,18 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.facts import guard as guard_facts
 from sparkprov.modules.allreduce import ALLREDUCE, AllreduceResult
 from sparkprov.modules.serve_absent import REMOVED
-from sparkprov.modules.vllm_container import CONTAINERS
+from sparkprov.facts.guard import GuardSummary
+from sparkprov.modules.base import Exports
+from sparkprov.modules.vllm_container import CONTAINERS, Container
 from sparkprov.modules.vllm_ready import SERVING
 from sparkprov.plays import replace as replacing_plays
 from sparkprov.plays import upgrade
 from sparkprov.plays.book import run_book
-from sparkprov.plays.serve import (UpOptions, down_book, failed_deployments, nccl_book, playbook_deployments, read_status,
-                                   started_anything, up_book)
+from sparkprov.plays.guard import guards_of
+from sparkprov.plays.serve import (HostStatus, UpOptions, down_book, failed_deployments, nccl_book, playbook_deployments,
+                                   read_status, started_anything, up_book)
 from sparkprov.serving import node
+from sparkprov.serving.bench import GateVerdict
 from sparkprov.serving.deployment import Deployment, command_line_deployment, load_serve_playbook
 
 
@@ -56,22 +60,62 @@ def stage_books(inv: Inventory, deps: list[Deployment], check: bool) -> dict[str
     return {d.name: prepare_stage(inv, d.hosts, d.model, StageOptions(check=check))[0] for d in deps}
 
 
+class StartRecord(TypedDict):
+    start: int     # its number in the deployment's history
+    result: str    # passed | failed
+
+
+class _DeploymentSummary(TypedDict):
+    alias: str
+    tp: int
+    pp: int
+    dp: int
+    ep: bool
+    executor: str | None          # a cluster's
+    hosts: list[str]
+    state: str                    # started, already up, unchanged, failed ...
+    endpoint: str                 # its OpenAI base URL
+    model: str | None             # the name it serves
+    api_key_file: str | None      # HOST:PATH
+    containers: dict[str, Container | None]  # host -> its container, as vllm_container exported it
+
+
+class DeploymentSummary(_DeploymentSummary, total=False):
+    history: StartRecord          # this run's start of it
+    gate: GateVerdict             # --gate bench
+    rollback: upgrade.Rollback    # a failed upgrade, rolled back
+
+
+class _UpSummary(TypedDict):
+    check: bool
+    seconds: float
+    deployments: dict[str, DeploymentSummary]
+    remote_calls: dict[str, int]
+
+
+class UpSummary(_UpSummary, total=False):
+    """The JSON document's `cluster` section."""
+    upgrade: list[str]            # per failed upgrade: what failed and what serves again
+    replaced: list[str]           # --replace: what was removed, and brought back on a failure
+    gateway: str | None           # a running gateway's routes, followed (the command adds it)
+
+
 @dataclass
 class UpResult:
     """What cluster-up did: per deployment what the summary shows, and whether what serves changed."""
 
     check: bool
     seconds: float
-    deployments: dict[str, dict[str, Any]]  # name -> alias, layout, hosts, state, endpoint, containers, ...
+    deployments: dict[str, DeploymentSummary]
     remote_calls: dict[str, int]
     upgrade: list[str] = field(default_factory=list)  # per failed upgrade: what failed and what serves again
     replaced: list[str] = field(default_factory=list)  # --replace: what was removed, and brought back on a failure
     serving_changed: bool = False  # a container started, replaced or removed: a running gateway re-routes
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> UpSummary:
         """The JSON document's `cluster` section."""
-        out: dict[str, Any] = {"check": self.check, "seconds": self.seconds, "deployments": self.deployments,
-                               "remote_calls": self.remote_calls}
+        out: UpSummary = {"check": self.check, "seconds": self.seconds, "deployments": self.deployments,
+                          "remote_calls": self.remote_calls}
         if self.upgrade:
             out["upgrade"] = self.upgrade
         if self.replaced:
@@ -98,12 +142,13 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
             replacing_plays.remove_replaced(inv, making_room, again(), report)
     book = up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
     runner = run_book(inv, book, targets, options, report)
-    settled = None if check else upgrade.settle(inv, deps, opts, targets, again, report, gate)
+    settled = None if check else upgrade.settle(inv, deps, opts, targets, runner.exports, again, report, gate)
     cleaned = settled.cleaned if settled else []
     bad = {d.name for d in failed_deployments(report, deps)}
     if making_room and not check:
         # what a failed new deployment replaced comes back (unless its own rollback serves again)
-        gone = [d for d in deps if d.name in bad and not (settled and settled.rolled_back.get(d.name, {}).get("serving"))]
+        gone = [d for d in deps if d.name in bad and not (settled and d.name in settled.rolled_back
+                                                          and settled.rolled_back[d.name]["serving"])]
         replacing_plays.bring_back(inv, making_room, gone, opts, again, report)
     result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
                       remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
@@ -121,16 +166,16 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
     return result
 
 
-def _outcome(inv: Inventory, d: Deployment, exports: dict[str, dict[str, Any]], state: str) -> dict[str, Any]:
+def _outcome(inv: Inventory, d: Deployment, exports: Exports, state: str) -> DeploymentSummary:
     head = d.hosts[0]
-    serving = (SERVING.read(exports, head) or {}).get(d.name) or {}
+    serving = SERVING.entry(exports, head, d.name) or {}
     host = inv.hosts[head]
     endpoint = d.endpoint(inv.host_vars(head), "127.0.0.1" if host.connection == "local" else host.address)
     return {"alias": d.model, "tp": d.tp, "pp": d.pp, "dp": d.dp, "ep": d.ep,
             "executor": d.executor if d.cluster else None, "hosts": d.hosts, "state": state,
             "endpoint": f"{endpoint}/v1", "model": serving.get("model"),
             "api_key_file": f"{head}:{serving['api_key_file']}" if serving.get("api_key_file") else None,
-            "containers": {h: (CONTAINERS.read(exports, h) or {}).get(d.name) for h in d.hosts}}
+            "containers": {h: CONTAINERS.entry(exports, h, d.name) for h in d.hosts}}
 
 
 def add_settled(result: UpResult, name: str, settled: upgrade.Settled) -> None:
@@ -159,8 +204,8 @@ def cluster_down(inv: Inventory, targets: list[str], names: list[str] | None, op
 
 @dataclass
 class FleetStatus:
-    hosts: dict[str, dict[str, Any]]  # per host what read_status found
-    guards: dict[str, dict[str, Any]]  # per host its node guard, where one is set up
+    hosts: dict[str, HostStatus]      # per host what read_status found
+    guards: dict[str, GuardSummary]   # per host its node guard, where one is set up
     code: int  # 0; 2 degraded, a guard acted or is down, a port open to everyone unguarded; 4 unreachable
 
 
@@ -169,7 +214,7 @@ def fleet_status(inv: Inventory, targets: list[str], options: RunOptions, *, por
     st, code = read_status(inv, targets, options, ports=ports)
     if ports and code == 0 and any(r["flag"] for h in st.values() for r in h.get("ports") or []):
         code = 2  # a port open to everyone that nothing guards
-    guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
+    guards = guards_of(st)
     return FleetStatus(st, guards, guard_facts.exit_code(guards, code))  # 2: a guard acted (its action stands) or is down
 
 
@@ -177,7 +222,7 @@ def serving_image(inv: Inventory, playbook: str) -> str:
     """The image nccl-check measures in when none is given: the serve playbook's first multi-node
     deployment's (else its first deployment's), as cluster-up would start it."""
     deps = load_serve_playbook(playbook, inv).deployments
-    return node.image_ref(next((d for d in deps if d.cluster), None) or deps[0])
+    return node.node_image(next((d for d in deps if d.cluster), None) or deps[0]).requested
 
 
 def nccl_check(inv: Inventory, targets: list[str], image: str, options: RunOptions, report: Report, *,

@@ -4,15 +4,13 @@ without deployments."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
-from sparkprov.plays.serve import read_status
+from sparkprov.plays.serve import HostStatus, read_status
 
 
-def read_fleet(inv: Inventory, hosts: list[str], options: RunOptions, *, consequence: str) -> dict[str, dict[str, Any]]:
+def read_fleet(inv: Inventory, hosts: list[str], options: RunOptions, *, consequence: str) -> dict[str, HostStatus]:
     """The status play on `hosts` (status per host, as plays/serve.py read_status returns it),
     every host's containers read (refuse_unknown)."""
     st, _ = read_status(inv, hosts, options)
@@ -20,7 +18,7 @@ def read_fleet(inv: Inventory, hosts: list[str], options: RunOptions, *, consequ
     return st
 
 
-def refuse_unknown(st: dict[str, dict[str, Any]], *, consequence: str) -> None:
+def refuse_unknown(st: dict[str, HostStatus], *, consequence: str) -> None:
     """Raises when a host's containers could not be read: its deployments would vanish from the
     gateway's routes or Prometheus's targets instead of showing as down. `consequence`: what the
     refusal leaves undone ("nothing was changed")."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import Any, TextIO
+from typing import TextIO, TypedDict
 
 from sparkprov import inventory_vars as iv
 from sparkprov.data.inventory import Inventory
@@ -22,10 +22,31 @@ from sparkprov.serving import gateway as gw
 from sparkprov.serving.address import reached_at
 
 
+class GatewayRoute(TypedDict):
+    model: str
+    deployment: str
+    host: str
+    api_base: str
+
+
+class GatewaySummary(TypedDict, total=False):
+    """What `invoke gateway` did, for its JSON document and its line: where it serves (up), or what
+    was removed (down), or why nothing was done ({}: no gateway runs and only_if_running)."""
+    host: str
+    endpoint: str
+    image: str
+    models: list[str]
+    routes: list[GatewayRoute]
+    master_key_file: str          # HOST:PATH
+    check: bool
+    removed: str                  # down: the host it was removed from
+    message: str                  # down: what was done
+
+
 def converge(inv: Inventory, targets: list[str], action: str, options: RunOptions, *, host: str | None = None,
              port: int | None = None, image: str | None = None, bind: str | None = None, timeout: float = 180.0,
              out: TextIO | None = None, quiet: bool = False,
-             only_if_running: bool = False) -> tuple[Report, dict[str, Any]]:
+             only_if_running: bool = False) -> tuple[Report, GatewaySummary]:
     """The status play, then the gateway plays: (report, summary). `options.check` holds for the
     gateway plays (the status play only reads). only_if_running: do nothing where no gateway runs
     (cluster-up/down keeping its routes current)."""
@@ -58,11 +79,11 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)
     runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
                       options, report)
-    ep = GATEWAY.read(runner.exports, where) or {}
     bind_at = reached_at(args["bind"], inv.hosts[where].address)
     return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
-                    "models": ep.get("models") or sorted({r["model"] for r in routes}),
-                    "routes": [{k: r[k] for k in ("model", "deployment", "host", "api_base")} for r in routes],
+                    "models": GATEWAY.entry(runner.exports, where, "models") or sorted({r["model"] for r in routes}),
+                    "routes": [GatewayRoute(model=r["model"], deployment=r["deployment"], host=r["host"],
+                                            api_base=r["api_base"]) for r in routes],
                     "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}
 
 

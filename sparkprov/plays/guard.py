@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.run import RunOptions
 from sparkprov.facts import guard as guard_facts
-from sparkprov.plays.serve import read_status
+from sparkprov.facts.guard import GuardSummary
+from sparkprov.plays.serve import HostStatus, read_status
 
 
-def read_guards(inv: Inventory, targets: list[str], options: RunOptions) -> tuple[dict[str, dict[str, Any]], int]:
+def guards_of(st: dict[str, HostStatus]) -> dict[str, GuardSummary]:
+    """Each host's guard summary as the status play read it, where one is set up."""
+    return {h: d["host"]["guard"] for h, d in st.items() if d["host"].get("guard")}
+
+
+def read_guards(inv: Inventory, targets: list[str], options: RunOptions) -> tuple[dict[str, GuardSummary], int]:
     """Each reachable host's guard summary (facts/guard.py), and the exit code: 4 when a host is
     unreachable, else 2 where a guard acted (its action stands) or is not running, else 0."""
     st, _ = read_status(inv, targets, options)
-    code = 4 if any(not d.get("reachable") for d in st.values()) else 0
-    guards = {h: d["host"]["guard"] for h, d in st.items() if (d.get("host") or {}).get("guard")}
+    code = 4 if any(not d["reachable"] for d in st.values()) else 0
+    guards = guards_of(st)
     return guards, guard_facts.exit_code(guards, code)

@@ -14,7 +14,7 @@ import dataclasses
 import io
 import sys
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.playbook import Playbook
@@ -85,8 +85,8 @@ def scrape_interval_of(inv: Inventory, targets: list[str]) -> str:
 
 @dataclass
 class MonitorFiles:
-    deployments: list[Any]      # serving/monitor.py Deployment: what the vLLM targets are
-    hosts: list[Any]            # serving/monitor.py MonitoredHost, each with its guard's address (or None)
+    deployments: list[mon.RunningDeployment]  # what the vLLM targets are
+    hosts: list[mon.MonitoredHost]            # each with its guard's address (or None)
     files: dict[str, str]       # path under the output folder -> its text
     notes: list[str]            # a guard without a target, and why
 
@@ -113,9 +113,30 @@ def monitor_files(inv: Inventory, targets: list[str], options: RunOptions, *, ex
     return MonitorFiles(deps, hosts, files, notes)
 
 
+class MonitorSummary(TypedDict, total=False):
+    """`invoke monitor up`: where Prometheus runs (modules/prometheus.py Monitor, where its play got
+    that far: host alone otherwise), and the line the command prints."""
+    host: str
+    url: str
+    image: str
+    bind: str
+    port: int
+    guards: dict[str, str | None]
+    deployments: list[str]
+    dir: str
+    check: bool
+    message: str
+
+
+class MonitorRemoval(TypedDict):
+    removed: list[str]   # the hosts it was removed from
+    check: bool
+    message: str
+
+
 def up(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | None = None, port: int | None = None,
        image: str | None = None, bind: str | None = None, scrape_interval: str | None = None, timeout: float = 120.0,
-       exporter_port: int | None = None, out: TextIO | None = None, quiet: bool = False) -> tuple[Report, dict]:
+       exporter_port: int | None = None, out: TextIO | None = None, quiet: bool = False) -> tuple[Report, MonitorSummary]:
     """The status play, then the monitor plays: (report, summary)."""
     st, deps, _ = read_deployments(inv, targets, options, extra=[host] if host else [])
     current = prom.running_monitor(st)
@@ -138,7 +159,7 @@ def up(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | N
     runner = run_book(inv, up_book(where, hosts, served, **args), list(dict.fromkeys(list(targets) + [where])),
                       options, report)
     check = options.check
-    doc = dict(MONITOR.read(runner.exports, where) or {"host": where}, check=bool(check))
+    doc: MonitorSummary = {**(MONITOR.read(runner.exports, where) or {"host": where}), "check": bool(check)}
     doc["message"] = (f"Prometheus {'would run' if check else 'runs'} on {where} at {doc.get('url', '?')} "
                       f"(deployments: {', '.join(doc.get('deployments') or []) or 'none yet'}; guards: "
                       + ", ".join(f"{h} {a or 'unreachable'}" for h, a in (doc.get("guards") or {}).items()) + ")")
@@ -146,7 +167,7 @@ def up(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | N
 
 
 def down(inv: Inventory, targets: list[str], options: RunOptions, *, host: str | None = None,
-         out: TextIO | None = None, quiet: bool = False) -> tuple[Report, dict]:
+         out: TextIO | None = None, quiet: bool = False) -> tuple[Report, MonitorRemoval]:
     """The prometheus task, absent, on --host or on every target: (report, summary)."""
     where = [host] if host else list(targets)
     report = Report(out if out is not None else sys.stdout, quiet=quiet)

@@ -21,7 +21,7 @@ In check mode steps 2 and 4 are said, not done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
@@ -29,7 +29,8 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.plays.book import run_book
 from sparkprov.plays.serve import UpOptions, down_book, read_status
-from sparkprov.plays.upgrade import last_good_starts, rollback
+from sparkprov.plays.upgrade import Rollback, last_good_starts, rollback
+from sparkprov.serving.history import Record
 from sparkprov.serving.deployment import Deployment
 
 
@@ -37,9 +38,9 @@ from sparkprov.serving.deployment import Deployment
 class Replaced:
     name: str
     hosts: list[str]                     # where its containers run
-    good: dict[str, Any]                 # its last good start: what comes back if the new one fails
-    for_: str                            # the deployment it makes room for
-    back: dict[str, Any] | None = None   # after a failed new start: upgrade.rollback's result
+    good: Record                  # its last good start: what comes back if the new one fails
+    for_: str                     # the deployment it makes room for
+    back: Rollback | None = None  # after a failed new start: what bringing it back did
 
 
 @dataclass

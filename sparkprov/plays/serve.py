@@ -28,16 +28,19 @@ A deployment that fails after something started is removed again (cleanup play, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from sparkprov.catalog.derive import ImageChoice
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
+from sparkprov.modules.deployment_health import Health
 from sparkprov.modules.listening_ports import PORTS
 from sparkprov.modules.serve_status import SERVING_STATUS
-from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
+from sparkprov.plays.book import play, run_book, task
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
+from sparkprov.serving.gateway import Route
 
 
 @dataclass
@@ -89,12 +92,10 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                 book.plays.append(p)
         args = {"deployment": d.as_args()}
         where = d.where
-        image = node.image_ref(d)
-        derived = node.derived_image(d)
-        if derived:
-            # the image ships no Ray, or the recipe pip installs: every step after the image runs the
-            # one derived from it (nothing installed at container start)
-            args = {"deployment": {**args["deployment"], "image": derived}}
+        # the image ships no Ray, or the recipe pip installs: the containers run an image derived from
+        # it (nothing installed at container start), which rank 0 builds once the image is there
+        chosen = node.node_image(d)
+        image = chosen.requested
         pre = {**args, "drop_caches": o.drop_caches, "unload_ollama": o.unload_ollama}
         book.plays += [
             # become on the play: sudo is probed in the first gather (the page-cache drop needs it);
@@ -116,8 +117,8 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                        {"images": [image], "versions": {image: node.image_version(d)}}, where)], where=where),
             *nccl_plays(d, image, where),
         ]
-        if derived:
-            book.plays += derived_plays(d, image, derived, where)
+        if chosen.derived:
+            book.plays += derived_plays(d, chosen, where)
         if d.cluster:
             book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
                 task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
@@ -138,22 +139,24 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         book.plays.append(play(f"{d.name}: ready", serving, [task(
             f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
                                                "verify": o.verify}, where)], where=where))
-        if d.cluster:
-            for p in book.plays[first:]:
+        for p in book.plays[first:]:
+            p.subject = d.name  # its results are found by it (failed_deployments, started_anything)
+            if d.cluster:
                 p.any_errors_fatal, p.stops_together = True, tuple(d.hosts)
     return book
 
 
-def derived_plays(d: Deployment, image: str, derived: str, where: tuple) -> list:
+def derived_plays(d: Deployment, image: ImageChoice, where: tuple) -> list:
     """Rank 0 builds the derived image (its wheels from this machine), the others copy it from rank 0.
     Named `ray image` where Ray alone goes in, as before pip steps were baked too."""
-    reqs = node.derived_requirements(d)
+    reqs = list(image.requirements)
     what = "ray image" if all(r.startswith("ray==") for r in reqs) else "derived image"
     plays = [play(f"{d.name}: {what}", d.hosts[:1], [task(f"{d.name}: {what}", "derived_image",
-                                                          {"base": image, "requirements": reqs}, where)], where=where)]
+                                                          {"base": image.requested, "requirements": reqs}, where)],
+                  where=where)]
     if d.hosts[1:]:
         plays.append(play(f"{d.name}: {what} copies", d.hosts[1:], [task(
-            f"{d.name}: {what}", "docker_image", {"image": derived, "source": "peer", "peers": d.hosts[:1],
+            f"{d.name}: {what}", "docker_image", {"image": image.runs, "source": "peer", "peers": d.hosts[:1],
                                                   "deployment": d.name}, where)], where=where))
     return plays
 
@@ -227,7 +230,23 @@ def status_book(hosts: list[str], ports: bool = False) -> Playbook:
                                play("deployments", hosts, [task("deployments", "deployment_health", {}, where)])])
 
 
-def read_status(inv, targets: list[str], options: RunOptions, ports: bool = False) -> tuple[dict[str, dict], int]:
+class _HostStatus(TypedDict):
+    reachable: bool
+    error: str | None                 # why it is unreachable, or docker's error
+    docker: bool                      # docker answered
+    containers: list[dict[str, Any]]  # sparkprov's containers (facts/serving.py ServingStatus)
+    host: dict[str, Any]              # memory, swap, GPU sensors, its node guard (facts/guard.py GuardSummary)
+    deployments: dict[str, Health]    # each deployment it leads (rank 0)
+    problem: str | None               # the status play's failure on it
+    remote_calls: int
+
+
+class HostStatus(_HostStatus, total=False):
+    ports: list[dict[str, Any]] | None  # with ports=True: every listening port (serving/ports.py report)
+
+
+def read_status(inv, targets: list[str], options: RunOptions,
+                ports: bool = False) -> tuple[dict[str, HostStatus], int]:
     """One status play: per host what serves, its health and each deployment it leads; the exit
     code. status, monitor, gateway and bench read the fleet through this."""
     import io
@@ -236,7 +255,7 @@ def read_status(inv, targets: list[str], options: RunOptions, ports: bool = Fals
 
     report = Report(io.StringIO(), quiet=True)
     runner = run_book(inv, status_book(targets, ports), targets, options, report)
-    st = {}
+    st: dict[str, HostStatus] = {}
     for h in targets:
         tally = report.hosts[h]
         unreachable = next((r.msg for r in report.results if r.host == h and r.status == "unreachable"), None)
@@ -272,7 +291,7 @@ def bench_book(hosts: list[str], **bench: Any) -> Playbook:
                                                          where)])])
 
 
-def gateway_book(gateway_host: str, routes: list[dict[str, Any]], **gateway: Any) -> Playbook:
+def gateway_book(gateway_host: str, routes: list[Route], **gateway: Any) -> Playbook:
     """The serving hosts hand over their servers' keys (no_log), then the gateway host converges."""
     where = ("gateway", None, None)
     key_files: dict[str, list[str]] = {}
@@ -298,11 +317,11 @@ def gateway_down_book(gateway_host: str) -> Playbook:
 
 
 def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:
-    """Deployments with a failed or unreachable task in any of their plays."""
-    bad = {r.play.split(":", 1)[0] for r in report.results if r.status in ("failed", "unreachable")}
+    """Deployments with a failed or unreachable task in any of their plays (Play.subject)."""
+    bad = {r.subject for r in report.results if r.status in ("failed", "unreachable")}
     return [d for d in deployments if d.name in bad]
 
 
 def started_anything(report: Report, d: Deployment) -> bool:
-    return any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
-               for r in report.results)
+    """Whether this run changed a container of the deployment: started one, or removed an old rank."""
+    return any(r.subject == d.name and r.module == "vllm_container" and r.status == "changed" for r in report.results)

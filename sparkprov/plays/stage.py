@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sparkprov.plays.book import play, run_book, task
 from sparkprov import inventory_vars as iv
@@ -80,7 +80,33 @@ class StageOptions:
     exclude: list[str] | None = None
 
 
-def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions) -> tuple[Playbook, dict[str, Any]]:
+class StagedHost(TypedDict):
+    store: str | None            # the store's path there
+    fabric_address: str | None   # where the others sent to it
+    complete: bool               # staged and verified in this run
+
+
+class _StageSummary(TypedDict):
+    model: str
+    source: str                  # the host that downloads
+    endpoint: str                # the hub
+    image: str | None            # the image the download runs in
+    token: str | None            # where the hub token came from
+    check: bool
+    repos: dict[str, str]        # REPO@REVISION -> the commit it resolved to
+    include: list[str] | None
+    exclude: list[str] | None
+    files: int
+    bytes: int
+
+
+class StageSummary(_StageSummary, total=False):
+    """What stage-weights staged: its JSON document's `stage` section."""
+    seconds: float
+    hosts: dict[str, StagedHost]
+
+
+def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions) -> tuple[Playbook, StageSummary]:
     """List the hub (on the control machine: a gated repo without a token fails here, before any
     host) and build the stage plays; their summary so far."""
     from sparkprov.staging.hub import list_stage, resolve_token, spec_for
@@ -105,7 +131,7 @@ def prepare_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOp
                   "files": len(size), "bytes": sum(size.values())}
 
 
-def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions, report: Report) -> dict[str, Any]:
+def run_stage(inventory: Inventory, hosts: list[str], model: str, o: StageOptions, report: Report) -> StageSummary:
     """The stage plays on the engine; the summary the commands print."""
     t0 = time.monotonic()
     book, summary = prepare_stage(inventory, hosts, model, o)

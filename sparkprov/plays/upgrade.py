@@ -19,16 +19,17 @@ output tok/s is recorded as failed and rolled back like a start that failed its 
 from __future__ import annotations
 
 import os
-import re
 import time as _time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from sparkprov.data.playbook import Playbook
 from sparkprov.engine.report import Report, TaskResult
 from sparkprov.engine.run import RunOptions
-from sparkprov.modules.deployment_history import HISTORY
+from sparkprov.modules.base import Exports
+from sparkprov.modules.deployment_history import HISTORY, HistoryRead
+from sparkprov.modules.vllm_container import REPLACED
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
 from sparkprov.serving import bench as sb
@@ -43,33 +44,36 @@ def recorded(d: Deployment) -> Deployment:
 
 
 def history_book(d: Deployment, *, kind: str = history.START, rollback_of: int | None = None,
-                 failure: str | None = None, when: str | None = None, bench: dict[str, Any] | None = None) -> Playbook:
+                 failure: str | None = None, when: str | None = None, bench: sb.GateVerdict | None = None) -> Playbook:
     where = ("history", None, None)
     args: dict[str, Any] = {"deployment": recorded(d).as_args(), "kind": kind,
                             "rollback_of": rollback_of, "bench": bench,
                             "failure": failure[:4000] if failure else None,
                             "time": when or _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime())}
-    return Playbook("history", [
+    book = Playbook("history", [
         play(f"{d.name}: history nodes", d.hosts, [task(f"{d.name}: history node", "deployment_history",
                                                         {**args, "phase": "node"}, where)], where=where),
         play(f"{d.name}: history", d.hosts[:1], [task(f"{d.name}: history", "deployment_history",
                                                       {**args, "phase": "record"}, where)], where=where)])
+    for p in book.plays:
+        p.subject = d.name
+    return book
 
 
-def read_history(runner, d: Deployment) -> dict[str, Any]:
-    """What the history play exported on rank 0: {"records": [...], "record": this start's}."""
-    return (HISTORY.read(runner.exports, d.hosts[0]) or {}).get(d.name) or {}
+def read_history(runner, d: Deployment) -> HistoryRead | None:
+    """What the history play exported on rank 0: its records and this start's (None: it did not record)."""
+    return HISTORY.entry(runner.exports, d.hosts[0], d.name)
 
 
 def failure_of(report: Report, d: Deployment, since: int = 0) -> str | None:
     """The first failure of a deployment's plays (from result `since` on), as the run reported it."""
     for r in report.results[since:]:
-        if r.play.startswith(f"{d.name}: ") and r.status in ("failed", "unreachable"):
+        if r.subject == d.name and r.status in ("failed", "unreachable"):
             return f"{r.host}: {r.msg}" if not r.msg.startswith(r.host) else r.msg
     return None
 
 
-def deployment_from(spec: dict[str, Any]) -> Deployment:
+def deployment_from(spec: history.Spec) -> Deployment:
     """A recorded spec as a deployment cluster-up starts again (a value a record lacks or holds as
     null: the default)."""
     from pydantic import ValidationError
@@ -86,17 +90,22 @@ def deployment_from(spec: dict[str, Any]) -> Deployment:
                          fix="invoke history shows the records; start it with cluster-up instead") from None
 
 
+class Baseline(TypedDict):
+    start: int           # the last good start
+    run: sb.BenchRun     # its stored bench run
+
+
 @dataclass
 class BenchGate:
     """cluster-up --gate bench: what each deployment's upgrade is measured against."""
     ratio: float
-    results: Path                                                       # where bench runs are stored
-    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"start": N, "run": stored run}
-    ungated: dict[str, str] = field(default_factory=dict)               # name -> why nothing gates it
+    results: Path                                                 # where bench runs are stored
+    baselines: dict[str, Baseline] = field(default_factory=dict)  # deployment name -> its baseline
+    ungated: dict[str, str] = field(default_factory=dict)         # deployment name -> why nothing gates it
 
 
 def last_good_starts(inv, heads: dict[str, str], *, what: str, forks: int,
-                     accept_new_host_keys: bool) -> dict[str, dict[str, Any] | None]:
+                     accept_new_host_keys: bool) -> dict[str, history.Record | None]:
     """Each deployment's last good start (None: none passed), read from its rank 0's history
     (`heads`: deployment -> host), one read per host. A history that cannot be read is refused,
     naming the option that needs it (`what`)."""
@@ -151,7 +160,7 @@ def bench_gate(inv, deps: list[Deployment], ratio: float, results: Path, *, fork
 
 
 def run_gate(inv, d: Deployment, gate: BenchGate, live: list[str], options: Callable[[], RunOptions],
-             report: Report) -> dict[str, Any]:
+             report: Report) -> sb.GateVerdict:
     """The bench at the baseline's parameters on the new start, judged against it (serving/bench.py
     gate); a gate that fails is a failed task of the deployment in the report (exit 2)."""
     from sparkprov.plays.bench import run_bench
@@ -159,6 +168,7 @@ def run_gate(inv, d: Deployment, gate: BenchGate, live: list[str], options: Call
     base = gate.baselines[d.name]
     found = run_bench(inv, live, sb.gate_args(d.name, base["run"]), options(), report, results=gate.results)
     new = next((run for run in found.runs if run["host"] == d.hosts[0]), None)
+    judged: sb.GateVerdict
     if new is None:
         judged = {"passed": False, "line": "bench gate: the bench of the new start brought back no run"}
     else:
@@ -166,22 +176,34 @@ def run_gate(inv, d: Deployment, gate: BenchGate, live: list[str], options: Call
     judged["against_start"] = base["start"]
     if not judged["passed"]:
         report.record(TaskResult(d.hosts[0], f"{d.name}: bench gate", f"{d.name}: bench gate", "serve_bench",
-                                 "failed", judged["line"]))
+                                 "failed", judged["line"], subject=d.name))
     return judged
+
+
+class Rollback(TypedDict):
+    """A start rolled back to a recorded good one (rollback)."""
+    to: int                          # the good start that runs again
+    failure: str | None              # what failed in the start it replaces
+    serving: bool                    # it runs again and passed its smoke test
+    rollback_failure: str | None     # what failed in the rollback itself
+    record: int | None               # the rollback's own start in the history
+    seconds: float
+    notes: list[str]                 # nodes that run another build than the good start did
+    digests: dict[str, str | None]   # node -> the image it runs (registry digest, else image ID)
 
 
 @dataclass
 class Settled:
-    cleaned: list[str] = field(default_factory=list)             # removed again, as before (no last good)
-    rolled_back: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> what failed, what serves now
-    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)     # name -> the record of its start
-    gated: dict[str, dict[str, Any]] = field(default_factory=dict)        # name -> its bench gate (--gate bench)
+    cleaned: list[str] = field(default_factory=list)                          # removed again, as before (no last good)
+    rolled_back: dict[str, Rollback] = field(default_factory=dict)            # name -> what failed, what serves now
+    recorded: dict[str, history.Record] = field(default_factory=dict)         # name -> the record of its start
+    gated: dict[str, sb.GateVerdict] = field(default_factory=dict)            # name -> its bench gate (--gate bench)
 
 
-def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
+def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str], exports: Exports,
            options: Callable[[], RunOptions], report: Report, gate: BenchGate | None = None) -> Settled:
-    """After cluster-up's plays (not in check mode): record each start; roll a failed upgrade back
-    (failed: a play of it failed, or with `gate` its bench fell below the gate)."""
+    """After cluster-up's plays (not in check mode; `exports`: theirs): record each start; roll a
+    failed upgrade back (failed: a play of it failed, or with `gate` its bench fell below the gate)."""
     out = Settled()
     failed = {d.name for d in failed_deployments(report, deps)}
     for d in deps:
@@ -190,22 +212,21 @@ def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
         live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
         failure = failure_of(report, d) if d.name in failed else None
         gated = None
-        if failure is None and gate is not None and d.name in gate.baselines and replaced_running(report, d):
+        if failure is None and gate is not None and d.name in gate.baselines and replaced_running(exports, d):
             gated = out.gated[d.name] = run_gate(inv, d, gate, live, options, report)
             failure = None if gated["passed"] else gated["line"]
+        hist = None
         if d.hosts[0] in live:
             hist = read_history(run_book(inv, history_book(d, failure=failure, bench=gated), live, options(),
                                          report), d)
-            if hist.get("record"):
+            if hist is not None:
                 out.recorded[d.name] = hist["record"]
-        else:
-            hist = {}
         if failure is None:
             continue
         # an upgrade replaced what ran; a first start (nothing of it ran before this run) has nothing to
         # go back to, whatever an earlier deployment of the same name left in the history
-        good = (history.rollback_target(hist.get("records") or [], (hist.get("record") or {}).get("spec"))
-                if replaced_running(report, d) else None)
+        good = (history.rollback_target(hist["records"], hist["record"].get("spec"))
+                if hist is not None and replaced_running(exports, d) else None)
         if good is not None and set(good["spec"]["hosts"]) <= set(live):
             result = rollback(inv, d, good, opts, live, options, report, failure=failure)
             out.rolled_back[d.name] = result
@@ -218,15 +239,15 @@ def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str],
     return out
 
 
-def replaced_running(report: Report, d: Deployment) -> bool:
-    """Whether this run replaced a container of the deployment that was there before it (an upgrade),
-    rather than starting one where none was (vllm_container says `replace ...` or `start ...`)."""
-    return any(r.play.startswith(f"{d.name}: ") and r.module == "vllm_container" and r.status == "changed"
-               and re.search(r"(^|; )replace ", r.msg or "") for r in report.results)
+def replaced_running(exports: Exports, d: Deployment) -> bool:
+    """Whether this run's start replaced a container of the deployment that ran before it on one of
+    its nodes (an upgrade), rather than starting one where none was: what vllm_container's start
+    exported once it ran (REPLACED)."""
+    return any(started.get(d.name) for started in REPLACED.by_host(exports, d.hosts).values())
 
 
-def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, live: list[str],
-             options: Callable[[], RunOptions], report: Report, *, failure: str | None = None) -> dict[str, Any]:
+def rollback(inv, failed: Deployment, good: history.Record, opts: UpOptions, live: list[str],
+             options: Callable[[], RunOptions], report: Report, *, failure: str | None = None) -> Rollback:
     """Start a recorded good start again on every node, wait for its smoke test, record it."""
     back = deployment_from(good["spec"])
     t0 = _time.monotonic()
@@ -241,14 +262,14 @@ def rollback(inv, failed: Deployment, good: dict[str, Any], opts: UpOptions, liv
     again = failure_of(report, back, since)
     hist = read_history(run_book(inv, history_book(back, kind=history.ROLLBACK, rollback_of=good["n"],
                                                    failure=again), back.hosts, options(), report), back)
-    rec = hist.get("record") or {}
+    rec: history.Record = hist["record"] if hist is not None else {}
     return {"to": good["n"], "failure": failure, "serving": again is None and rec.get("result") == history.PASSED,
             "rollback_failure": again, "record": rec.get("n"), "seconds": round(_time.monotonic() - t0, 1),
             "notes": history.digest_changes(good, rec.get("nodes") or {}),
             "digests": {h: n.get("digest") or n.get("image_id") for h, n in (rec.get("nodes") or {}).items()}}
 
 
-def describe(name: str, r: dict[str, Any]) -> str:
+def describe(name: str, r: Rollback) -> str:
     """One line: what failed and what serves now."""
     if r["serving"]:
         line = (f"{name}: the new start failed ({r['failure']}); rolled back to start #{r['to']} on every node in "
@@ -256,7 +277,7 @@ def describe(name: str, r: dict[str, Any]) -> str:
     else:
         line = (f"{name}: the new start failed ({r['failure']}); rolling back to start #{r['to']} failed too "
                 f"({r['rollback_failure'] or 'its smoke test'}): removed")
-    return line + "".join(f"; {n}" for n in r.get("notes") or [])
+    return line + "".join(f"; {n}" for n in r["notes"])
 
 
 
@@ -264,7 +285,7 @@ def describe(name: str, r: dict[str, Any]) -> str:
 class DeploymentHistory:
     name: str
     host: str  # its rank 0: the host whose history of it is the newest
-    records: list[dict[str, Any]]
+    records: list[history.Record]
     skipped: list[str] = field(default_factory=list)  # lines of its file that are no record, and why
 
 
@@ -290,7 +311,7 @@ def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_h
     return DeploymentHistory(name, head, found[head], read[head][1])
 
 
-def rollback_target(hist: DeploymentHistory, to: int | None) -> dict[str, Any]:
+def rollback_target(hist: DeploymentHistory, to: int | None) -> history.Record:
     """The start `invoke rollback` goes back to: start #`to` (it must have passed its smoke test),
     else the last good one with another spec than the newest."""
     from sparkprov.errors import InputError
@@ -315,7 +336,7 @@ def rollback_target(hist: DeploymentHistory, to: int | None) -> dict[str, Any]:
 @dataclass
 class RolledBack:
     to: int  # the start that runs again
-    result: dict[str, Any]  # rollback()'s: serving, record, seconds, notes, digests, ...
+    result: Rollback
     message: str  # one line: what runs now, or that it failed and was removed
 
     @property
@@ -323,7 +344,7 @@ class RolledBack:
         return bool(self.result["serving"])
 
 
-def rollback_deployment(inv, hist: DeploymentHistory, good: dict[str, Any], opts: UpOptions,
+def rollback_deployment(inv, hist: DeploymentHistory, good: history.Record, opts: UpOptions,
                         options: Callable[[], RunOptions], report: Report) -> RolledBack:
     """`invoke rollback`: the newest start's containers removed, `good` started on every node and
     smoke-tested; if it fails too, removed (nothing half-up holds the GPUs)."""

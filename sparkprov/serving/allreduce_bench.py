@@ -73,7 +73,7 @@ def human(n: int) -> str:
     return str(n)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--min-bytes", type=parse_size, default=parse_size("1M"))
     ap.add_argument("--max-bytes", type=parse_size, default=parse_size("256M"))
@@ -84,7 +84,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=None,
                     help="GB/s of bus bandwidth at the largest size below which the run fails (exit 3)")
     ap.add_argument("--json", default=None, help="rank 0 writes the result document here")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _gather_json(obj, *, torch, dist, device, world: int) -> list:
+    """all_gather of a JSON document per rank, with tensors only (all_gather_object needs numpy,
+    which a serving image's torch may lack)."""
+    data = json.dumps(obj).encode()
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    lens = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(lens, n)
+    width = max(int(x) for x in lens)
+    buf = torch.zeros(width, dtype=torch.uint8, device=device)
+    buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    bufs = [torch.zeros_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf)
+    return [json.loads(bytes(b[:int(k)].tolist())) for b, k in zip(bufs, lens)]
+
+
+def _print_result(result: dict, json_path: str | None) -> None:
+    """Rank 0's table, then the result document (also to `json_path`)."""
+    rows, where = result["results"], result["ranks"]
+    print(f"# all-reduce (sum, float32), backend {result['backend']}, {result['world_size']} ranks: "
+          + ", ".join(f"{w['host']}/{w['device']}({w['name']})" for w in where), flush=True)
+    print(f"# {'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}")
+    for r in rows:
+        print(f"  {human(r['bytes']):>12} {r['time_us']:12.1f} {r['algbw_gbs']:13.3f} {r['busbw_gbs']:13.3f}")
+    doc = json.dumps({"allreduce": result})
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            fh.write(doc + "\n")
+    print(doc, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
 
     import torch
     import torch.distributed as dist
@@ -112,25 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def gather_json(obj) -> list:
-        """all_gather of a JSON document per rank, with tensors only (all_gather_object needs numpy,
-        which a serving image's torch may lack)."""
-        data = json.dumps(obj).encode()
-        n = torch.tensor([len(data)], dtype=torch.int64, device=device)
-        lens = [torch.zeros_like(n) for _ in range(world)]
-        dist.all_gather(lens, n)
-        width = max(int(x) for x in lens)
-        buf = torch.zeros(width, dtype=torch.uint8, device=device)
-        buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8, device=device)
-        bufs = [torch.zeros_like(buf) for _ in range(world)]
-        dist.all_gather(bufs, buf)
-        return [json.loads(bytes(b[:int(k)].tolist())) for b, k in zip(bufs, lens)]
-
     host = socket.gethostname()
     ifname = os.environ.get("NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME")
-    where = gather_json({"rank": rank, "host": host, "device": str(device),
-                         "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                         "ifname": ifname, "address": if_address(ifname)})
+    where = _gather_json({"rank": rank, "host": host, "device": str(device),
+                          "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                          "ifname": ifname, "address": if_address(ifname)},
+                         torch=torch, dist=dist, device=device, world=world)
     expect = world * (world + 1) / 2
     rows = []
     for size in sizes(a.min_bytes, a.max_bytes, a.factor):
@@ -170,16 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         result["threshold_gbs"] = a.threshold
         result["pass"] = rows[-1]["busbw_gbs"] >= a.threshold
     if rank == 0:
-        print(f"# all-reduce (sum, float32), backend {backend}, {world} ranks: "
-              + ", ".join(f"{w['host']}/{w['device']}({w['name']})" for w in where), flush=True)
-        print(f"# {'size':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}")
-        for r in rows:
-            print(f"  {human(r['bytes']):>12} {r['time_us']:12.1f} {r['algbw_gbs']:13.3f} {r['busbw_gbs']:13.3f}")
-        doc = json.dumps({"allreduce": result})
-        if a.json:
-            with open(a.json, "w", encoding="utf-8") as fh:
-                fh.write(doc + "\n")
-        print(doc, flush=True)
+        _print_result(result, a.json)
     dist.destroy_process_group()
     if a.threshold is not None and not result["pass"]:
         return 3

@@ -30,13 +30,14 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict
 
 from pydantic import ValidationError
 
 from sparkprov.errors import InputError
 from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.transport.shell import quote
+from sparkprov.imageref import ImageRef
 
 RESULT_DIR = "/tmp/sparkprov-bench"  # inside the container (its own /tmp; removed with it)
 RESULTS_DIR = "~/.local/share/sparkprov/bench"  # on this machine: DEPLOYMENT/RECIPE_HASH/*.json (invoke bench, the gate)
@@ -293,8 +294,52 @@ def summarize(concurrency: int, res: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+class BenchRun(TypedDict, total=False):
+    """One run as bench stores it (record; a run stored by an older sparkprov may lack keys)."""
+    deployment: str
+    host: str
+    recipe: str | None
+    recipe_hash: str | None
+    model: str | None
+    tp: str | None
+    image_id: str | None
+    repo_digests: list[str]
+    tokenizer: str | None
+    client: str
+    params: dict[str, Any]
+    profile: str | None
+    provenance: dict[str, Any]     # provenance(): what a later run must match to be compared with it
+    time: str
+    rows: list[dict[str, Any]]     # summarize(): one per concurrency level
+    path: str                      # where it is stored, once read back from there
+
+
+class Comparison(TypedDict):
+    """A run against the last stored one of the same recipe, host and parameters (compare)."""
+    against: str | None
+    time: str | None
+    same_image: bool
+    changed: dict[str, list]       # provenance field -> [before, now]
+    levels: dict[str, dict[str, float | None]]  # concurrency -> figure -> change in percent
+
+
+class GateVerdict(TypedDict, total=False):
+    """cluster-up --gate bench: a new start's run against its baseline (gate), with the run's stored
+    path and the start it was measured against (plays/upgrade.py)."""
+    passed: bool
+    line: str
+    ratio: float
+    kept: float | None
+    levels: list[int]
+    output_tok_s: float
+    baseline_tok_s: float
+    baseline: str | None
+    run: str
+    against_start: int
+
+
 def record(host: str, deployment: str, labels: dict[str, str], params: dict[str, Any], doc: dict[str, Any],
-           system: dict[str, Any] | None = None, profile: str | None = None) -> dict:
+           system: dict[str, Any] | None = None, profile: str | None = None) -> BenchRun:
     """What one run keeps: the deployment, its recipe hash and image, the parameters, a row per
     level, and its provenance (what a later run must match to be compared with it)."""
     return {"deployment": deployment, "host": host, "recipe": labels.get("sparkprov.recipe"),
@@ -313,28 +358,14 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
 
 
-def image_repository(ref: str) -> str:
-    """The repository of an image reference, as docker names it in RepoDigests (no tag, no digest;
-    Docker Hub's docker.io/ and library/ prefixes dropped)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    return name.removeprefix("library/")
-
-
 def pick_digest(image: str | None, repo_digests: list[str]) -> str | None:
     """The registry digest (REPO@sha256:...) of the image a container runs: the reference's own
     when it was started by digest, else the one of its repository among the image's RepoDigests,
     else the only one; None for an image that never came from a registry (built or loaded here)."""
-    if image and "@sha256:" in image:
+    if image and ImageRef.parse(image).digest:
         return image
-    repo = image_repository(image) if image else None
-    mine = [d for d in repo_digests if image_repository(d) == repo]
+    repo = ImageRef.parse(image).repository if image else None
+    mine = [d for d in repo_digests if ImageRef.parse(d).repository == repo]
     if mine:
         return mine[0]
     return repo_digests[0] if len(repo_digests) == 1 else None
@@ -402,7 +433,7 @@ def system_facts(gpu: dict[str, Any] | None, info: dict[str, str]) -> dict[str, 
             "system": info.get("dgx_pretty_name") or info.get("dgx_name")}
 
 
-def with_hosts(rec: dict, hosts: list[str]) -> dict:
+def with_hosts(rec: BenchRun, hosts: list[str]) -> BenchRun:
     """The run with the deployment's hosts (rank 0 first) in its layout."""
     prov = dict(rec.get("provenance") or {})
     prov["layout"] = {**(prov.get("layout") or {}), "hosts": list(hosts)}
@@ -413,11 +444,11 @@ def _short(image_id: str | None) -> str:
     return (image_id or "unknown").split(":")[-1][:12]
 
 
-def run_dir(results: Path, rec: dict) -> Path:
+def run_dir(results: Path, rec: BenchRun) -> Path:
     return results / rec["deployment"] / (rec["recipe_hash"] or "no-recipe-hash")
 
 
-def previous(results: Path, rec: dict) -> tuple[dict | None, list[InputError]]:
+def previous(results: Path, rec: BenchRun) -> tuple[BenchRun | None, list[InputError]]:
     """The last stored run of the same recipe on the same host with the same parameters, and the
     stored files that are not runs (skipped, each named)."""
     runs, skipped = load_runs(sorted(run_dir(results, rec).glob("*.json"), reverse=True))
@@ -425,7 +456,7 @@ def previous(results: Path, rec: dict) -> tuple[dict | None, list[InputError]]:
     return found, skipped
 
 
-def store(results: Path, rec: dict) -> Path:
+def store(results: Path, rec: BenchRun) -> Path:
     """The run as a new file under results (written whole or not at all)."""
     from sparkprov.outputs import write_text_atomic
 
@@ -445,10 +476,10 @@ COMPARED = ("output_throughput", "total_token_throughput", "ttft_p50_ms", "ttft_
             "itl_p99_ms", "e2el_p50_ms")
 
 
-def compare(rec: dict, old: dict) -> dict[str, Any]:
+def compare(rec: BenchRun, old: BenchRun) -> Comparison:
     """Per concurrency both runs have, the change of each compared figure in percent."""
     before = {r["concurrency"]: r for r in old.get("rows", [])}
-    out: dict[str, Any] = {"against": old.get("path"), "time": old.get("time"),
+    out: Comparison = {"against": old.get("path"), "time": old.get("time"),
                            "same_image": old.get("image_id") == rec.get("image_id"),
                            "changed": provenance_changes(old, rec), "levels": {}}
     for r in rec["rows"]:
@@ -464,7 +495,7 @@ def compare(rec: dict, old: dict) -> dict[str, Any]:
 PROVENANCE_COMPARED = ("image_digest", "model_commit", "vllm_version", "driver_version", "kernel", "recipe_hash")
 
 
-def provenance_changes(old: dict, new: dict) -> dict[str, list]:
+def provenance_changes(old: BenchRun, new: BenchRun) -> dict[str, list]:
     """{field: [before, now]} for each provenance field both runs recorded and that differs."""
     a, b = old.get("provenance") or {}, new.get("provenance") or {}
     return {k: [a[k], b.get(k)] for k in PROVENANCE_COMPARED if a.get(k) is not None and a.get(k) != b.get(k)}
@@ -476,7 +507,7 @@ def _pct(a, b) -> float | None:
     return round(100.0 * (b - a) / a, 1)
 
 
-def plot(rec: dict, path: Path) -> Path:
+def plot(rec: BenchRun, path: Path) -> Path:
     """Throughput and latency against concurrency (PNG)."""
     import matplotlib
 
@@ -554,7 +585,7 @@ def _day(stamp: str | None):
         return None
 
 
-def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
+def performance_doc(rec: BenchRun) -> dict[str, Any]:
     """A stored run in the shape of the `performance.yaml` files of NVIDIA's recipe catalog
     (NVIDIA/local-ai-inference-recipes: schema 1, one profile per workload), one profile per
     concurrency level. What vLLM's summary does not give is null: the prompt lengths' min and max
@@ -600,12 +631,12 @@ def performance_doc(rec: dict[str, Any]) -> dict[str, Any]:
                    "operating_system": "linux", "os_version": os_version,
                    "driver_version": prov.get("driver_version"), "cuda_version": prov.get("cuda_version")},
         "software": {"backend_version": prov.get("vllm_version"), "model_revision": prov.get("model_commit"),
-                     "runtime_revision": digest.split("@", 1)[1] if digest else None},
+                     "runtime_revision": ImageRef.parse(digest).digest if digest else None},
         "profiles": profiles,
     }
 
 
-def performance_yaml(rec: dict[str, Any]) -> str:
+def performance_yaml(rec: BenchRun) -> str:
     import yaml
 
     return yaml.safe_dump(performance_doc(rec), sort_keys=False, allow_unicode=True, width=120)
@@ -616,7 +647,7 @@ def performance_yaml(rec: dict[str, Any]) -> str:
 DEFAULT_GATE_RATIO = 0.9  # issue 26: the new start keeps at least 0.9 of the last good's output tok/s
 
 
-def gate_baseline(runs: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str, Any] | None:
+def gate_baseline(runs: list[BenchRun], rank0: dict[str, Any]) -> BenchRun | None:
     """The newest stored run (oldest first in `runs`) of the build and recipe a start ran on its
     rank 0 (`rank0`: the history's node entry: image ID and recipe hash): what an upgrade of that
     start is measured against. A run of another image or recipe measured something else."""
@@ -627,7 +658,7 @@ def gate_baseline(runs: list[dict[str, Any]], rank0: dict[str, Any]) -> dict[str
     return None
 
 
-def gate_args(deployment: str, baseline: dict[str, Any]) -> dict[str, Any]:
+def gate_args(deployment: str, baseline: BenchRun) -> dict[str, Any]:
     """serve_bench's arguments for the gate's run: the baseline's own parameters."""
     p = baseline.get("params") or {}
     return {"deployment": deployment, "concurrency": list(p.get("concurrency") or [r["concurrency"]
@@ -636,7 +667,7 @@ def gate_args(deployment: str, baseline: dict[str, Any]) -> dict[str, Any]:
             "prompts": p.get("prompts"), "timeout": 3600.0, "profile": baseline.get("profile")}
 
 
-def gate(new: dict[str, Any], baseline: dict[str, Any], ratio: float) -> dict[str, Any]:
+def gate(new: BenchRun, baseline: BenchRun, ratio: float) -> GateVerdict:
     """Whether a new start's run keeps up with the baseline: the output tok/s summed over the
     concurrency levels both measured, new against old, at least `ratio`. Summed, not per level:
     one level's noise (a 2-core lab measures +-10% at concurrency 1) does not decide alone, and a

@@ -36,12 +36,12 @@ from sparkprov.catalog.layout import Layout, override_conflicts
 from sparkprov import inventory_vars as iv
 from sparkprov.defaults import MASTER_PORT, RAY_PORT
 from sparkprov.errors import InputError
+from sparkprov.hosts import Inventory
 from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
-    from sparkprov.data.inventory import Inventory
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
@@ -73,8 +73,9 @@ class Deployment(BaseModel):
     ray_port: int = Field(default=RAY_PORT, ge=1, le=65535)
     master_port: int = Field(default=MASTER_PORT, ge=1, le=65535)
     recipe_files: list[str] = Field(default_factory=list)  # user recipe files merged over the catalog
-    image: str | None = None  # runs this image instead of the recipe's (the Ray image derived from it)
-    image_override: str | None = None  # cluster-up --image: the deployment's image instead of the recipe's
+    # cluster-up --image: the deployment's image instead of the recipe's (serving/node.py node_image
+    # decides what its containers run)
+    image_override: str | None = None
     # cluster-up --pin: runs by the registry digest every node's docker holds for its image (REPO@sha256:...)
     pin: SkipJsonSchema[bool] = False
     # where it was written (errors name it); never part of the arguments the modules receive

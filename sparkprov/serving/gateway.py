@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from sparkprov.inventory_vars import default
 from sparkprov.serving.address import reached_at
@@ -33,7 +33,23 @@ MASTER_KEY = "master_key"
 READY_PATH = "/health/liveliness"  # LiteLLM's own liveness endpoint: up once the proxy serves
 
 
-def routes_from_status(status: dict[str, dict], addresses: dict[str, str]) -> list[dict[str, Any]]:
+class Route(TypedDict):
+    model: str           # the name clients ask for
+    deployment: str
+    host: str
+    api_base: str        # the server's OpenAI base URL, at the host's inventory address
+    key_file: str | None  # its API key file there
+
+
+class RunningGateway(TypedDict):
+    host: str
+    port: int
+    bind: str
+    image: str
+    status: str
+
+
+def routes_from_status(status: dict[str, dict], addresses: dict[str, str]) -> list[Route]:
     """Every running deployment server the status play found, as a route: the model name clients
     ask for, the server's OpenAI base URL (the host's inventory address) and its key file there."""
     routes = []
@@ -50,7 +66,7 @@ def routes_from_status(status: dict[str, dict], addresses: dict[str, str]) -> li
     return sorted(routes, key=lambda r: (r["model"], r["host"]))
 
 
-def running_gateway(status: dict[str, dict]) -> dict[str, Any] | None:
+def running_gateway(status: dict[str, dict]) -> RunningGateway | None:
     """Where the gateway runs (host, port, bind, image), from the status play; None: nowhere."""
     for host, st in status.items():
         for c in st.get("containers") or []:
@@ -62,7 +78,7 @@ def running_gateway(status: dict[str, dict]) -> dict[str, Any] | None:
     return None
 
 
-def litellm_config(routes: list[dict[str, Any]], keys: dict[tuple[str, str], str | None]) -> dict[str, Any]:
+def litellm_config(routes: list[Route], keys: dict[tuple[str, str], str | None]) -> dict[str, Any]:
     """LiteLLM's proxy configuration without its master key (the host adds it). `keys`:
     (host, key file) -> the server's key. Two servers of one model name are one model group,
     which LiteLLM balances."""

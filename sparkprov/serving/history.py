@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypedDict
+
+from sparkprov.imageref import ImageRef
 
 from pydantic import ValidationError
 
@@ -26,12 +28,52 @@ PASSED, FAILED = "passed", "failed"
 START, ROLLBACK = "start", "rollback"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
+Spec = dict[str, Any]  # a deployment as cluster-up was asked for it (modules/deployment_history.py spec_of)
+
+
+class NodeEntry(TypedDict, total=False):
+    """What one node ran for a start (node_entry; a node the history play could not read: its host and
+    status "unread" only)."""
+    host: str
+    container: str | None
+    container_id: str | None
+    image: str | None
+    image_id: str | None
+    digest: str | None       # REPO@sha256:... where the image came from a registry
+    recipe_hash: str | None
+    status: str
+
+
+class ModelCommit(TypedDict):
+    alias: str
+    repo: str | None
+    revision: str | None
+    commit: str | None       # what rank 0's store resolved the revision to
+
+
+class Record(TypedDict, total=False):
+    """One start of a deployment, a JSON line of its history on rank 0 (new_record; a record written
+    by an older sparkprov may lack keys: read with .get)."""
+    n: int
+    time: str
+    kind: str                # START | ROLLBACK
+    rollback_of: int
+    result: str              # PASSED | FAILED
+    problem: str | None
+    spec: Spec
+    model: ModelCommit
+    nodes: dict[str, NodeEntry]
+    smoke: dict[str, Any] | None   # rank 0's smoke answer: prompt, content, status, error
+    bench: dict[str, Any]          # its bench gate (serving/bench.py GateVerdict)
+
 
 def history_file(deployment: str) -> str:
     return f"{HISTORY_DIR}/{deployment}/history.jsonl"
 
 
-class NodeEntry(Stored):
+# The shape a record read back must have (a line that does not fit is skipped and named): the
+# TypedDicts above, as pydantic models of the file.
+class _NodeShape(Stored):
     host: str | None = None
     container: str | None = None
     container_id: str | None = None
@@ -42,7 +84,7 @@ class NodeEntry(Stored):
     status: str | None = None
 
 
-class RecordedSpec(Stored):
+class _SpecShape(Stored):
     """The deployment's spec (serving/deployment.py Deployment as spec_of dumps it): what the
     history's readers use of it typed; a rollback validates the whole as a Deployment again."""
 
@@ -57,33 +99,33 @@ class RecordedSpec(Stored):
     recipe_files: list[str] = []
 
 
-class RecordedModel(Stored):
+class _ModelShape(Stored):
     repo: str | None = None
     revision: str | None = None
     commit: str | None = None
 
 
-class Record(Stored):
+class _RecordShape(Stored):
     n: int
     time: str | None = None
     kind: str | None = None
     rollback_of: int | None = None
     result: str | None = None
     problem: str | None = None
-    spec: RecordedSpec = RecordedSpec()
-    model: RecordedModel | None = None
-    nodes: dict[str, NodeEntry] = {}
+    spec: _SpecShape = _SpecShape()
+    model: _ModelShape | None = None
+    nodes: dict[str, _NodeShape] = {}
     smoke: dict[str, Any] | None = None
     bench: dict[str, Any] | None = None
 
 
-def parse(text: str) -> list[dict[str, Any]]:
+def parse(text: str) -> list[Record]:
     """The records of a history file, oldest first; a line that is not a record (a write cut
     short, or one that does not fit Record) is skipped, the ones after it still count."""
     return read(text)[0]
 
 
-def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+def read(text: str) -> tuple[list[Record], list[str]]:
     """The records of a history file, oldest first, and a line for each one skipped ("line 4:
     nodes should be a JSON object"); a first line cut by the reader's byte bound is no record."""
     out, skipped = [], []
@@ -92,7 +134,7 @@ def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         try:
             doc = json.loads(line)
-            Record.model_validate(doc)
+            _RecordShape.model_validate(doc)
         except RecursionError:
             skipped.append(f"line {n}: nested too deeply")
         except ValidationError as exc:
@@ -104,12 +146,12 @@ def read(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     return out, skipped
 
 
-def json_line(record: dict[str, Any]) -> str:
+def json_line(record: Record) -> str:
     """A record as one line of the history file."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
-def node_entry(host: str, containers: list[dict[str, Any]], digests: dict[str, list[str]]) -> dict[str, Any]:
+def node_entry(host: str, containers: list[dict[str, Any]], digests: dict[str, list[str]]) -> NodeEntry:
     """What one node runs for the deployment: its container (ID, image, recipe hash) and the image's
     registry digest (from `containers`: the deployment's containers as DeploymentImages read them)."""
     from sparkprov.serving.bench import pick_digest
@@ -131,15 +173,15 @@ def model_commit(revision: str, refs: dict[str, str], repo_dir: str) -> str | No
     return commit if _COMMIT.fullmatch(commit) else None
 
 
-def same_start(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> bool:
+def same_start(record: Record, nodes: dict[str, NodeEntry]) -> bool:
     """Whether a record is of the start these nodes run now (the same container on every node)."""
     ids = {h: n.get("container_id") for h, n in nodes.items()}
     return any(ids.values()) and {h: n.get("container_id") for h, n in (record.get("nodes") or {}).items()} == ids
 
 
-def new_record(records: list[dict[str, Any]], *, time: str, kind: str, rollback_of: int | None, spec: dict[str, Any],
-               nodes: dict[str, dict[str, Any]], model: dict[str, Any], smoke: dict[str, Any] | None,
-               failure: str | None, smoke_check, bench: dict[str, Any] | None = None) -> dict[str, Any]:
+def new_record(records: list[Record], *, time: str, kind: str, rollback_of: int | None, spec: Spec,
+               nodes: dict[str, NodeEntry], model: ModelCommit, smoke: dict[str, Any] | None,
+               failure: str | None, smoke_check, bench: dict[str, Any] | None = None) -> Record:
     """The record of a start. It passed when the start reported no failure and its smoke answer,
     recorded on rank 0 for the container running now, passes the recipe's check (`smoke_check`:
     the answer's problems, as cluster-up's ready step judges them)."""
@@ -157,12 +199,12 @@ def new_record(records: list[dict[str, Any]], *, time: str, kind: str, rollback_
             **({"bench": bench} if bench is not None else {})}
 
 
-def comparable_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def comparable_spec(spec: Spec) -> Spec:
     """What makes two specs the same start (the order of recipe files aside)."""
     return {k: v for k, v in spec.items() if v not in (None, [], {})}
 
 
-def last_good(records: list[dict[str, Any]], *, unlike: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def last_good(records: list[Record], *, unlike: Spec | None = None) -> Record | None:
     """The newest start that passed; with `unlike`, the newest that passed with another spec (a
     rollback to the spec that just failed would fail again)."""
     for r in reversed(records):
@@ -174,7 +216,7 @@ def last_good(records: list[dict[str, Any]], *, unlike: dict[str, Any] | None = 
     return None
 
 
-def rollback_target(records: list[dict[str, Any]], failed_spec: dict[str, Any] | None) -> dict[str, Any] | None:
+def rollback_target(records: list[Record], failed_spec: Spec | None) -> Record | None:
     """Where a failed start goes back to: the last good start, when it ran another spec (the failed
     start was an upgrade). A failed start of the spec that last passed is no upgrade (a node lost
     its fabric, a container died): nothing to go back to, and it is removed as before."""
@@ -184,11 +226,11 @@ def rollback_target(records: list[dict[str, Any]], failed_spec: dict[str, Any] |
     return good
 
 
-def find(records: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
+def find(records: list[Record], n: int) -> Record | None:
     return next((r for r in records if r.get("n") == n), None)
 
 
-def digest_changes(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> list[str]:
+def digest_changes(record: Record, nodes: dict[str, NodeEntry]) -> list[str]:
     """Nodes whose image is not the build a record ran (its ID), each named with both: a rollback by
     tag to a tag that has moved since runs another build."""
     out = []
@@ -200,7 +242,7 @@ def digest_changes(record: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
     return out
 
 
-def rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
+def rows(records: list[Record]) -> list[dict[str, str]]:
     """One row per start and node, for `invoke history` (newest last; "last good" marked)."""
     good = last_good(records)
     out = []
@@ -216,7 +258,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
             out.append({"n": str(r["n"]) if i == 0 else "", "time": r.get("time", "") if i == 0 else "",
                         "start": what if i == 0 else "", "result": result if i == 0 else "", "host": h,
                         "image": n.get("image") or "-",
-                        "digest": (n.get("digest") or "").split("@", 1)[-1][:19] or (n.get("image_id") or "-")[:19],
+                        "digest": (ImageRef.parse(n.get("digest") or "").digest or "")[:19]
+                        or (n.get("image_id") or "-")[:19],
                         "recipe": n.get("recipe_hash") or "-",
                         "model": f"{model.get('repo')}@{(model.get('commit') or model.get('revision') or '?')[:12]}"
                         if i == 0 else "", "layout": layout if i == 0 else "",

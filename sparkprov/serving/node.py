@@ -10,12 +10,13 @@ import posixpath
 from functools import lru_cache
 from typing import Any
 
-from sparkprov.catalog.derive import baked_requirements, derived_tag, ray_requirement
+from sparkprov.catalog.derive import ImageChoice, choose_image
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
 from sparkprov import inventory_vars as iv
 from sparkprov.defaults import expand_home
+from sparkprov.imageref import ImageRef
 from sparkprov.serving import spec as specmod
 from sparkprov.serving.deployment import Deployment
 from sparkprov.staging.plan import repo_dir
@@ -30,14 +31,13 @@ def catalog_for(dep: Deployment) -> Catalog:
     return _catalog(tuple(dep.recipe_files))
 
 
-def image_ref(dep: Deployment) -> str:
-    """The image reference the deployment runs (the catalog's pinned form when it has one; --image's)."""
-    if dep.image_override:
-        return dep.image_override
+def node_image(dep: Deployment, digest: str | None = None) -> ImageChoice:
+    """The image the deployment's containers run, and why (catalog/derive.py choose_image): its
+    --image or the recipe's, the image derived from it, or with --pin it by the registry `digest`
+    its nodes hold (pin_digest)."""
     cat = catalog_for(dep)
-    r = cat.get(dep.model)
-    img = cat.image(r.image)
-    return r.image if ("@" in r.image or img is None) else img.pinned
+    return choose_image(cat.get(dep.model), cat, override=dep.image_override,
+                        ray_cluster=dep.cluster and dep.executor == "ray", digest=digest)
 
 
 def repos(dep: Deployment) -> list[tuple[str, str]]:
@@ -65,9 +65,9 @@ def container_name(dep: Deployment, host: str) -> str:
 
 
 def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fabric: dict | None,
-           smi: dict | None, pinned: str | None = None) -> Launch:
-    """The catalog's launch for this node, with the node's fabric bindings and driver. `pinned`:
-    the reference by digest a pinned deployment runs instead of its image (pinned_image)."""
+           smi: dict | None, image: ImageChoice | None = None) -> Launch:
+    """The catalog's launch for this node, with the node's fabric bindings and driver. `image`:
+    node_image's choice (a pinned deployment's, with its digest); default: node_image(dep)."""
     cat = catalog_for(dep)
     extra: dict[str, Any] = {"container_name": container_name(dep, host), "port": dep.port_on(host_vars)}
     if "api_key_file" not in host_vars:
@@ -87,11 +87,8 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
         if var not in host_vars:
             extra[var] = expand_home(iv.default(var), home)
     ctx = HostServeContext.from_host_vars(host, host_vars, home=home, **extra)
-    out = render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep)
-    image = dep.image or pinned or dep.image_override
-    if image and not dep.image and out.baked:  # (the recipe's pip installs: an image derived from that one)
-        image = derived_tag(image, out.baked)
-    return out.model_copy(update={"image": image}) if image else out
+    return render_launch(cat.get(dep.model), ctx, dep.tp, dep.overrides, catalog=cat, pp=dep.pp, dp=dep.dp, ep=dep.ep,
+                         image=image or node_image(dep))
 
 
 def image_info(dep: Deployment):
@@ -105,27 +102,21 @@ def image_version(dep: Deployment) -> str | None:
     return info.vllm_version if info is not None else None
 
 
-def flag_problems(node_launch: Launch, dep: Deployment, cache_dir: str | None, image_id: str | None) -> list[str]:
+def flag_problems(node_launch: Launch, dep: Deployment, image: ImageChoice, cache_dir: str | None,
+                  image_id: str | None) -> list[str]:
     """The launch's flags and VLLM_* variables against what the image's own vLLM said (G4), where
-    the image answered; else against the set recorded for its vLLM version."""
+    the image answered; else against the set recorded for its vLLM version (a derived image's:
+    the recipe's image's)."""
     cat = catalog_for(dep)
-    base = node_launch if not dep.image else node_launch.model_copy(update={"image": cat.get(dep.model).image})
+    base = node_launch if not image.derived else node_launch.model_copy(update={"image": cat.get(dep.model).image})
     return [f"{f.rule}: {f.message} (fix: {f.fix})" for f in lint_launch(base, catalog=cat, only=["G4"],
                                                                          flags_cache=cache_dir, image_digest=image_id)
             if f.severity != WARNING and not f.silenced]
 
 
-def pinned_ref(ref: str, digest: str) -> str:
-    """REPO@DIGEST: the image reference `ref` names, by its registry digest (sha256:...); a reference
-    that carries a digest already is its own pin."""
-    from sparkprov.serving.bench import image_repository
-
-    return ref if "@sha256:" in ref else f"{image_repository(ref)}@{digest}"
-
-
-def pinned_image(ref: str, held: dict[str, tuple[str | None, str | None]], me: str) -> tuple[str | None, list[str]]:
-    """cluster-up --pin: the reference by digest the deployment runs, and why it cannot be pinned,
-    from what each node's docker holds of `ref` after the image play: (image ID, registry digest),
+def pin_digest(ref: str, held: dict[str, tuple[str | None, str | None]], me: str) -> tuple[str | None, list[str]]:
+    """cluster-up --pin: the registry digest the deployment runs `ref` by (node_image), and why it
+    cannot be pinned, from what each node's docker holds of `ref` after the image play: (image ID, registry digest),
     the ID None where the node holds none yet (check mode: it would pull it; left out). A node
     whose image has no registry digest (built there, or copied from a peer: docker load keeps
     none) cannot be pinned; nodes that hold different digests run different code. `me`: the node
@@ -138,41 +129,22 @@ def pinned_image(ref: str, held: dict[str, tuple[str | None, str | None]], me: s
         problems.append(f"{me}: the nodes hold different registry digests of {ref}: "
                         + ", ".join(f"{h} {d}" for h, d in digests.items())
                         + f" (--pin) (fix: docker pull {ref} on every node so they hold one build, "
-                          f"or --image {pinned_ref(ref, 'sha256:...')} naming the one to run)")
+                          f"or --image {ImageRef.parse(ref).by_digest('sha256:...')} naming the one to run)")
         return None, problems
-    one = next(iter(digests.values()), None)
-    return (pinned_ref(ref, one) if one else None), problems
+    return next(iter(digests.values()), None), problems
 
 
 def pin_refusal(dep: Deployment) -> str | None:
-    """Why cluster-up --pin cannot pin a deployment, known before any host (None: it can)."""
-    if needs_ray_image(dep):
-        return (f"--pin: deployment {dep.name!r} runs the Ray image cluster-up builds from {image_ref(dep)} on "
+    """Why cluster-up --pin cannot pin a deployment, known before any host (None: it can): the
+    image it runs is one cluster-up derives."""
+    image = node_image(dep)
+    if image.ray:
+        return (f"--pin: deployment {dep.name!r} runs the Ray image cluster-up builds from {image.requested} on "
                 "rank 0, which has no registry digest")
-    if derived_image(dep):
-        return (f"--pin: deployment {dep.name!r} runs the image cluster-up builds from {image_ref(dep)} with "
-                f"{' '.join(derived_requirements(dep))} on rank 0, which has no registry digest")
+    if image.derived:
+        return (f"--pin: deployment {dep.name!r} runs the image cluster-up builds from {image.requested} with "
+                f"{' '.join(image.requirements)} on rank 0, which has no registry digest")
     return None
-
-
-def needs_ray_image(dep: Deployment) -> bool:
-    """A Ray cluster on an image the catalog knows ships no Ray: sparkprov derives one with Ray."""
-    info = image_info(dep)
-    return dep.cluster and dep.executor == "ray" and info is not None and info.has_ray is False
-
-
-def derived_requirements(dep: Deployment) -> list[str]:
-    """What cluster-up bakes into an image derived from the deployment's (modules/derived_image.py):
-    Ray where needs_ray_image, and the recipe's plain pip installs (catalog/derive.py); none: the
-    deployment runs its image as it is."""
-    ray = [ray_requirement()] if needs_ray_image(dep) else []
-    return ray + baked_requirements(catalog_for(dep).get(dep.model).pre_serve)
-
-
-def derived_image(dep: Deployment) -> str | None:
-    """The tag of the image derived from the deployment's, which its containers run (None: none)."""
-    reqs = derived_requirements(dep)
-    return derived_tag(image_ref(dep), reqs) if reqs else None
 
 
 def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | None,

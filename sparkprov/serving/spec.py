@@ -34,7 +34,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from sparkprov.catalog.render import KEY_PATH, WRAPPER_NAME, Launch, wrapper_script
+from sparkprov.catalog.render import KEY_PATH, WRAPPER_NAME, Launch
 from sparkprov.serving import supervise
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
@@ -190,13 +190,18 @@ def _key_lines(launch: Launch) -> str:
     return KEY_LINES if launch.ctx.api_key_file else ":"
 
 
+def wrapper_script(launch: Launch) -> str:
+    """One server's sh wrapper: the recipe's pre_serve steps, the API key read into its environment
+    (never argv), then `vllm serve` ("$@")."""
+    return "; ".join(["set -eu", *(shlex.join(c) for c in launch.start_steps),
+                      *([KEY_LINES] if launch.ctx.api_key_file else []), 'exec "$@"'])
+
+
 def server_command(launch: Launch) -> Command:
     """One server: `vllm serve` with the launch's arguments, under sparkprov's wrapper where it
     needs one (the API key, pre_serve, an image's own entrypoint), else to the image's entrypoint."""
     if launch.wrapped:
-        return Command(["vllm", "serve", *launch.vllm_argv], wrapper_script(launch.start_steps,
-                                                                            bool(launch.ctx.api_key_file)),
-                       WRAPPER_NAME)
+        return Command(["vllm", "serve", *launch.vllm_argv], wrapper_script(launch), WRAPPER_NAME)
     return Command(launch.vllm_argv if launch.command == "bare" else ["vllm", "serve", *launch.vllm_argv])
 
 
@@ -300,6 +305,7 @@ def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes
     script = NATIVE_SCRIPT.replace("@PRE_SERVE@", _pre_serve(launch) if rank == 0 else ":").replace("@KEY@", key)
     args = native_args(launch, rank=rank, nnodes=nnodes, pp=pp, master_addr=master_addr, master_port=master_port,
                        dp=dp)
+    member = _member_of(rank0_id)
     if rank == 0:
         env = supervise.rank0_env(start_timeout_s=launch.recipe.startup.health_timeout_s, port=launch.ctx.port,
                                   model=launch.served_model_name, key_file=KEY_PATH if launch.ctx.api_key_file else None)
@@ -307,7 +313,7 @@ def native_rank(deployment: str, host: str, launch: Launch, *, rank: int, nnodes
         # what the rank watches of rank 0: its rendezvous, or with dp its API (vLLM closes the data-parallel
         # handshake port once the engines have started; the API listens as long as rank 0 serves)
         watch = launch.ctx.port if dp > 1 else master_port
-        env = {**_member_of(rank0_id), **supervise.rank_env(master_addr=master_addr, master_port=watch)}
+        env = {**member, **supervise.rank_env(master_addr=master_addr, master_port=watch)}
     return _rank(deployment, host, f"sparkprov-{deployment}-rank{rank}", ROLE_RANK0 if rank == 0 else ROLE_RANK,
                  launch, env=env, script=script, args=["vllm", "serve", *args], labels=labels, foreground=foreground)
 

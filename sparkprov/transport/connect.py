@@ -3,15 +3,11 @@ host keys, ~/.ssh/config honoured). The engine and every command connect through
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from sparkprov.hosts import Host
 from sparkprov.transport.base import Transport
 
-if TYPE_CHECKING:
-    from sparkprov.data.inventory import Host
 
-
-def make_transport(host: "Host", accept_new_host_keys: bool) -> Transport:
+def make_transport(host: Host, accept_new_host_keys: bool) -> Transport:
     if host.connection == "local":
         from sparkprov.transport.local import LocalTransport
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import secrets
 import shlex
-from typing import Iterable
 
 quote = shlex.quote
 
@@ -27,6 +26,3 @@ def heredoc_bytes(data: bytes, target_cmd: str) -> str:
     encoded = base64.encodebytes(data).decode("ascii")
     return f"base64 -d <<'{tag}' | {target_cmd}\n{encoded}{tag}\n"
 
-
-def join_lines(lines: Iterable[str]) -> str:
-    return "\n".join(line for line in lines if line) + "\n"

@@ -260,9 +260,11 @@ def test_cluster_up_builds_the_recipes_derived_image_and_runs_it():
     assert "omni: derived image copies" not in names  # one node: nothing to copy to
     build = book.plays[names.index("omni: derived image")]
     assert build.hosts == ["spark1"] and build.tasks[0].module == "derived_image"
-    assert build.tasks[0].args == {"base": node.image_ref(omni), "requirements": ["vllm[audio]"]}
+    image = node.node_image(omni)
+    assert build.tasks[0].args == {"base": image.requested, "requirements": ["vllm[audio]"]}
+    assert image.runs == derive.derived_tag(image.requested, ["vllm[audio]"]) and image.why == "derived"
     run = book.plays[names.index("omni: containers")].tasks[0]
-    assert run.args["deployment"]["image"] == derive.derived_tag(node.image_ref(omni), ["vllm[audio]"])
+    assert run.args["deployment"] == omni.as_args()  # the module decides the image again: node.node_image
     assert node.pin_refusal(omni) and "vllm[audio]" in node.pin_refusal(omni)
 
 
@@ -273,14 +275,15 @@ def test_a_ray_cluster_on_an_image_without_ray_plays_as_before():
 
     tp = Deployment(name="tp", model="llama-3.3-70b", hosts=["spark1", "spark2"], tp=2)
     plays = {p.name: p for p in up_book([tp], UpOptions()).plays}
-    tag = derive.derived_tag(node.image_ref(tp), RAY)
-    assert tag == f"sparkprov/ray-2.60.0:{hashlib.sha256(node.image_ref(tp).encode()).hexdigest()[:16]}"
+    base = node.node_image(tp).requested
+    tag = derive.derived_tag(base, RAY)
+    assert tag == f"sparkprov/ray-2.60.0:{hashlib.sha256(base.encode()).hexdigest()[:16]}" == node.node_image(tp).runs
     build, copies = plays["tp: ray image"], plays["tp: ray image copies"]
     assert build.hosts == ["spark1"] and copies.hosts == ["spark2"] and "tp: derived image" not in plays
-    assert build.tasks[0].args == {"base": node.image_ref(tp), "requirements": RAY}
+    assert build.tasks[0].args == {"base": base, "requirements": RAY}
     assert copies.tasks[0].module == "docker_image"
     assert copies.tasks[0].args == {"image": tag, "source": "peer", "peers": ["spark1"], "deployment": "tp"}
-    assert plays["tp: rank 0"].tasks[0].args["deployment"]["image"] == tag
+    assert "image" not in plays["tp: rank 0"].tasks[0].args["deployment"]
 
 
 def test_an_image_derived_from_a_pinned_base_is_pinned_for_g4():

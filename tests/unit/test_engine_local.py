@@ -323,3 +323,27 @@ def test_a_reader_that_leaves_early_neither_breaks_nor_stops_the_run(setup):
     assert rc == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert (base / "reloaded").exists() and (base / "app.conf").read_text() == "port = 8000\n"
+
+
+def test_a_play_built_for_a_deployment_marks_its_results_with_it(setup):
+    """plays/ finds a deployment's results by the subject its plays carry (Play.subject), never by the
+    play's name: a failure, and the host stopped after it, count for the deployment whose play it was."""
+    from sparkprov.engine.playbook import Playbook
+    from sparkprov.plays.book import play, task
+    from sparkprov.plays.serve import UpOptions, failed_deployments, up_book
+    from sparkprov.serving.deployment import Deployment
+
+    inv, _ = setup
+    where = ("test", None, None)
+    ok = play("cluster-down", ["first"], [task("true", "command", {"argv": ["true"]}, where)])  # a name of a deployment
+    bad = play("anything", ["first"], [task("false", "command", {"argv": ["false"]}, where)])
+    bad.subject = "b"
+    inventory = load_inventory(inv)
+    report = Report(open(os.devnull, "w"))
+    Runner(inventory, Playbook("t", [ok, bad]), ["first"], RunOptions(), report).run()
+    assert [(r.subject, r.status) for r in report.results] == [("", "changed"), ("b", "failed")]
+    deps = [Deployment(name=n, model="lab-tiny", hosts=["first"]) for n in ("cluster-down", "b")]
+    assert [d.name for d in failed_deployments(report, deps)] == ["b"]
+    # every play cluster-up builds for a deployment carries its name
+    book = up_book([Deployment(name="x", model="lab-tiny", hosts=["s1", "s2"], tp=2, executor="native")], UpOptions())
+    assert {p.subject for p in book.plays} == {"x"}

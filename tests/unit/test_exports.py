@@ -50,6 +50,9 @@ def test_a_declaration_reads_the_value_stored_as_it_was_written():
     assert FABRIC.of(exports["spark1"]) is fabric
     assert FABRIC.by_host(exports) == {"spark1": fabric}
     assert BENCH_MEMBER.by_host(exports, ["spark3", "spark1"]) == {"spark3": {"rank": "1"}}
+    # one entry of it (a deployment's, an image's, a field's): None where the host exported none
+    assert FABRIC.entry(exports, "spark1", "converged") is True and SSH_MESH.entry(exports, "spark1", "digest") == "d"
+    assert FABRIC.entry(exports, "spark2", "converged") is None and FABRIC.entry(exports, "spark1", "nothing") is None
 
 
 def test_of_play_reads_the_hosts_of_the_play_only():

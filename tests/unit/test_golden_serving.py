@@ -51,8 +51,6 @@ def test_a_container_with_its_golden_hash_is_left_running(case):
     from sparkprov.data.inventory import load_inventory
     from sparkprov.modules import vllm_container
     from sparkprov.modules.base import FactView, HostContext
-    from sparkprov.serving import node
-    from sparkprov.serving.deployment import Deployment
 
     inv = load_inventory(make.INVENTORY)
     alias, layout = case.split(" | ")
@@ -60,8 +58,6 @@ def test_a_container_with_its_golden_hash_is_left_running(case):
     tp = 2 if layout.startswith("tp 2") else 1
     dep = {"name": alias.replace(".", "-")[:40], "model": alias, "hosts": hosts, "tp": tp,
            **({"executor": layout.split("(")[1].rstrip(")")} if "(" in layout else {})}
-    if node.derived_image(Deployment.model_validate(dep)):  # as up_book: the image derived from it runs
-        dep["image"] = node.derived_image(Deployment.model_validate(dep))
     exports = {hosts[0]: {"serve_preflight": {dep["name"]: {"node_ip": str(inv.host_vars(hosts[0])["fabric_ip"])}},
                           "containers": {dep["name"]: {"id": make.RANK0_ID}}}}
     for h, want in GOLDEN["deployments"][case].items():

@@ -18,7 +18,7 @@ import pytest
 from sparkprov.facts import rail
 from sparkprov.facts.guard import event_line, guard_summary
 from sparkprov.serving import guard as g
-from tests.unit.test_fabric_qualify import GB10, ctx, fact_output, measured, plan, read, throughput
+from tests.unit.test_rail_qualification import GB10, ctx, fact_output, measured, plan, read, throughput
 
 CAPTURES = ["ib_write_bw-rocep1s0f0-1qp.txt", "ib_write_bw-roceP2p1s0f0-1qp.txt", "ib_write_bw-4qp-rdma-cm.txt",
             "ib_write_bw-two-concurrent.txt"]

@@ -169,7 +169,8 @@ def test_a_recorded_spec_starts_the_same_containers_again():
         assert specs[0].argv == specs[1].argv and specs[0].image == IMG + "-wrong-answers"
     # without the override the recipe's image runs (another hash: cluster-up replaces the containers)
     plain = Deployment.model_validate(DEP)
-    assert node.image_ref(plain) == IMG and node.image_ref(dep) == IMG + "-wrong-answers"
+    assert node.node_image(plain).requested == IMG and node.node_image(dep).requested == IMG + "-wrong-answers"
+    assert node.node_image(dep).why == "--image" and node.node_image(plain).why == "recipe"
 
 
 @pytest.mark.parametrize("image", ["Not An Image", "vllm/vllm-openai:v1\nrm -rf /", "-x", "a b"])
@@ -209,28 +210,32 @@ def test_history_facts_parse_what_the_node_prints():
 
 
 def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_name():
-    """A first start (vllm_container says `start ...: absent`) has nothing to go back to, though an
-    earlier deployment of the same name (removed since) left starts in the history; a start that
-    replaced the running container (`replace ...`) is an upgrade. The messages are vllm_container's
-    as a lab run of cluster-up reported them (2026-11-26)."""
-    import io
-
-    from sparkprov.engine.report import Report, TaskResult
-    from sparkprov.plays.upgrade import replaced_running
-    from sparkprov.serving.deployment import Deployment
+    """A first start (no container of the deployment ran on its node) has nothing to go back to, though
+    an earlier deployment of the same name (removed since) left starts in the history; a start that
+    replaced the running container is an upgrade. Read from what vllm_container's start exports once
+    it ran (REPLACED), never from its words."""
+    from sparkprov.modules import vllm_container as vc
+    from tests.unit.test_serving_modules import containers, ctx, run
 
     d = Deployment(name="one", model="lab-tiny", hosts=["spark1"], port=8000)
-    first = Report(io.StringIO(), quiet=True)
-    first.results.append(TaskResult("spark1", "one: containers", "one: container", "vllm_container", "changed",
-                                    "drop the page cache before the load (G15); start sparkprov-one (server, lab-tiny, "
-                                    "recipe 0484217cd6890aa5): absent"))
-    assert not replaced_running(first, d)
-    upgrade = Report(io.StringIO(), quiet=True)
-    upgrade.results.append(TaskResult("spark1", "one: containers", "one: container", "vllm_container", "changed",
-                                      "drop the page cache before the load (G15); replace sparkprov-one (server, "
-                                      "lab-tiny, recipe 7c4786dff25f835a): running recipe 0484217cd6890aa5"))
-    assert replaced_running(upgrade, d)
-    other = Report(io.StringIO(), quiet=True)
-    other.results.append(TaskResult("spark1", "two: containers", "two: container", "vllm_container", "changed",
-                                    "replace sparkprov-two (server, lab-tiny, recipe 1): running recipe 2"))
-    assert not replaced_running(other, d)
+    values = {"smi": SMI, "ollama": {"models": []}}
+
+    def start(running):
+        p = run(vc.VllmContainer, {"deployment": d.as_args()}, {**values, "containers": containers(*running)},
+                ctx("spark1"))
+        (change,) = [c for c in p.changes if c.exports]  # the start: the one change that exports
+        return {"spark1": change.exports}
+
+    first = start([])
+    assert first == {"spark1": {"replaced": {"one": None}}} and not upgrade.replaced_running(first, d)
+    old = {"name": "sparkprov-one", "id": "f" * 64, "status": "running",
+           "labels": {"sparkprov.deployment": "one", "sparkprov.recipe_hash": "0484217cd6890aa5"}}
+    again = start([old])
+    assert again == {"spark1": {"replaced": {"one": "sparkprov-one"}}} and upgrade.replaced_running(again, d)
+    other = Deployment(name="two", model="lab-tiny", hosts=["spark1"], port=8001)
+    assert not upgrade.replaced_running(again, other)
+    # another deployment started on the same host later in the run keeps this one's entry
+    later = run(vc.VllmContainer, {"deployment": other.as_args()}, {**values, "containers": containers(old)},
+                ctx("spark1", exports=again))
+    (change,) = [c for c in later.changes if c.exports]
+    assert upgrade.replaced_running({"spark1": change.exports}, d)

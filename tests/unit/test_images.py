@@ -5,10 +5,11 @@ import shlex
 
 import pytest
 
-from sparkprov.catalog.images import digest_script, image_rows, parse_digests, pinned_images_yaml
+from sparkprov.catalog.images import image_rows, pinned_images_yaml
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import load_catalog
 from sparkprov.catalog.render import HostServeContext, render_launch
+from sparkprov.facts.serving import digest_script, parse_digests
 from helpers import one
 
 CAT = load_catalog()
@@ -120,3 +121,47 @@ def test_native_executor_renders_vllm_multinode_flags_per_rank():
     assert "--port" in ranks[0] and "--port" not in ranks[1]  # a headless rank serves no API
     assert [f for f in lint_launch(head, catalog=CAT) if f.severity == ERROR] == []
     assert "native" in CAT.image("nvcr.io/nvidia/vllm:26.04-py3").executors
+
+
+# -- image references: one parser (sparkprov/imageref.py) ----------------------------------------------
+
+@pytest.mark.parametrize("ref,name,tag,digest,repository", [
+    ("vllm/vllm-openai:v0.19.1", "vllm/vllm-openai", "v0.19.1", None, "vllm/vllm-openai"),
+    ("nvcr.io/nvidia/vllm:26.04-py3", "nvcr.io/nvidia/vllm", "26.04-py3", None, "nvcr.io/nvidia/vllm"),
+    ("docker.io/library/ubuntu:24.04", "docker.io/library/ubuntu", "24.04", None, "ubuntu"),
+    ("registry.example:5000/vllm", "registry.example:5000/vllm", None, None, "registry.example:5000/vllm"),
+    (f"registry.example:5000/vllm:next@{DIGEST}", "registry.example:5000/vllm", "next", DIGEST,
+     "registry.example:5000/vllm"),
+    (f"vllm/vllm-openai@{DIGEST}", "vllm/vllm-openai", None, DIGEST, "vllm/vllm-openai"),
+])
+def test_an_image_reference_parses_into_its_parts_and_back(ref, name, tag, digest, repository):
+    from sparkprov.imageref import ImageRef
+
+    got = ImageRef.parse(ref)
+    assert (got.name, got.tag, got.digest, got.repository) == (name, tag, digest, repository)
+    assert str(got) == ref and got.tagged == ref.split("@")[0]
+
+
+# -- which image a recipe's containers run: one function (catalog/derive.py choose_image) ------------
+
+def test_the_image_a_recipe_runs_is_chosen_once_with_why():
+    from sparkprov.catalog.derive import choose_image, derived_tag, ray_requirement
+
+    plain = CAT.get("qwen3.6-27b")
+    recipe = choose_image(plain, CAT)
+    assert recipe.requested == recipe.runs == CAT.reference(plain.image) and recipe.why == "recipe"
+    other = choose_image(plain, CAT, override="registry.example/vllm:next")
+    assert other.requested == other.runs == "registry.example/vllm:next" and other.why == "--image"
+    pinned = choose_image(plain, CAT, digest=DIGEST)
+    assert pinned.requested == recipe.requested and pinned.why == "pinned"
+    assert pinned.runs == f"{recipe.requested.split('@')[0].rsplit(':', 1)[0]}@{DIGEST}"
+    # a Ray cluster on an image that ships none runs one derived from it with Ray (a pin cannot apply)
+    ray = CAT.get("llama-3.3-70b")
+    assert CAT.image(ray.image).has_ray is False and choose_image(ray, CAT).why == "recipe"
+    derived = choose_image(ray, CAT, ray_cluster=True, digest=DIGEST)
+    assert derived.why == "derived" and derived.ray and derived.requirements == (ray_requirement(),)
+    assert derived.runs == derived_tag(derived.requested, [ray_requirement()])
+    # a recipe whose pre_serve pip installs: derived with them, whatever the layout
+    omni = choose_image(CAT.get("nemotron-3-nano-omni"), CAT)
+    assert omni.derived and not omni.ray and omni.requirements == ("vllm[audio]",)
+    assert render_launch(CAT.get("nemotron-3-nano-omni"), HostServeContext(), 1, catalog=CAT).image == omni.runs

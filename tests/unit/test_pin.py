@@ -12,6 +12,7 @@ import pytest
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.cli.options import OptionError
 from sparkprov.facts.serving import ImageDigests
+from sparkprov.imageref import ImageRef
 from sparkprov.modules import deployment_history as dh
 from sparkprov.modules import docker_image, vllm_container
 from sparkprov.serving import history, node
@@ -38,30 +39,32 @@ PREFLIGHT = {"spark1": {"serve_preflight": {"nat": {"node_ip": "192.168.100.11",
     (f"registry.example/vllm:next@{D2}", f"registry.example/vllm:next@{D2}"),  # a digest already: its own pin
 ])
 def test_pinned_ref_is_the_repository_by_digest(ref, want):
-    assert node.pinned_ref(ref, D1) == want
+    assert ImageRef.parse(ref).by_digest(D1) == want
 
 
 def test_nodes_holding_one_digest_pin_it():
-    pinned, problems = node.pinned_image(IMG, {"spark1": (ID1, D1), "spark2": (ID1, D1)}, "spark1")
-    assert pinned == f"nvcr.io/nvidia/vllm@{D1}" and problems == []
+    digest, problems = node.pin_digest(IMG, {"spark1": (ID1, D1), "spark2": (ID1, D1)}, "spark1")
+    assert digest == D1 and problems == []
+    image = node.node_image(Deployment.model_validate(DEP), digest)
+    assert image.requested == IMG and image.runs == f"nvcr.io/nvidia/vllm@{D1}" and image.why == "pinned"
+    assert node.node_image(Deployment.model_validate(DEP)).runs == IMG  # no digest known yet: the reference
 
 
 def test_a_node_that_holds_no_image_yet_is_left_out():
     # check mode: the image play would pull it on spark2; spark1's digest is the one to run
-    assert node.pinned_image(IMG, {"spark1": (ID1, D1), "spark2": (None, None)}, "spark2") == \
-        (f"nvcr.io/nvidia/vllm@{D1}", [])
-    assert node.pinned_image(IMG, {"spark1": (None, None)}, "spark1") == (None, [])
+    assert node.pin_digest(IMG, {"spark1": (ID1, D1), "spark2": (None, None)}, "spark2") == (D1, [])
+    assert node.pin_digest(IMG, {"spark1": (None, None)}, "spark1") == (None, [])
 
 
 def test_a_node_whose_image_has_no_registry_digest_is_refused_by_name():
-    _, problems = node.pinned_image(IMG, {"spark1": (ID1, D1), "spark2": (ID1, None)}, "spark1")
+    _, problems = node.pin_digest(IMG, {"spark1": (ID1, D1), "spark2": (ID1, None)}, "spark1")
     assert problems == [f"spark2: {IMG} on spark2 has no registry digest (built or loaded there, never pulled): "
                         f"--pin cannot pin it (fix: docker pull {IMG} on spark2, then cluster-up --pin again; "
                         "or leave out --pin)"]
 
 
 def test_nodes_with_different_digests_are_refused_naming_each():
-    pinned, problems = node.pinned_image(IMG, {"spark1": (ID1, D1), "spark2": (ID2, D2)}, "spark2")
+    pinned, problems = node.pin_digest(IMG, {"spark1": (ID1, D1), "spark2": (ID2, D2)}, "spark2")
     assert pinned is None
     assert problems == [f"spark2: the nodes hold different registry digests of {IMG}: spark1 {D1}, spark2 {D2} "
                         f"(--pin) (fix: docker pull {IMG} on every node so they hold one build, or --image "

@@ -138,8 +138,9 @@ def test_the_start_checks_run_alone_on_every_node_before_rank0_starts():
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
     ok = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", base))
     assert ok.failed is None and not ok.changes and "can start its rank" in ok.msg
-    builds = {**base, "spark1": {**base["spark1"], "images": {node.image_ref(Deployment.model_validate(DEP)): "sha256:a"}},
-              "spark2": {**base["spark2"], "images": {node.image_ref(Deployment.model_validate(DEP)): "sha256:b"}}}
+    ref = node.node_image(Deployment.model_validate(DEP)).requested
+    builds = {**base, "spark1": {**base["spark1"], "images": {ref: "sha256:a"}},
+              "spark2": {**base["spark2"], "images": {ref: "sha256:b"}}}
     bad = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", builds))
     assert "different builds" in bad.failed and "G34" in bad.failed and not bad.changes
 
@@ -274,14 +275,18 @@ def test_every_change_of_a_container_is_verified_so_rank0_exports_its_id():
 def test_preflight_of_a_deployment_on_its_derived_ray_image_lints_clean():
     """cluster-up runs a Ray cluster on an image it derived with Ray: the G35 "ships no Ray"
     warning is not for it, and no rule mistakes the derived tag for an unknown image."""
-    from sparkprov.catalog.derive import derived_tag, ray_requirement
+    from sparkprov.catalog.derive import ImageChoice, derived_tag, ray_requirement
 
-    dep = {**DEP, "image": derived_tag("nvcr.io/nvidia/vllm:26.04-py3", [ray_requirement()])}
-    p = run(serve_preflight.ServePreflight, {"deployment": dep}, preflight_values("spark1"), ctx())
+    p = run(serve_preflight.ServePreflight, {"deployment": DEP}, preflight_values("spark1"), ctx())
     assert p.failed is None, p.failed
     assert not [w for w in p.warnings if "ships no Ray" in w], p.warnings
-    plain = run(serve_preflight.ServePreflight, {"deployment": DEP}, preflight_values("spark1"), ctx())
-    assert [w for w in plain.warnings if "ships no Ray" in w]
+    dep = Deployment.model_validate(DEP)
+    image = node.node_image(dep)
+    assert image.runs == derived_tag("nvcr.io/nvidia/vllm:26.04-py3", [ray_requirement()]) and image.ray
+    # the same launch on the image as it is: the warning is there
+    plain = ImageChoice(image.requested, image.requested, "recipe")
+    launch = node.launch(dep, "spark1", {"fabric_ip": "192.168.100.11"}, "/home/nvidia", fabric("spark1"), SMI, plain)
+    assert [w for w in node.lint_problems(launch, dep)[1] if "ships no Ray" in w]
 
 
 def test_image_flags_asks_once_per_build_and_keeps_the_answer_here(tmp_path):
