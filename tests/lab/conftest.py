@@ -48,7 +48,10 @@ def require(missing: list[str]) -> None:
 
 
 # the modules that use test_real_vllm's session-wide `env`, in the order they run
-REAL_ENGINE_MODULES = ("test_guard.py", "test_monitoring.py", "test_real_layouts.py", "test_real_vllm.py")
+# (the drift test and the guard's replays, then test_real_tp2 share the pinned native tp 2 deployment
+# `nat`, started once, and remove it at their end: the others need spark1's port)
+REAL_ENGINE_MODULES = ("test_guard.py", "test_real_tp2.py", "test_monitoring.py", "test_real_layouts.py",
+                       "test_real_vllm.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Each phase's report kept on the test (`rep_call`): tests/lab/test_real_vllm.py's cleanup
-    reads it (a passing test marked keeps_serving leaves its deployment for the next)."""
+    reads it (a passing test marked keeps_serving leaves the deployments it names for the next)."""
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
@@ -84,8 +87,8 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: tears the lab down; runs last")
-    config.addinivalue_line("markers", "keeps_serving: a passing test leaves its deployment for the next "
-                                       "(tests/lab/test_real_vllm.py nothing_left_running)")
+    config.addinivalue_line("markers", "keeps_serving(NAME, ...): a passing test leaves those deployments for the "
+                                       "next (tests/lab/test_real_vllm.py nothing_left_running)")
 
 
 @dataclass
@@ -185,3 +188,74 @@ def lab_session():
                     state_dir=state.STATE_DIR, baseline=baseline)
     if not found:
         up.down(quiet=True)
+
+
+# -- the real vLLM: one provisioned lab for every module on it, one pinned native tp 2 deployment -----
+
+REAL_STORE = "~/realtest"
+REAL_MODEL = "lab-tiny"
+
+
+@pytest.fixture(scope="session")
+def real_env(lab, tmp_path_factory):
+    """The lab provisioned (which starts the guard) with lab-tiny staged in REAL_STORE: made once for
+    every module on the real engine (REAL_ENGINE_MODULES run one after another); each test removes
+    the deployments it does not leave on purpose (test_real_vllm.py nothing_left_running).
+
+    The rails as provision leaves them, and only that: earlier lab tests addressed them otherwise
+    (test_lab_multinode's 192.168.177.0/24, booted from its netplan), and a guard started in such a
+    boot still listens on the address it found then (its /metrics on every rail address, the stale one
+    included, which `status --ports` rightly reports). Provision addresses the rails again and starts
+    the guard anew."""
+    import io
+
+    from sparkprov.cli.common import run_playbook
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.report import Report
+    from sparkprov.plays.stage import StageOptions, run_stage
+    from sparklab.hub import ensure_lab_hub
+    from sparklab.image import VLLM_CPU_IMAGE, ensure_images
+    from sparklab.state import BRIDGE_IP, HUB_PORT, RAIL_IFACES, REGISTRY_PORT
+
+    repo = Path(__file__).resolve().parents[2]
+    hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
+    d = tmp_path_factory.mktemp("real")
+    inv = lab.write_inventory(d / "inventory.yaml", store=REAL_STORE, extra_vars=f"  hf_endpoint: {hub}\n")
+    for h in lab.names:
+        lab.sh(h, "".join(f"ip addr flush dev {i} scope global; " for i in RAIL_IFACES.values())
+               + "pid=$(cat /run/sparkprov-guard.pid 2>/dev/null); [ -z \"$pid\" ] || kill \"$pid\" 2>/dev/null; true")
+    assert run_playbook(playbook=str(repo / "playbooks" / "provision.yaml"), inventory=str(inv),
+                        hosts=None, as_json=True) == 0
+    loaded = load_inventory(inv)
+    rep = Report(io.StringIO())
+    run_stage(loaded, list(loaded.hosts), REAL_MODEL, StageOptions(), rep)
+    assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
+    yield {"inv": inv, "dir": d, "lab": lab}
+    if not lab.state_dir.exists():
+        return  # the session's last test took the lab down, and everything in it
+    subprocess.run([str(repo / ".venv" / "bin" / "invoke"), "cluster-down", "--inventory", str(inv)], cwd=repo,
+                   capture_output=True, timeout=300)
+    for n in lab.names:
+        lab.ssh(n, f"rm -rf {REAL_STORE}")
+
+
+NAT = "nat"
+NAT_HOSTS = ("spark1", "spark2")
+
+
+@pytest.fixture
+def nat(real_env):
+    """The pinned native tp 2 deployment `nat` of lab-tiny on the real vLLM (rank 0 on spark1, rank 1
+    on spark2, each rank by the registry digest its node holds): started by the first test that asks
+    for it (about a minute on two cores), a no-op `cluster-up` for the others. A test that uses it
+    and leaves it serving is marked keeps_serving("nat"); the last one removes it. The deployment's
+    summary from cluster-up's document, with its API key read from rank 0's 0600 file."""
+    from tests.lab.test_real_vllm import key_of, up
+
+    rc, doc, out = up(real_env, "--tp", "2", "--hosts", ",".join(NAT_HOSTS), "--executor", "native", "--name", NAT,
+                      "--pin")
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"][NAT]
+    return {**d, "key": key_of(real_env, d), "ranks": {"spark1": f"sparkprov-{NAT}-rank0",
+                                                        "spark2": f"sparkprov-{NAT}-rank1"}}

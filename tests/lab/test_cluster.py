@@ -6,9 +6,11 @@ put them into a store of this test's own (~/clustertest) on both hosts. Then: a 
 two-node recipe serves, checked by a request from here; a re-run changes nothing at one remote
 call per host; cluster-down removes exactly sparkprov's containers; two different models serve on
 two hosts; a worker with a wrong fabric address and a host without weights fail with the host
-and the cause, leaving nothing running.
+and the cause, leaving nothing running. One Ray TP 2 deployment, `tp`, is shared by the tests from
+the bench to the changed recipe (a Ray start is most of a minute on two cores): its internals
+closed to all but its members (tests/lab/lockdown.py), a power cycle of each node, a lost rank.
 """
-# Engine: the stand-in (sparklab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_vllm.py.
+# Engine: the stand-in (sparklab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_tp2.py.
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 from sparkprov.catalog.load import load_catalog
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
+from tests.lab import lockdown
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STORE = "~/clustertest"
@@ -101,11 +104,19 @@ INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
 @pytest.fixture(autouse=True)
 def nothing_left_running(request):
     """A test that fails half-way leaves nothing for the next one: what sparkprov started (the
-    gateway too) is removed after every test of this module that found it still there."""
+    gateway too) is removed after every test of this module that found it still there. Except a
+    passing test marked keeps_serving(NAME, ...): it leaves those deployments for the tests after it
+    (the Ray tp 2 deployment `tp`, shared: a Ray start is most of a minute on two cores)."""
     yield
     if "env" not in request.fixturenames:
         return
     env = request.getfixturevalue("env")
+    rep = getattr(request.node, "rep_call", None)
+    marker = request.node.get_closest_marker("keeps_serving")
+    if marker is not None and rep is not None and not rep.failed:
+        keep = {f"sparkprov-{name}-{role}" for name in marker.args for role in ("head", "worker")}
+        if all(set(containers(env["lab"], h)) <= keep for h in env["lab"].names):
+            return
     if any(containers(env["lab"], h) for h in env["lab"].names):
         subprocess.run([INVOKE, "gateway", "down", "--inventory", str(env["inv"])], cwd=REPO_ROOT,
                        capture_output=True, timeout=300)
@@ -235,24 +246,74 @@ def test_tp2_cluster_serves_and_rerun_is_a_noop(env):
     assert ray_processes(lab, "spark1") == [] and ray_processes(lab, "spark2") == []
 
 
-def test_lost_rank_makes_status_fail(env):
-    """A Ray TP 2 deployment whose worker container is killed: status says degraded, exit 2."""
+
+def test_wrong_worker_fabric_address_fails_naming_the_host(env):
     lab = env["lab"]
+    lab.sh("spark2", "ip addr del 192.168.100.12/24 dev enp1s0f1np1; ip addr add 192.168.200.12/24 dev enp1s0f1np1")
+    try:
+        rc, doc, out = up(env)
+    finally:
+        lab.sh("spark2", "ip addr del 192.168.200.12/24 dev enp1s0f1np1; ip addr add 192.168.100.12/24 dev enp1s0f1np1")
+    assert rc == 2
+    assert any("192.168.200.12" in m and "rank 0's subnet" in m for m in failed(doc, "spark2")), out
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+
+def test_missing_weights_fail_preflight_naming_the_host(env):
+    lab = env["lab"]
+    repo = "meta-llama/Llama-3.3-70B-Instruct".replace("/", "--")
+    lab.ssh("spark2", f"mv {STORE}/hub/models--{repo} {STORE}/moved-away")
+    try:
+        rc, doc, out = up(env)
+    finally:
+        lab.ssh("spark2", f"mv {STORE}/moved-away {STORE}/hub/models--{repo}")
+    assert rc == 2
+    assert any("weights not staged" in m and "stage-weights llama-3.3-70b" in m for m in failed(doc, "spark2")), out
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
+
+
+def test_check_changes_nothing_anywhere(env):
+    """--check of cluster-up, cluster-down and nccl-check: host state read back with plain ssh is
+    the same before and after, and the summaries say "would"."""
+    lab = env["lab"]
+    down(env)
+    before = {h: host_state(lab, h) for h in lab.names}
+    rc, doc, out = up(env, "--check")
+    assert rc == 0, out
+    assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
+    would = {(r["host"], r["msg"].split(" (ray-")[0]) for r in changed(doc) if r["module"] == "vllm_container"}
+    assert would == {("spark1", "would: drop the page cache before the load (G15); start sparkprov-tp-head"),
+                     ("spark2", "would: drop the page cache before the load (G15); start sparkprov-tp-worker")}, out
+    rc, doc, out = cli(env, "nccl-check", "--hosts", "spark1,spark2", "--backend", "gloo", "--check",
+                       "--playbook", str(env["dir"] / "cluster.yaml"))
+    assert rc == 0, out
+    assert {h: host_state(lab, h) for h in lab.names} == before
+
+    # up, then stopped (not removed): --check of cluster-up and cluster-down still change nothing
     rc, doc, out = up(env)
     assert rc == 0, out
-    lab.ssh("spark2", "docker kill sparkprov-tp-worker")
-    rc, st, out = cli(env, "status")
-    assert rc == 2, out
-    problems = st["hosts"]["spark1"]["deployments"]["tp"]["problems"]
-    assert any("sparkprov-tp-worker on spark2 is exited" in p for p in problems), problems
+    for h in lab.names:
+        lab.ssh(h, "docker stop -t 5 $(docker ps -q --filter label=sparkprov.managed=1)")
+    stopped = {h: host_state(lab, h) for h in lab.names}
+    rc, doc, out = up(env, "--check")
+    assert rc == 0, out
+    assert {r["host"] for r in changed(doc) if r["msg"].startswith("would: ")} == set(lab.names), out
+    rc, doc, out = cli(env, "cluster-down", "--check")
+    assert rc == 0 and {r["host"] for r in changed(doc)} == set(lab.names), out
+    assert {h: host_state(lab, h) for h in lab.names} == stopped
     down(env)
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
 
 
+
+@pytest.mark.keeps_serving("tp")
 def test_bench_watch_and_monitor_a_tp2_deployment(env, tmp_path):
     """invoke bench at concurrency 1 and 4 over the Ray TP 2 deployment: vLLM's client in the head's
     container, the key handed over on the host; JSON and plot under the recipe hash; --compare
     against the run before; --check runs nothing and writes nothing. Then status --watch and
-    invoke monitor on the same deployment."""
+    invoke monitor on the same deployment. Leaves `tp` serving for the tests after it."""
     lab = env["lab"]
     rc, doc, out = up(env)
     assert rc == 0, out
@@ -310,7 +371,234 @@ def test_bench_watch_and_monitor_a_tp2_deployment(env, tmp_path):
              for t in panel.get("targets", [])]
     queried = {n for e in exprs for n in re.findall(r"vllm:[A-Za-z0-9_:]*[A-Za-z0-9_]", e)}
     assert queried and {n for n in queried if not n.startswith("vllm:spec_decode")} <= live, queried - live
+
+
+
+@pytest.mark.keeps_serving("tp")
+def test_ray_tp2_internals_are_closed_and_need_the_token(env):
+    """Serving internals let no one in (issue 27), on the Ray TP 2 deployment `tp` (the stand-in engine:
+    the real vLLM's CPU build refuses Ray; Ray itself is the real Ray 2.60.0 of the lab's Ray image;
+    started if the test before left none): every socket either member listens on is reachable only as
+    `status --ports` says (tests/lab/lockdown.py), and that command exits 0. A Ray driver without the
+    token, or with a wrong one, is refused even from a member's fabric address; with the right one
+    (inside the worker's container) it joins; the token is in no argv, `docker inspect` output or
+    container log. A port opened on purpose to everyone is reported and `status --ports` exits 2.
+    Leaves `tp` serving."""
+    from sparklab.prebuild import RAY_VENV, ensure_ray_venv
+
+    lab = env["lab"]
+    ensure_ray_venv()  # the driver that knocks without the token: the lab's Ray 2.60.0
+    rc, doc, out = up(env)
+    assert rc == 0, out
+    assert "42" in chat(env, doc["cluster"], "tp")
+    lockdown.assert_locked(lab, env["inv"], "tp", 8000)
+
+    path = "~/.config/sparkprov/deployments/tp/ray_token"
+    token = lab.ssh("spark1", f"cat {path}").stdout.strip()
+    assert len(token) == 64 and lab.ssh("spark2", f"cat {path}").stdout.strip() == token
+    assert {lab.ssh(h, f"stat -c %a {path}").stdout.strip() for h in lab.names} == {"600"}
+    driver = ("import ray, sys\ntry:\n  ray.init(address=sys.argv[1], log_to_driver=False)\n"
+              "  print('JOINED', ray.cluster_resources().get('GPU'))\nexcept Exception as e:\n"
+              "  print('REFUSED', type(e).__name__, str(e)[:300])")
+    head = f"{lockdown.FABRIC['spark1']}:6379"
+    for token_env in ({}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
+        run_env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "RAY_DISABLE_USAGE_STATS": "1", **token_env}
+        r = lab.exec("spark2", ["env", *(f"{k}={v}" for k, v in run_env.items()), str(RAY_VENV / "bin" / "python"),
+                                "-c", driver, head], check=False, timeout=180)
+        said = r.stdout + r.stderr
+        assert "REFUSED" in said and "uthenticat" in said, said[-2000:]
+    # with the token (the worker container's mounted file) a driver joins: the refusals were the token's
+    said = lab.exec("spark2", ["docker", "exec", "sparkprov-tp-worker", "python3", "-c", driver, head],
+                    check=False, timeout=180)
+    assert "JOINED 2.0" in said.stdout, (said.stdout + said.stderr)[-2000:]
+    for host, name in (("spark1", "sparkprov-tp-head"), ("spark2", "sparkprov-tp-worker")):
+        seen = lab.ssh(host, f"docker inspect {name}; docker logs {name} 2>&1").stdout
+        assert "RAY_AUTH_TOKEN_PATH=/run/sparkprov/ray_token" in seen and token not in seen
+    argvs = [Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()
+             and os.path.exists(f"/proc/{p}/cmdline")]
+    assert not any(token.encode() in a for a in argvs)
+
+    # a port opened on purpose to everyone: reported and status fails
+    opened = lab.sh("spark1", "nohup python3 -m http.server 8765 --bind 0.0.0.0 >/dev/null 2>&1 & echo $!").stdout
+    try:
+        lab.sh("spark1", "for i in $(seq 50); do ss -H -tln | grep -q :8765 && break; sleep 0.1; done")
+        rc, doc, out = cli(env, "status", "--ports")
+        assert rc == 2, out
+        assert [r["port"] for r in doc["hosts"]["spark1"]["ports"] if r["flag"]] == [8765], out
+    finally:
+        lab.sh("spark1", f"kill {opened.strip()}")
+
+
+
+def _down_within(endpoint, key, bound):
+    """Seconds until /health stops answering 200 (None: it kept answering). A rank lost makes the
+    engine die, as vLLM does, but not at once: until then the old engine still answers."""
+    import time
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        try:
+            req = urllib.request.Request(endpoint.rsplit("/v1", 1)[0] + "/health", headers={"Authorization": f"Bearer {key}"})
+            with opener.open(req, timeout=5) as r:
+                if r.status != 200:
+                    return time.monotonic() - t0
+        except (OSError, ValueError):
+            return time.monotonic() - t0
+        time.sleep(1)
+    return None
+
+
+
+def _smoke_until(env, endpoint, model, key, bound):
+    """Ask the smoke question until the right answer comes back; seconds it took (None: never)."""
+    import time
+
+    body = json.dumps({"model": model, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": False},
+                       "messages": [{"role": "user", "content": "What is 21*2?"}]}).encode()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound:
+        req = urllib.request.Request(endpoint + "/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with opener.open(req, timeout=20) as r:
+                if "42" in json.loads(r.read())["choices"][0]["message"]["content"]:
+                    return time.monotonic() - t0
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(3)
+    return None
+
+
+
+# (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
+@pytest.mark.keeps_serving("tp")
+def test_power_cycle_of_each_node_comes_back_by_itself(env):
+    """Each node of a Ray TP 2 deployment reboots in turn, the worker then the head (every process
+    killed, live network reset, booted from what is persisted); with no sparkprov command in between,
+    the deployment goes down, status exits 2, and it answers the smoke question again within the
+    bound, with status healthy after. The shared deployment `tp` (started if the test before left
+    none), for both reboots: a Ray start is a minute here. Leaves it serving."""
+    import time
+
+    lab = env["lab"]
+    rc, doc, out = up(env)
+    assert rc == 0, out
+    d = doc["cluster"]["deployments"]["tp"]
+    host, path = d["api_key_file"].split(":", 1)
+    key = lab.ssh(host, f"cat {path}").stdout.strip()
+    for victim in ("spark2", "spark1"):
+        t0 = time.monotonic()
+        res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        booted = time.monotonic() - t0
+        # the deployment goes down first (the rebooted node's processes are gone; a lost rank kills
+        # the engine on the others), then comes back by itself
+        died = _down_within(d["endpoint"], key, bound=180)
+        assert died is not None, f"the Ray engine kept answering with {victim} rebooted (a lost rank must kill it)"
+        rc, st, out = cli(env, "status")
+        assert rc == 2, f"status exited {rc} while the deployment was down after {victim} rebooted: {out}"
+        secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
+        print(f"\n[recovery] ray, {victim} rebooted: boot {booted:.1f}s, down {died:.1f}s after the boot, "
+              f"answering again {secs}s after that; status while down exited 2")
+        assert secs is not None, f"the Ray deployment did not come back within 480 s after {victim} rebooted"
+        rc, st, out = cli(env, "status")
+        assert rc == 0, out
+
+
+
+def test_lost_rank_makes_status_fail(env):
+    """A Ray TP 2 deployment whose worker container is killed (the shared `tp`, started if the test
+    before left none): status says degraded, exit 2."""
+    lab = env["lab"]
+    rc, doc, out = up(env)
+    assert rc == 0, out
+    lab.ssh("spark2", "docker kill sparkprov-tp-worker")
+    rc, st, out = cli(env, "status")
+    assert rc == 2, out
+    problems = st["hosts"]["spark1"]["deployments"]["tp"]["problems"]
+    assert any("sparkprov-tp-worker on spark2 is exited" in p for p in problems), problems
     down(env)
+    lockdown.assert_no_rule_left(lab)  # cluster-down leaves no sparkprov table and no rule file
+
+
+
+@pytest.mark.keeps_serving("tp")
+def test_stage_in_the_same_run_and_its_check_changes_nothing(env):
+    """cluster-up --stage on a host that lacks the weights: --check downloads, copies and starts
+    nothing (state read back with plain ssh) and says what it would do; then the real run stages
+    and serves. Leaves `tp` serving (for the changed recipe next)."""
+    lab = env["lab"]
+    down(env)
+    repo = "meta-llama/Llama-3.3-70B-Instruct".replace("/", "--")
+    lab.ssh("spark2", f"rm -rf {STORE}/hub/models--{repo}")
+    before = {h: host_state(lab, h) for h in lab.names}
+    saved = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = env["token"]
+    try:
+        rc, doc, out = up(env, "--check", "--stage")
+        assert rc == 0, out
+        assert {h: host_state(lab, h) for h in lab.names} == before
+        msgs = " | ".join(r["msg"] for r in changed(doc))
+        assert "would: send" in msgs and "to spark2" in msgs and "would: drop the page cache" in msgs, msgs
+        assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
+        rc, doc, out = up(env, "--stage")
+        assert rc == 0, out
+        assert "42" in chat(env, doc["cluster"], "tp")
+    finally:
+        if saved is None:
+            os.environ.pop("HF_TOKEN", None)
+        else:
+            os.environ["HF_TOKEN"] = saved
+
+
+
+def managed(lab, host) -> dict[str, tuple[str, str, str]]:
+    """name -> (container ID, recipe hash label, state) of sparkprov's containers on a host."""
+    out = lab.ssh(host, "docker ps -a --filter label=sparkprov.managed=1 --format "
+                        "'{{.Names}} {{.ID}} {{.Label \"sparkprov.recipe_hash\"}} {{.State}}'").stdout
+    return {w[0]: (w[1], w[2], w[3]) for w in (line.split() for line in out.splitlines()) if len(w) == 4}
+
+
+
+def test_changed_recipe_replaces_the_running_containers(env):
+    """A changed recipe (--max-model-len) replaces `tp`'s containers on both nodes (started if the test
+    before left none); a rerun changes nothing at one remote call per host."""
+    lab = env["lab"]
+    rc, doc, out = up(env)
+    assert rc == 0, out
+    before = {h: managed(lab, h) for h in lab.names}
+    assert set(before["spark1"]) == {"sparkprov-tp-head"} and set(before["spark2"]) == {"sparkprov-tp-worker"}
+    (env["dir"] / "cluster-mml.yaml").write_text(
+        f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2, "
+        "overrides: {--max-model-len: 6000}}\n")
+
+    rc, doc2, out2 = up(env, "--playbook", str(env["dir"] / "cluster-mml.yaml"))
+    assert rc == 0, out2
+    assert doc2["cluster"]["deployments"]["tp"]["state"] == "started", out2
+    after = {h: managed(lab, h) for h in lab.names}
+    # the head's `docker run` carries the vLLM flags: a new hash, a new container; the worker names
+    # the head's container, so it is replaced with it (a Ray cluster does not re-admit a lost head)
+    for h in lab.names:
+        assert set(after[h]) == set(before[h])
+        for name, (cid, rhash, state) in after[h].items():
+            assert cid != before[h][name][0] and rhash != before[h][name][1], (h, name)
+    assert all(st == "running" for h in lab.names for (_, _, st) in after[h].values())
+    assert "--max-model-len 6000" in lab.ssh("spark1", "docker inspect --format '{{join .Args \" \"}}' "
+                                                       "sparkprov-tp-head").stdout.replace("=", " ")
+    assert "42" in chat(env, doc2["cluster"], "tp")
+
+    rc, doc3, out3 = up(env, "--playbook", str(env["dir"] / "cluster-mml.yaml"))
+    assert rc == 0, out3
+    assert doc3["cluster"]["deployments"]["tp"]["state"] == "already up, unchanged"
+    assert changed(doc3) == [], out3
+    assert all(t["remote_calls"] == 1 for t in doc3["hosts"].values()), doc3["hosts"]
+    assert {h: managed(lab, h) for h in lab.names} == after
+    down(env)
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+
 
 
 def test_two_models_on_two_hosts_and_one_gateway_in_front(env):
@@ -367,6 +655,7 @@ def test_two_models_on_two_hosts_and_one_gateway_in_front(env):
     assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
 
 
+
 def gateway_chat(endpoint, key, model):
     body = json.dumps({"model": model, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": False},
                        "messages": [{"role": "user", "content": "What is 21*2?"}]}).encode()
@@ -376,105 +665,6 @@ def gateway_chat(endpoint, key, model):
     with opener.open(req, timeout=120) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
-
-def test_wrong_worker_fabric_address_fails_naming_the_host(env):
-    lab = env["lab"]
-    lab.sh("spark2", "ip addr del 192.168.100.12/24 dev enp1s0f1np1; ip addr add 192.168.200.12/24 dev enp1s0f1np1")
-    try:
-        rc, doc, out = up(env)
-    finally:
-        lab.sh("spark2", "ip addr del 192.168.200.12/24 dev enp1s0f1np1; ip addr add 192.168.100.12/24 dev enp1s0f1np1")
-    assert rc == 2
-    assert any("192.168.200.12" in m and "rank 0's subnet" in m for m in failed(doc, "spark2")), out
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
-
-
-def test_missing_weights_fail_preflight_naming_the_host(env):
-    lab = env["lab"]
-    repo = "meta-llama/Llama-3.3-70B-Instruct".replace("/", "--")
-    lab.ssh("spark2", f"mv {STORE}/hub/models--{repo} {STORE}/moved-away")
-    try:
-        rc, doc, out = up(env)
-    finally:
-        lab.ssh("spark2", f"mv {STORE}/moved-away {STORE}/hub/models--{repo}")
-    assert rc == 2
-    assert any("weights not staged" in m and "stage-weights llama-3.3-70b" in m for m in failed(doc, "spark2")), out
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
-
-
-def managed(lab, host) -> dict[str, tuple[str, str, str]]:
-    """name -> (container ID, recipe hash label, state) of sparkprov's containers on a host."""
-    out = lab.ssh(host, "docker ps -a --filter label=sparkprov.managed=1 --format "
-                        "'{{.Names}} {{.ID}} {{.Label \"sparkprov.recipe_hash\"}} {{.State}}'").stdout
-    return {w[0]: (w[1], w[2], w[3]) for w in (line.split() for line in out.splitlines()) if len(w) == 4}
-
-
-def test_changed_recipe_replaces_the_running_containers(env):
-    lab = env["lab"]
-    rc, doc, out = up(env)
-    assert rc == 0, out
-    before = {h: managed(lab, h) for h in lab.names}
-    assert set(before["spark1"]) == {"sparkprov-tp-head"} and set(before["spark2"]) == {"sparkprov-tp-worker"}
-    (env["dir"] / "cluster-mml.yaml").write_text(
-        f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2, "
-        "overrides: {--max-model-len: 6000}}\n")
-
-    rc, doc2, out2 = up(env, "--playbook", str(env["dir"] / "cluster-mml.yaml"))
-    assert rc == 0, out2
-    assert doc2["cluster"]["deployments"]["tp"]["state"] == "started", out2
-    after = {h: managed(lab, h) for h in lab.names}
-    # the head's `docker run` carries the vLLM flags: a new hash, a new container; the worker names
-    # the head's container, so it is replaced with it (a Ray cluster does not re-admit a lost head)
-    for h in lab.names:
-        assert set(after[h]) == set(before[h])
-        for name, (cid, rhash, state) in after[h].items():
-            assert cid != before[h][name][0] and rhash != before[h][name][1], (h, name)
-    assert all(st == "running" for h in lab.names for (_, _, st) in after[h].values())
-    assert "--max-model-len 6000" in lab.ssh("spark1", "docker inspect --format '{{join .Args \" \"}}' "
-                                                       "sparkprov-tp-head").stdout.replace("=", " ")
-    assert "42" in chat(env, doc2["cluster"], "tp")
-
-    rc, doc3, out3 = up(env, "--playbook", str(env["dir"] / "cluster-mml.yaml"))
-    assert rc == 0, out3
-    assert doc3["cluster"]["deployments"]["tp"]["state"] == "already up, unchanged"
-    assert changed(doc3) == [], out3
-    assert all(t["remote_calls"] == 1 for t in doc3["hosts"].values()), doc3["hosts"]
-    assert {h: managed(lab, h) for h in lab.names} == after
-    down(env)
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
-
-
-def test_check_changes_nothing_anywhere(env):
-    """--check of cluster-up, cluster-down and nccl-check: host state read back with plain ssh is
-    the same before and after, and the summaries say "would"."""
-    lab = env["lab"]
-    down(env)
-    before = {h: host_state(lab, h) for h in lab.names}
-    rc, doc, out = up(env, "--check")
-    assert rc == 0, out
-    assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
-    would = {(r["host"], r["msg"].split(" (ray-")[0]) for r in changed(doc) if r["module"] == "vllm_container"}
-    assert would == {("spark1", "would: drop the page cache before the load (G15); start sparkprov-tp-head"),
-                     ("spark2", "would: drop the page cache before the load (G15); start sparkprov-tp-worker")}, out
-    rc, doc, out = cli(env, "nccl-check", "--hosts", "spark1,spark2", "--backend", "gloo", "--check",
-                       "--playbook", str(env["dir"] / "cluster.yaml"))
-    assert rc == 0, out
-    assert {h: host_state(lab, h) for h in lab.names} == before
-
-    # up, then stopped (not removed): --check of cluster-up and cluster-down still change nothing
-    rc, doc, out = up(env)
-    assert rc == 0, out
-    for h in lab.names:
-        lab.ssh(h, "docker stop -t 5 $(docker ps -q --filter label=sparkprov.managed=1)")
-    stopped = {h: host_state(lab, h) for h in lab.names}
-    rc, doc, out = up(env, "--check")
-    assert rc == 0, out
-    assert {r["host"] for r in changed(doc) if r["msg"].startswith("would: ")} == set(lab.names), out
-    rc, doc, out = cli(env, "cluster-down", "--check")
-    assert rc == 0 and {r["host"] for r in changed(doc)} == set(lab.names), out
-    assert {h: host_state(lab, h) for h in lab.names} == stopped
-    down(env)
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
 
 
 def test_ulimit_memlock_unlimited_container_starts(env):
@@ -494,6 +684,7 @@ def test_ulimit_memlock_unlimited_container_starts(env):
             assert locked.isdigit()
             assert "RLIMIT_MEMLOCK" in lab.sh(h, f"cat {dockerd.RLIMIT_LOG}").stdout
         assert lab.ssh(h, "docker ps -aq --filter ancestor=sparkprov/smoke:latest --filter status=exited").stdout == ""
+
 
 
 def test_nccl_check_over_the_fabric(env):
@@ -559,108 +750,3 @@ def test_nccl_check_over_the_fabric(env):
     for h in lab.names:  # nothing left running
         assert lab.ssh(h, "docker ps -aq --filter name=sparkprov-nccl-check").stdout == ""
         assert ns_processes(h, ("torch.distributed.run", "allreduce_bench")) == []
-
-
-def _down_within(endpoint, key, bound):
-    """Seconds until /health stops answering 200 (None: it kept answering). A rank lost makes the
-    engine die, as vLLM does, but not at once: until then the old engine still answers."""
-    import time
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < bound:
-        try:
-            req = urllib.request.Request(endpoint.rsplit("/v1", 1)[0] + "/health", headers={"Authorization": f"Bearer {key}"})
-            with opener.open(req, timeout=5) as r:
-                if r.status != 200:
-                    return time.monotonic() - t0
-        except (OSError, ValueError):
-            return time.monotonic() - t0
-        time.sleep(1)
-    return None
-
-
-def _smoke_until(env, endpoint, model, key, bound):
-    """Ask the smoke question until the right answer comes back; seconds it took (None: never)."""
-    import time
-
-    body = json.dumps({"model": model, "max_tokens": 200, "chat_template_kwargs": {"enable_thinking": False},
-                       "messages": [{"role": "user", "content": "What is 21*2?"}]}).encode()
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < bound:
-        req = urllib.request.Request(endpoint + "/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-        try:
-            with opener.open(req, timeout=20) as r:
-                if "42" in json.loads(r.read())["choices"][0]["message"]["content"]:
-                    return time.monotonic() - t0
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(3)
-    return None
-
-
-# (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
-def test_power_cycle_of_each_node_comes_back_by_itself(env):
-    """Each node of a Ray TP 2 deployment reboots in turn, the worker then the head (every process
-    killed, live network reset, booted from what is persisted); with no sparkprov command in between,
-    the deployment goes down, status exits 2, and it answers the smoke question again within the
-    bound, with status healthy after. One deployment for both reboots: a Ray start is a minute here."""
-    import time
-
-    lab = env["lab"]
-    rc, doc, out = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "ray",
-                      "--name", "pc-ray")
-    assert rc == 0, out
-    d = doc["cluster"]["deployments"]["pc-ray"]
-    host, path = d["api_key_file"].split(":", 1)
-    key = lab.ssh(host, f"cat {path}").stdout.strip()
-    for victim in ("spark2", "spark1"):
-        t0 = time.monotonic()
-        res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=300)
-        assert res.returncode == 0, res.stderr
-        booted = time.monotonic() - t0
-        # the deployment goes down first (the rebooted node's processes are gone; a lost rank kills
-        # the engine on the others), then comes back by itself
-        died = _down_within(d["endpoint"], key, bound=180)
-        assert died is not None, f"the Ray engine kept answering with {victim} rebooted (a lost rank must kill it)"
-        rc, st, out = cli(env, "status")
-        assert rc == 2, f"status exited {rc} while the deployment was down after {victim} rebooted: {out}"
-        secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
-        print(f"\n[recovery] ray, {victim} rebooted: boot {booted:.1f}s, down {died:.1f}s after the boot, "
-              f"answering again {secs}s after that; status while down exited 2")
-        assert secs is not None, f"the Ray deployment did not come back within 480 s after {victim} rebooted"
-        rc, st, out = cli(env, "status")
-        assert rc == 0, out
-    down(env, "--model", TP_MODEL, "--name", "pc-ray")
-
-
-def test_stage_in_the_same_run_and_its_check_changes_nothing(env):
-    """cluster-up --stage on a host that lacks the weights: --check downloads, copies and starts
-    nothing (state read back with plain ssh) and says what it would do; then the real run stages
-    and serves."""
-    lab = env["lab"]
-    down(env)
-    repo = "meta-llama/Llama-3.3-70B-Instruct".replace("/", "--")
-    lab.ssh("spark2", f"rm -rf {STORE}/hub/models--{repo}")
-    before = {h: host_state(lab, h) for h in lab.names}
-    saved = os.environ.get("HF_TOKEN")
-    os.environ["HF_TOKEN"] = env["token"]
-    try:
-        rc, doc, out = up(env, "--check", "--stage")
-        assert rc == 0, out
-        assert {h: host_state(lab, h) for h in lab.names} == before
-        msgs = " | ".join(r["msg"] for r in changed(doc))
-        assert "would: send" in msgs and "to spark2" in msgs and "would: drop the page cache" in msgs, msgs
-        assert doc["cluster"]["deployments"]["tp"]["state"] == "would start or replace"
-        rc, doc, out = up(env, "--stage")
-        assert rc == 0, out
-        assert "42" in chat(env, doc["cluster"], "tp")
-    finally:
-        if saved is None:
-            os.environ.pop("HF_TOKEN", None)
-        else:
-            os.environ["HF_TOKEN"] = saved
-    down(env)

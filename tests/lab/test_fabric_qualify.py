@@ -23,7 +23,7 @@ from sparkprov.data.inventory import load_inventory
 from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
-from sparkprov.facts.rail import QUAL_PATH, degraded
+from sparkprov.facts.rail import QUAL_PATH
 from sparkprov.serving.guard import JOURNAL_PATH, REQUALIFY_ACTION
 from sparklab import faults
 from sparklab.state import LAB_RAIL_VARS, RAIL_IFACES
@@ -44,6 +44,14 @@ def provision(inv: Path) -> Report:
     inventory = load_inventory(inv)
     Runner(inventory, load_playbook(PLAYBOOK), list(inventory.hosts), RunOptions(tags={"fabric", "ssh"}), report).run()
     return report
+
+
+def preflight(inv: Path, hosts: list[str]) -> dict[str, dict]:
+    """cluster-up --check of a TP 2 deployment over the rails: each host's preflight result."""
+    p = subprocess.run([INVOKE, "cluster-up", "--inventory", str(inv), "--model", "lab-tiny", "--tp", "2", "--executor",
+                        "native", "--hosts", ",".join(hosts), "--check", "--json"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=300)
+    return {x["host"]: x for x in json.loads(p.stdout)["results"] if x["module"] == "serve_preflight"}
 
 
 def qual(report: Report, host: str):
@@ -157,8 +165,15 @@ def test_after_a_power_cycle_the_guard_qualifies_the_rails_again(lab, inv):
     assert doc is not None, f"{SLOW_HOST}'s guard did not qualify the rails within {REQUALIFY_BOUND_S}s of its boot"
     (bad,) = [x for x in doc["rails"] if x["status"] != "ok"]
     assert bad["iface"] == SLOW_RAIL and bad["status"] == "degraded" and bad["gbps"] < FLOOR and not doc["ok"]
-    (line,) = degraded(SLOW_HOST, {"present": True, **doc})   # cluster-up's preflight refuses on this line
-    assert f"rail {SLOW_RAIL} to spark1" in line
+    # what the guard rewrote is what cluster-up's preflight and `invoke status` read: the start refused
+    # naming the rail, status exiting 2 with it as a standing problem
+    line = f"{SLOW_HOST}: rail {SLOW_RAIL} to spark1 was degraded at its last qualification"
+    pre = preflight(inv, lab.names)
+    assert line in pre[SLOW_HOST]["msg"] and pre[SLOW_HOST]["status"] == "failed", pre[SLOW_HOST]
+    assert "degraded" not in pre["spark1"]["msg"], pre["spark1"]
+    p = subprocess.run([INVOKE, "status", "--inventory", str(inv), "--json"], cwd=REPO_ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 2 and SLOW_RAIL in json.dumps(json.loads(p.stdout)["hosts"][SLOW_HOST]), p.stdout[-3000:]
     (e,) = [x for x in journal(lab, SLOW_HOST)[seen:] if x["kind"] == "rail-degraded"]
     assert e["reading"].startswith(f"{SLOW_RAIL} -> spark1") and e["action"] == REQUALIFY_ACTION and e["fix"]
     print(f"{SLOW_HOST} {took:.1f}s after its boot: {e['reading']} (threshold {e['threshold']})")
@@ -168,5 +183,6 @@ def test_after_a_power_cycle_the_guard_qualifies_the_rails_again(lab, inv):
     t0 = time.monotonic()
     again = guard_record_within(lab, SLOW_HOST, doc["measured_at"], REQUALIFY_BOUND_S)
     assert again is not None and again["ok"], again
+    assert "degraded" not in preflight(inv, lab.names)[SLOW_HOST]["msg"]
     print(f"{SLOW_HOST} mended, {time.monotonic() - t0:.1f}s after its boot: "
           + ", ".join(f"{x['iface']} {x['gbps']} Gb/s" for x in again["rails"]))

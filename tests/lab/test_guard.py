@@ -15,13 +15,16 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from sparkprov.serving.guard import JOURNAL_PATH
 from tests.lab import test_real_vllm as real
 from tests.lab.test_cluster import cli
-from tests.lab.test_real_vllm import INVOKE, REPO_ROOT, RECOVERY_BOUND_S, ask, key_of, smoke_within, up
+from tests.lab.conftest import NAT
+from tests.lab.test_real_vllm import INVOKE, REPO_ROOT, RECOVERY_BOUND_S, ask, smoke_within, up
 
-# the real-engine module's fixtures: its own lab inventory, provision (which starts the guard), lab-tiny
-# staged; every deployment removed after each test
+# the real-engine modules' fixtures: the provisioned lab (provision starts the guard) with lab-tiny
+# staged; every deployment but the ones a passing test keeps removed after each test
 env = real.env
 nothing_left_running = real.nothing_left_running
 
@@ -68,25 +71,48 @@ def fault(action: str, host: str) -> str:
     return r.stdout.strip()
 
 
-def test_guard_acts_on_each_fault_on_that_host_only_and_serving_resumes(env):
+def test_a_changed_kernel_on_one_host_is_drift_at_provision_and_refused_at_cluster_up(env):
+    """The drift gate (modules/drift.py): spark2 alone reports the kernel an NVIDIA system update
+    brought (7.0.0-1019-nvidia, eugr/spark-vllm-docker#392): provision records and reports it (the
+    drift between the nodes, and the known-bad row), cluster-up of a TP 2 deployment is refused
+    before anything is pulled or started, naming both kernels."""
+    lab = env["lab"]
+    try:
+        said = fault("kernel-update", "spark2")
+        assert said == "spark2: kernel 7.0.0-1019-nvidia", said
+        good = lab.exec("spark1", ["cat", "/proc/sys/kernel/osrelease"]).stdout.strip()
+        rc, doc, out = cli(env, "provision")
+        assert rc == 0, out
+        warnings = [w for r in doc["results"] for w in r.get("warnings") or []]
+        assert f"drift: kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in warnings, warnings
+        assert any("eugr/spark-vllm-docker#392" in w for w in warnings), warnings
+        rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "drift")
+        assert rc != 0, out
+        failed = " ".join(r["msg"] for r in doc["results"] if r["status"] == "failed")
+        assert f"kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in failed, failed
+        for h in lab.names:
+            assert lab.exec(h, ["docker", "ps", "-aq", "--filter", "label=sparkprov.deployment=drift"]).stdout == ""
+    finally:
+        fault("clear-kernel-update", "spark2")
+
+
+@pytest.mark.keeps_serving(NAT)
+def test_guard_acts_on_each_fault_on_that_host_only_and_serving_resumes(env, nat):
     lab = env["lab"]
     rc, st, out = cli(env, "status")
     assert rc == 0, out
     for h in lab.names:   # provision (env) started the guard: a process started at boot in the lab
         gd = st["hosts"][h]["host"]["guard"]
         assert gd["installed"] and gd["running"] and gd["started_by"] == "boot", gd
-    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "grd")
-    assert rc == 0, out
-    d = doc["cluster"]["deployments"]["grd"]
-    key = key_of(env, d)
+    d, key = nat, nat["key"]
     assert "204" in ask(d["endpoint"], d["model"], key)
 
     timings = []
     # Two rounds: memory pressure on spark2 and an NVRM error on spark1 at once (two guards, each
     # acting on its own host; one recovery of the group for both), then the hang on spark1.
-    rounds = ([("memory-pressure", "spark2", "memory", "sparkprov-grd-rank1"),
-               ("nvrm", "spark1", "nvrm", "sparkprov-grd-rank0")],
-              [("hang", "spark1", "liveness", "sparkprov-grd-rank0")])
+    rounds = ([("memory-pressure", "spark2", "memory", nat["ranks"]["spark2"]),
+               ("nvrm", "spark1", "nvrm", nat["ranks"]["spark1"])],
+              [("hang", "spark1", "liveness", nat["ranks"]["spark1"])])
     for faults in rounds:
         before = {h: len(journal(lab, h)) for h in lab.names}
         t0 = time.monotonic()
@@ -119,30 +145,3 @@ def test_guard_acts_on_each_fault_on_that_host_only_and_serving_resumes(env):
     rc, st, out = cli(env, "status")
     assert rc == 0, out
     print("\n[guard, real vLLM native tp2] " + "; ".join(timings + [guard_cost(lab, h) for h in lab.names]))
-    rc, _, out = cli(env, "cluster-down", "--model", "lab-tiny", "--name", "grd")
-    assert rc == 0, out
-
-
-def test_a_changed_kernel_on_one_host_is_drift_at_provision_and_refused_at_cluster_up(env):
-    """The drift gate (modules/drift.py): spark2 alone reports the kernel an NVIDIA system update
-    brought (7.0.0-1019-nvidia, eugr/spark-vllm-docker#392): provision records and reports it (the
-    drift between the nodes, and the known-bad row), cluster-up of a TP 2 deployment is refused
-    before anything is pulled or started, naming both kernels."""
-    lab = env["lab"]
-    try:
-        said = fault("kernel-update", "spark2")
-        assert said == "spark2: kernel 7.0.0-1019-nvidia", said
-        good = lab.exec("spark1", ["cat", "/proc/sys/kernel/osrelease"]).stdout.strip()
-        rc, doc, out = cli(env, "provision")
-        assert rc == 0, out
-        warnings = [w for r in doc["results"] for w in r.get("warnings") or []]
-        assert f"drift: kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in warnings, warnings
-        assert any("eugr/spark-vllm-docker#392" in w for w in warnings), warnings
-        rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "drift")
-        assert rc != 0, out
-        failed = " ".join(r["msg"] for r in doc["results"] if r["status"] == "failed")
-        assert f"kernel differs: spark1 {good}, spark2 7.0.0-1019-nvidia" in failed, failed
-        for h in lab.names:
-            assert lab.exec(h, ["docker", "ps", "-aq", "--filter", "label=sparkprov.deployment=drift"]).stdout == ""
-    finally:
-        fault("clear-kernel-update", "spark2")

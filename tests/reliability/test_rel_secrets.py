@@ -1,6 +1,7 @@
 """Secrets across a full run, with `invoke` as a user runs it: provision (the sudo password),
 stage-weights of a GATED model from the lab hub (the lab's Hugging Face token, given in a 0600
-file), cluster-up of that model as a TP=2 Ray cluster (the API key sparkprov creates on the head).
+file), cluster-up of that model as a TP=2 Ray cluster (the API key sparkprov creates on the head,
+the Ray token it creates for the cluster on both nodes).
 
 While it runs, the process lists are sampled about ten times a second: the argv of every process
 on the machine (the lab hosts share its process table) and the argv and environment of every
@@ -10,8 +11,8 @@ file the lab and the run wrote is read: the lab state dir (each host's private /
 json logs) and the layers written during the run, the control machine's new files in /tmp, the
 output of the runs, `docker inspect` and `docker logs` of every container on every host.
 
-The password, the token and the API key may appear only in their own 0600 files (a file that is
-mode 0600 and holds nothing but the secret). One allowance, by design: vLLM takes its key from
+The password, the Hugging Face token, the API key and the Ray token may appear only in their own
+0600 files (a file that is mode 0600 and holds nothing but the secret). One allowance, by design: vLLM takes its key from
 VLLM_API_KEY, so the serving processes inside the containers (and only they) carry it in their
 environment, put there from the mounted 0600 file by sparkprov's wrapper, never by docker.
 """
@@ -174,7 +175,10 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
         api_key = lab.sh("spark1", f"cat {KEY_FILE}").stdout.strip()
         assert len(api_key) >= 32, "cluster-up created the API key on the head"
         assert "API key created, 0600" in runs["up"].stdout, runs["up"].stdout[-3000:]
-        secrets = {"sudo password": password, "HF token": hf_token, "API key": api_key}
+        token_file_path = "/home/nvidia/.config/sparkprov/deployments/relsecret/ray_token"
+        ray_token = lab.sh("spark1", f"cat {token_file_path}").stdout.strip()
+        assert len(ray_token) == 64 and lab.sh("spark2", f"cat {token_file_path}").stdout.strip() == ray_token
+        secrets = {"sudo password": password, "HF token": hf_token, "API key": api_key, "Ray token": ray_token}
         gated = [r for r in hub.requests() if r["seq"] > seq and TP_REPO in r["path"] and "/resolve/" in r["path"]]
         assert gated and all(r["auth"] and r["status"] in (200, 206) for r in gated), "the gated repo was read with the token"
 
@@ -209,6 +213,7 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
         assert str(lab.password_file) in own["sudo password"], hits      # the scan finds what is there ...
         assert str(tok) in own["HF token"] and str(STATE_DIR / "hf_token") in own["HF token"], hits
         assert any(p.endswith("/.config/sparkprov/api_key") for p in own["API key"]), hits
+        assert sum(p.endswith("/deployments/relsecret/ray_token") for p in own["Ray token"]) == 2, hits  # both hosts
         for k in secrets:                                                 # ... and nothing else holds a secret
             assert sorted(set(hits[k]) - set(own[k])) == [], f"{k} in {sorted(set(hits[k]) - set(own[k]))}"
         for h in lab.names:
