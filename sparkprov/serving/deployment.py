@@ -35,6 +35,7 @@ from pydantic.json_schema import SkipJsonSchema
 from sparkprov.catalog.layout import Layout, override_conflicts
 from sparkprov.defaults import MASTER_PORT, RAY_PORT, host_setting
 from sparkprov.errors import InputError
+from sparkprov.options import DEPLOYMENT_NAME
 from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
     from sparkprov.data.inventory import Inventory
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
+NAME_RE = re.compile(rf"{DEPLOYMENT_NAME}\Z")
 
 
 class _Strict(BaseModel):

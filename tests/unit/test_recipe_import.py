@@ -307,7 +307,7 @@ def test_cli_recipe_import_writes_the_file_and_exits_by_errors(tmp_path, capsys)
     with pytest.raises(Exit) as e:
         recipe(Context(), "import")
     assert e.value.code == 1 and e.value.message == ("sparkprov: recipe import needs --file FILE (fix: name a recipe "
-                                                     "of eugr/spark-vllm-docker or sparkrun (recipe_version 2))")
+                                                     "of eugr/spark-vllm-docker, sparkrun, spark-pulse or NVIDIA's recipe catalog)")
 
 
 # -- generated foreign recipes through the real command ------------------------------------------------
