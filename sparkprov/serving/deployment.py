@@ -245,6 +245,9 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
     for i, r in enumerate(recipes):
         if not Path(r).exists():
             raise pos.error(("recipes", i), f"recipe file {model.recipes[i]} not found", fix="check the path")
+        if not Path(r).is_file():  # `.` or a folder: the catalog would name the folder, not this line
+            raise pos.error(("recipes", i), f"recipe file {model.recipes[i]!r} is not a file",
+                            fix="name a user recipe file (YAML: images:, recipes:)")
     seen: dict[str, int] = {}
     out = ServePlaybook(file, recipes)
     for i, d in enumerate(model.deployments):
@@ -259,6 +262,11 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
                                 fix="give one value per flag (each flag its own key under overrides:)")
         line, col = pos.at(where + ("hosts",))
         pattern = data["deployments"][i]["hosts"]  # as written: one pattern, or a list of them
+        words = [w for w in (pattern if isinstance(pattern, list) else re.split(r"[,:\s]+", str(pattern))) if w]
+        twice = next((w for j, w in enumerate(words) if w in words[:j]), None)
+        if twice is not None:  # [spark1, spark1] would be one host where the playbook counted two
+            raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts name {twice!r} twice",
+                            fix="name each host once (the first is rank 0)")
         hosts = inventory.resolve(pattern, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
         if not hosts:
             raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {pattern!r} match no host",
