@@ -52,9 +52,11 @@ def command(options: type, **task_kwargs: Any) -> Callable[[Callable[[Any, Any],
         run.__signature__ = inspect.Signature(params)  # what Invoke reads the task's options from
         run.__name__, run.__qualname__, run.__doc__ = body.__name__, body.__qualname__, body.__doc__
         run.__module__ = body.__module__
-        return task(run, help={f.name: f.metadata["help"] for f in fields},
+        made = task(run, help={f.name: f.metadata["help"] for f in fields},
                     iterable=[f.name for f in fields if f.metadata["kind"].many],
                     positional=[f.name for f in fields if f.metadata["positional"]], **task_kwargs)
+        made.options = options  # what the task's command line is made of (tests read it)
+        return made
 
     return make
 
