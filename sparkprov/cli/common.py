@@ -98,7 +98,8 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
     from sparkprov.data.inventory import load_inventory
     from sparkprov.data.playbook import load_playbook
     from sparkprov.engine.report import Report
-    from sparkprov.engine.run import Runner, RunOptions
+    from sparkprov.engine.run import RunOptions
+    from sparkprov.plays.book import run_book
 
     with user_errors():
         if not isinstance(playbook, str) or not playbook.strip():
@@ -112,7 +113,7 @@ def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, lim
                              forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose,
                              extra_vars=extra_vars or {})
         report = Report(sys.stderr if as_json else sys.stdout, quiet=as_json, show_diff=diff)
-        Runner(inv, book, targets, options, report).run()
+        run_book(inv, book, targets, options, report)
     if as_json:
         print(report.json())
     else:

@@ -366,3 +366,13 @@ KNOWN = [
 def test_a_known_contradiction_or_bad_value_is_one_line(place, argv, words):
     inventory = [] if argv[0] in ("recipe", "lint", "plan", "images") else ["--inventory={d}/inventory.yaml"]
     run_refused(place, [*argv, *inventory], words)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_invoke_help_shows_every_option(task):
+    code, out, err = invoke("--help", task)
+    assert code == 0, err
+    for f in options_of(TASKS[task].options):
+        if not f.metadata["positional"]:  # a switch on by default shows as --[no-]NAME
+            shown = "--[no-]" + f.name.replace("_", "-") if f.metadata["kind"].flag and f.default else flag(f.name)
+            assert shown in out, (task, f.name)
