@@ -394,8 +394,7 @@ COMMON: dict[str, tuple[str, Kind]] = {
     "limit": ("Further limit the selected hosts (pattern, e.g. 'spark2' or '!spark1')", Hosts()),
     "forks": (f"How many hosts to work on at once (default {DEFAULT_FORKS})", Int(1, 1024)),
     "accept_new_host_keys": ("Record host keys of hosts never seen before (a changed key is still refused)", Flag()),
-    "json": ("Print one JSON document ({ok, hosts, results} and the command's own section) instead of the text",
-             Flag()),
+    "json": ("Print one JSON document instead of the text and tables", Flag()),
 }
 
 
