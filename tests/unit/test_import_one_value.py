@@ -252,20 +252,16 @@ def test_nvidia_schema4_hardware_memory_and_schema_are_checked(tmp_path, change,
 INVENTORY = "hosts:\n  s1: {address: 127.0.0.1}\n  s2: {address: 127.0.0.1}\n"
 
 
-def test_a_serve_playbooks_recipes_naming_a_folder_is_its_line(tmp_path):
+@pytest.mark.parametrize("text,line,words", [
+    # the catalog named the folder, not the playbook's line
+    ("recipes: [.]\ndeployments:\n  - {name: a, model: lab-tiny, hosts: [s1]}\n", 1, "'.' is not a file"),
+    # [s1, s1] resolved to one host: a TP 2 deployment with rank 0 only
+    ("deployments:\n  - name: a\n    model: lab-tiny\n    tp: 2\n    hosts: [s1, s1]\n", 5, "hosts name 's1' twice"),
+])
+def test_a_serve_playbook_is_refused_at_its_line(tmp_path, text, line, words):
     (tmp_path / "inv.yaml").write_text(INVENTORY)
     book = tmp_path / "serve.yaml"
-    book.write_text("recipes: [.]\ndeployments:\n  - {name: a, model: lab-tiny, hosts: [s1]}\n")
+    book.write_text(text)
     with pytest.raises(InputError) as err:
         load_serve_playbook(book, load_inventory(tmp_path / "inv.yaml"))
-    assert err.value.line().startswith(f"{book}:1:") and "'.' is not a file" in err.value.line()
-
-
-def test_a_serve_playbook_naming_a_host_twice_is_its_line(tmp_path):
-    """[s1, s1] resolved to one host: a TP 2 deployment with rank 0 only."""
-    (tmp_path / "inv.yaml").write_text(INVENTORY)
-    book = tmp_path / "serve.yaml"
-    book.write_text("deployments:\n  - name: a\n    model: lab-tiny\n    tp: 2\n    hosts: [s1, s1]\n")
-    with pytest.raises(InputError) as err:
-        load_serve_playbook(book, load_inventory(tmp_path / "inv.yaml"))
-    assert err.value.line().startswith(f"{book}:5:") and "hosts name 's1' twice" in err.value.line()
+    assert err.value.line().startswith(f"{book}:{line}:") and words in err.value.line()

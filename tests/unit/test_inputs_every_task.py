@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import stat
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from hypothesis import strategies as st
 
 from sparkprov.options import (Check, Choice, Excludes, Files, Flag, Form, Hosts, Needs, Text, OptionError,
                                options_of)
+from test_inputs_hostile_cli import snapshot
 from test_inputs_properties import TASKS as TASKS_MODULE
 from test_inputs_properties import invoke
 
@@ -131,16 +131,6 @@ def no_network():
         yield tried
     finally:
         socket.socket.connect, socket.socket.connect_ex, socket.create_connection, socket.getaddrinfo = saved
-
-
-def snapshot(d: Path) -> dict[str, tuple]:
-    out = {}
-    for root, dirs, files in os.walk(d):
-        for name in dirs + files:
-            p = Path(root) / name
-            s = p.lstat()
-            out[str(p.relative_to(d))] = (stat.S_IFMT(s.st_mode), s.st_size, s.st_mtime_ns)
-    return out
 
 
 @pytest.fixture(scope="module")
