@@ -2,11 +2,12 @@
 
 Run `invoke --list` for the tasks and `invoke --help TASK` for a task's options.
 
-Every task is an Invoke task made with @task beside its function in its sparkprov/cli module, and
-listed once in TASKS below.
+Every task is an Invoke task made beside its function in its sparkprov/cli module, by
+@command(ITS_OPTIONS) (sparkprov/cli/command.py: the options declared once, parsed before the task
+runs) or, without options, @task; each listed once in TASKS below.
 """
 
-from invoke import Collection, task
+from invoke import Collection
 
 from sparklab import tasks as lab  # the lab's tasks, lab.* (sparklab: this repo, never the wheel)
 from sparkprov.cli import bench, catalog, cluster, facts, gateway, guard, monitor, plan, provision, stage, store, upgrade
@@ -15,14 +16,7 @@ TASKS = [
     provision.provision, provision.play, provision.schema, facts.facts, stage.stage_weights, store.store,
     catalog.models, catalog.recipe, catalog.lint, catalog.images, plan.plan,
     bench.bench, gateway.gateway, guard.guard, monitor.monitor,
-    # cli/cluster.py and cli/upgrade.py (serving's core, changed with it) still define plain functions:
-    # the same @task, applied here until it sits above each of them
-    task(cluster.cluster_up, help=cluster.UP_HELP, iterable=["recipes"]),
-    task(cluster.cluster_down, help=cluster.DOWN_HELP),
-    task(cluster.status, help=cluster.STATUS_HELP),
-    task(cluster.nccl_check, help=cluster.NCCL_HELP),
-    task(upgrade.history, help=upgrade.HISTORY_HELP),
-    task(upgrade.rollback, help=upgrade.ROLLBACK_HELP),
+    cluster.cluster_up, cluster.cluster_down, cluster.status, cluster.nccl_check, upgrade.history, upgrade.rollback,
 ]
 
 ns = Collection(*TASKS)

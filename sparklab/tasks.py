@@ -6,7 +6,7 @@ import json
 from invoke import Collection, task
 
 from sparkprov.cli.common import user_errors
-from sparkprov.cli.options import choice_option, int_option, text_option
+from sparkprov.options import choice_option, int_option, text_option
 from sparklab import faults as _faults
 from sparklab import up as _up
 

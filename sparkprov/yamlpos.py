@@ -30,6 +30,7 @@ class Positions:
     file: str
     marks: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # path -> (line, col), 1-based
     key_marks: dict[tuple, tuple[int, int]] = field(default_factory=dict)  # path of a key itself
+    literal: set[tuple] = field(default_factory=set)  # paths of `|` block scalars: line k of the text is mark + 1 + k
 
     def at(self, path: Iterable, *, key: bool = False) -> tuple[int | None, int | None]:
         """Line and column of the value at `path`, or of its closest ancestor we know."""
@@ -47,6 +48,15 @@ class Positions:
         line, col = self.at(path, key=key)
         return InputError(message, file=self.file, line=line, column=col, fix=fix)
 
+    def error_in(self, path: Iterable, text: str, needle: str, message: str, *, fix: str | None = None) -> InputError:
+        """An error at the line of `text` (the value at `path`) where `needle` first appears: exact in a
+        `|` block, else the line the value starts on."""
+        p = tuple(path)
+        line, col = self.at(p)
+        if p in self.literal and line and needle and needle in text:
+            line, col = line + 1 + text[:text.index(needle)].count("\n"), None
+        return InputError(message, file=self.file, line=line, column=col, fix=fix)
+
     def sub(self, prefix: Iterable) -> "Positions":
         """Positions of a sub-document, re-rooted at `prefix`."""
         pre = tuple(prefix)
@@ -54,6 +64,7 @@ class Positions:
         out = Positions(self.file)
         out.marks = {k[n:]: v for k, v in self.marks.items() if k[:n] == pre}
         out.key_marks = {k[n:]: v for k, v in self.key_marks.items() if k[:n] == pre}
+        out.literal = {k[n:] for k in self.literal if k[:n] == pre}
         return out
 
 
@@ -136,6 +147,8 @@ class _Builder:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        if isinstance(node, yaml.ScalarNode) and node.style == "|":
+            self.pos.literal.add(path)
         return self.constructor.construct_object(node, deep=True)
 
 

@@ -2,17 +2,21 @@
 a foreign document into the importer's typed model (`ForeignRecipe`, sparkprov/catalog/importer.py),
 which the importer then converts and lints as it does the others.
 
-* NVIDIA's recipe catalog (NVIDIA/local-ai-inference-recipes, `schema_version: 3`): one recipe per
-  model x hardware x backend, with `checkpoint.target_label` (the repo), `runtime.image`,
+* NVIDIA's recipe catalog (NVIDIA/local-ai-inference-recipes, `schema_version: 3` and `4`): one
+  recipe per model x hardware x backend, with `checkpoint.target_label` (the repo), `runtime.image`,
   `topology` and `serve.command` (`export` lines, then `vllm serve ...`; the other ranks'
-  commands in `serve.additional_commands`).
+  commands in `serve.additional_commands`). Schema 4 adds `spec_dec` (the speculative decoding
+  method), `min_vidmem_gb` (memory per node), `backend_min_version`, `prerequisites`,
+  `topology.pipeline_parallel_size` and more hardware ids (DGX Station, RTX PRO, RTX Spark);
+  sparkprov imports the DGX Spark ones: dgx-spark, dgx-spark-2gpu, dgx-spark-4gpu.
 * spark-pulse's bundled recipes (`recipe_version: "2"` with `params:` and `engines:`): engine-neutral
   `params` (each becomes its vLLM option, as a sparkrun `defaults` does) and, per engine, `image`,
   `env`, `mods`, `build_args`, and `args` (the option tail, may use `{param}`) or a whole `command`.
 
 Pure functions of the loaded document: nothing is read or written. Errors are positioned at the
 foreign file's own keys; the importer's later errors (about `command`, `container`, `defaults`)
-are pointed at the keys those came from (`aliased`).
+are pointed at the keys those came from (`aliased`). A foreign value is one value (the importer's
+one_value): each reader checks the command as the file writes it, so an error names its line.
 """
 
 from __future__ import annotations
@@ -23,10 +27,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sparkprov.catalog.foreign import check_keys, command_text, one_value
 from sparkprov.yamlpos import Positions, parse_model
 
-NVIDIA_V3 = "nvidia-v3"
+NVIDIA = "nvidia"  # NVIDIA's recipe catalog, schema 3 or 4
 SPARK_PULSE_V2 = "spark-pulse-v2"
+NVIDIA_SCHEMAS = (3, 4)
+# The top-level keys of NVIDIA's recipes (schema 3, and 4's additions), as the catalog's files write them
+NVIDIA_KEYS = {"schema_version", "title", "model", "hardware", "platform", "backend", "backend_version", "status",
+               "variant", "validation", "limitations", "precision", "checkpoint", "mtp", "concurrency", "topology",
+               "sampling", "security", "runtime", "serve", "notes",
+               "backend_min_version", "spec_dec", "min_vidmem_gb", "prerequisites"}
+# hardware ids of DGX Spark configurations: one Spark, or N Sparks (dgx-spark-Ngpu)
+_SPARK_HARDWARE = re.compile(r"dgx-spark(?:-([0-9]{1,2})gpu)?\Z")
+SPARK_GIB = 128  # a DGX Spark's unified memory (GB10)
+# spark-pulse's recipe_version 2 (spark_pulse/tools/recipe_schema.py RecipeV2), and what sparkprov reads besides
+PULSE_KEYS = {"recipe_version", "name", "model", "description", "engine", "constraints", "params", "engines",
+              "command", "model_revision", "env"}
+_PARAM_KEY = re.compile(r"[a-z0-9][a-z0-9_-]*\Z")  # with -- and _ as -, a long option of vllm serve
 
 # Options of vLLM's own multi-node launch that sparkprov sets per rank itself (cluster-up): an
 # imported command keeps none of them (their values are per-node placeholders such as "$HEAD_IP").
@@ -50,6 +68,7 @@ class NvidiaCheckpoint(_Loose):
 class NvidiaTopology(_Loose):
     node_count: int | None = None
     tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None  # schema 4
 
 
 class NvidiaRuntime(_Loose):
@@ -76,12 +95,16 @@ class NvidiaPlatform(_Loose):
     execution: str | None = None
 
 
-class NvidiaV3(_Loose):
-    """The keys of an NVIDIA v3 recipe sparkprov reads (the rest: pages and validation notes)."""
+class NvidiaRecipe(_Loose):
+    """The keys of an NVIDIA recipe (schema 3 or 4) sparkprov reads (the rest: pages and validation
+    notes)."""
 
     schema_version: int
     title: str | None = None
     model: str | None = None
+    hardware: str | None = None
+    spec_dec: str | None = None           # schema 4: the speculative decoding method (mtp, eagle3, ...)
+    min_vidmem_gb: float | None = None    # schema 4: memory each node needs
     backend: str | None = None
     backend_version: str | None = None
     status: str | None = None
@@ -115,11 +138,11 @@ class SparkPulseV2(_Loose):
 
 
 def format_of(data: Any) -> str | None:
-    """NVIDIA_V3, SPARK_PULSE_V2, or None for a document the importer's own formats cover."""
+    """NVIDIA, SPARK_PULSE_V2, or None for a document the importer's own formats cover."""
     if not isinstance(data, dict):
         return None
-    if "schema_version" in data and "serve" in data and "recipe_version" not in data:
-        return NVIDIA_V3
+    if "schema_version" in data and "recipe_version" not in data:
+        return NVIDIA
     if str(data.get("recipe_version", "")).strip() == "2" and ("engines" in data or "params" in data) \
             and "container" not in data and "defaults" not in data:
         return SPARK_PULSE_V2
@@ -141,32 +164,36 @@ def aliased(pos: Positions, where: dict[tuple, tuple]) -> Positions:
     return out
 
 
-def _command_parts(text: str, where: tuple, pos: Positions) -> tuple[dict[str, str], str]:
-    """A serve command's `export NAME=VALUE` lines (as env) and the rest (the vllm serve text)."""
+def _command_parts(text: str, where: tuple, pos: Positions) -> tuple[dict[str, str], list[str]]:
+    """A serve command's `export NAME=VALUE` lines (as env) and the words of the rest (the vllm serve
+    command), each value one value (at its line of `text`)."""
+    command_text(text, where, pos)
     env: dict[str, str] = {}
     rest: list[str] = []
-    for line in text.replace("\\\n", " ").splitlines():
+    for line in text.replace("\\\n", " ").split("\n"):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
         m = _EXPORT.match(stripped)
         if m:
             try:
-                words = shlex.split(m[2])
+                words = shlex.split(m[2], comments=True)  # `export X="0" # why` is X=0
             except ValueError as exc:
                 raise pos.error(where, f"export {m[1]}: {exc}", fix="close the quote") from None
             env[m[1]] = " ".join(words)
+            one_value(env[m[1]], where, pos, f"export {m[1]}", text=text)
             continue
         rest.append(stripped)
-    return env, " ".join(rest)
-
-
-def _without_rank_options(command: str, where: tuple, pos: Positions) -> tuple[str, list[str]]:
-    """The command without the multi-node options sparkprov sets per rank, and which were dropped."""
     try:
-        words = shlex.split(command)
+        return env, shlex.split(" ".join(rest))
     except ValueError as exc:
         raise pos.error(where, f"the command does not parse as shell words: {exc}", fix="close the quote") from None
+
+
+def _without_rank_options(words: list[str], where: tuple, pos: Positions, text: str) -> tuple[str, list[str]]:
+    """The command without the multi-node options sparkprov sets per rank (their values are the
+    other tool's per-node placeholders, "$HEAD_IP"), and which were dropped; each word kept is one
+    value."""
     kept: list[str] = []
     dropped: list[str] = []
     i = 0
@@ -176,19 +203,38 @@ def _without_rank_options(command: str, where: tuple, pos: Positions) -> tuple[s
             dropped.append(name)
             i += 1 if ("=" in words[i] or not RANK_OPTIONS[name]) else 2
             continue
+        one_value(words[i], where, pos, "the command", text=text)
         kept.append(words[i])
         i += 1
     return shlex.join(kept), dropped
 
 
-def from_nvidia_v3(data: dict[str, Any], pos: Positions) -> tuple[dict[str, Any], list[str], Positions]:
-    """An NVIDIA v3 recipe as the importer's foreign recipe fields, what did not carry over, and
-    positions for the importer's keys."""
-    doc = parse_model(NvidiaV3, data, pos)
+def _hardware_nodes(doc: NvidiaRecipe, pos: Positions) -> int | None:
+    """How many Sparks the recipe's hardware is (dgx-spark: 1, dgx-spark-Ngpu: N); a hardware that is
+    no DGX Spark is refused. None: the recipe names none."""
+    if doc.hardware is None:
+        return None
+    m = _SPARK_HARDWARE.match(doc.hardware.strip())
+    if not m:
+        raise pos.error(("hardware",), f"hardware {doc.hardware[:40]!r}: sparkprov serves DGX Spark",
+                        fix="import the recipe of dgx-spark, dgx-spark-2gpu or dgx-spark-4gpu")
+    nodes = int(m[1] or 1)
+    topo = doc.topology
+    if topo and topo.node_count is not None and topo.node_count != nodes:
+        raise pos.error(("topology", "node_count"), f"topology.node_count {topo.node_count} but hardware "
+                        f"{doc.hardware} is {nodes} Spark(s)", fix="import a recipe whose topology matches its hardware")
+    return nodes
+
+
+def from_nvidia(data: dict[str, Any], pos: Positions) -> tuple[dict[str, Any], list[str], Positions]:
+    """An NVIDIA recipe (schema 3 or 4) as the importer's foreign recipe fields, what did not carry
+    over, and positions for the importer's keys."""
+    check_keys(data, NVIDIA_KEYS, "an NVIDIA recipe (schema 3 or 4)", pos)
+    doc = parse_model(NvidiaRecipe, data, pos)
     problems: list[str] = []
-    if doc.schema_version != 3:
+    if doc.schema_version not in NVIDIA_SCHEMAS:
         raise pos.error(("schema_version",), f"schema_version {doc.schema_version}: sparkprov reads NVIDIA's "
-                        "recipe schema 3", fix="import a recipe.yaml of NVIDIA/local-ai-inference-recipes (schema 3)")
+                        "recipe schemas 3 and 4", fix="import a recipe.yaml of NVIDIA/local-ai-inference-recipes")
     backend = (doc.backend or "").strip()
     if backend != "vllm":
         raise pos.error(("backend",), f"backend {backend[:40]!r}: sparkprov serves vLLM only",
@@ -197,18 +243,25 @@ def from_nvidia_v3(data: dict[str, Any], pos: Positions) -> tuple[dict[str, Any]
     if execution and execution != "container":
         raise pos.error(("platform", "execution"), f"execution {execution[:40]!r}: sparkprov runs vLLM in containers",
                         fix="import a recipe whose platform.execution is container")
+    _hardware_nodes(doc, pos)
+    if doc.min_vidmem_gb is not None and not 0 < doc.min_vidmem_gb <= SPARK_GIB:
+        raise pos.error(("min_vidmem_gb",), f"min_vidmem_gb {doc.min_vidmem_gb:g}: a DGX Spark has {SPARK_GIB} GB "
+                        "per node", fix="import a recipe for DGX Spark (min_vidmem_gb at most 128)")
     if not doc.serve or not (doc.serve.command or "").strip():
         raise pos.error(("serve",), "the recipe has no serve.command", fix="import a recipe with a `vllm serve` command")
     if not doc.runtime or not (doc.runtime.image or "").strip():
         raise pos.error(("runtime",), "the recipe names no container image", fix="add runtime.image: REPO:TAG")
-    env, command = _command_parts(doc.serve.command or "", ("serve", "command"), pos)
-    command, dropped = _without_rank_options(command, ("serve", "command"), pos)
+    text = doc.serve.command or ""
+    env, words = _command_parts(text, ("serve", "command"), pos)
+    command, dropped = _without_rank_options(words, ("serve", "command"), pos, text)
     if dropped:
         problems.append(f"the multi-node options {', '.join(dict.fromkeys(dropped))} are sparkprov's to set per "
                         "node (cluster-up --executor native): not imported")
-    tp = doc.topology.tensor_parallel_size if doc.topology else None
-    if tp and "--tensor-parallel-size" not in command and "-tp" not in command.split():
-        command += f" --tensor-parallel-size {int(tp)}"
+    topo = doc.topology or NvidiaTopology()
+    for size, flag, short in ((topo.tensor_parallel_size, "--tensor-parallel-size", "-tp"),
+                              (topo.pipeline_parallel_size, "--pipeline-parallel-size", "-pp")):
+        if size and flag not in command and short not in command.split():
+            command += f" {flag} {int(size)}"
     if doc.runtime and doc.runtime.setup_command:
         problems.append("runtime.setup_command (the docker run and its -e/-v options) is sparkprov's to build: "
                         "not imported (the fabric, store and key settings come from the inventory)")
@@ -224,7 +277,8 @@ def from_nvidia_v3(data: dict[str, Any], pos: Positions) -> tuple[dict[str, Any]
                            "container": doc.runtime.image, "command": command,
                            "env": env or None,
                            "metadata": {"nvidia_model": doc.model, "backend_version": doc.backend_version,
-                                        "status": doc.status}}
+                                        "status": doc.status, "hardware": doc.hardware, "spec_dec": doc.spec_dec,
+                                        "min_vidmem_gb": doc.min_vidmem_gb}}
     where = {("container",): ("runtime", "image"), ("command",): ("serve", "command"),
              ("model",): ("checkpoint", "target_label"), ("env",): ("serve", "command")}
     return rec, problems, aliased(pos, where)
@@ -247,6 +301,7 @@ def _param_flags(params: dict[str, Any], used: set[str]) -> list[str]:
 
 def from_spark_pulse_v2(data: dict[str, Any], pos: Positions) -> tuple[dict[str, Any], list[str], Positions]:
     """A spark-pulse recipe (params + engines.vllm) as the importer's foreign recipe fields."""
+    check_keys(data, PULSE_KEYS, "a spark-pulse recipe (recipe_version 2)", pos)
     doc = parse_model(SparkPulseV2, data, pos)
     problems: list[str] = []
     engines = doc.engines or {}
@@ -261,14 +316,29 @@ def from_spark_pulse_v2(data: dict[str, Any], pos: Positions) -> tuple[dict[str,
         raise pos.error(("engines", "vllm") if "vllm" in engines else ("engines",),
                         "the recipe names no container image for vLLM", fix="add image: REPO:TAG under engines.vllm")
     params = dict(doc.params or {})
+    for key in params:  # each becomes its option of vllm serve, as a sparkrun defaults key does
+        if key not in _PARAM_NOT_FLAG and not _PARAM_KEY.match(str(key)):
+            raise pos.error(("params", key), f"params key {str(key)[:40]!r} does not name an option of vllm serve",
+                            fix="use the option's name with underscores, like max_model_len", key=True)
     at: tuple
     if eng.command or doc.command:
         command, at = (eng.command, ("engines", "vllm", "command")) if eng.command else (doc.command, ("command",))
+        command_text(command, at, pos)
     else:
+        at = ("engines", "vllm", "args")
+        if isinstance(eng.args, str):
+            command_text(eng.args, at, pos)
+            try:
+                words = shlex.split(eng.args.replace("\\\n", " "))
+            except ValueError as exc:
+                raise pos.error(at, f"the args do not parse as shell words: {exc}", fix="close the quote") from None
+            for w in words:
+                one_value(w, at, pos, "args", text=eng.args)
+        for i, w in enumerate(eng.args if isinstance(eng.args, list) else []):
+            one_value(w, at + (i,), pos, "args")
         tail = eng.args if isinstance(eng.args, str) else shlex.join(eng.args or [])
         used = set(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", tail))
         command = " ".join([shlex.join(["vllm", "serve", "{model}", *_param_flags(params, used)]), tail]).strip()
-        at = ("engines", "vllm", "args")
     rec: dict[str, Any] = {"recipe_version": "2", "name": doc.name, "description": doc.description,
                            "model": doc.model, "model_revision": doc.model_revision, "runtime": "vllm",
                            "container": eng.image, "command": command, "defaults": params or None,
@@ -279,7 +349,7 @@ def from_spark_pulse_v2(data: dict[str, Any], pos: Positions) -> tuple[dict[str,
     return rec, problems, aliased(pos, where)
 
 
-READERS = {NVIDIA_V3: from_nvidia_v3, SPARK_PULSE_V2: from_spark_pulse_v2}
+READERS = {NVIDIA: from_nvidia, SPARK_PULSE_V2: from_spark_pulse_v2}
 
 
 def read(data: Any, pos: Positions) -> tuple[str, dict[str, Any], list[str], Positions] | None:

@@ -12,12 +12,16 @@ Formats read:
 
 The file is read through the bounded reader and the positioned YAML loader (a FIFO, a device, an
 alias bomb or a value of the wrong shape is one line FILE:LINE:COL), and typed (`ForeignRecipe`)
-before anything is converted. The result is a user recipe (`recipes:` with one entry), every value
+before anything is converted. A foreign value is one value (catalog/foreign.py): a line break or a
+shell expansion in a value that reaches the launch, a line break other than \\n in a command, or a
+top-level key the format lacks is an error at its line; a command is split into words before its
+`{placeholders}` are filled, so a filled value stays one word. The result is a user recipe (`recipes:` with one entry), every value
 sourced `user FILE: imported from FORMAT`, emitted with yaml.safe_dump from data: a foreign value
 never becomes YAML syntax. What sparkprov cannot take over (mods, patches, pre_exec scripts, a
 non-vLLM runtime, an API key on the command line) is reported as a problem, never silently
-dropped. `lint_imported` loads the text over the catalog and runs every G-rule over the rendered
-launch, before the CLI writes anything.
+dropped; a command that is no `vllm serve` command line (a stray word, an option vLLM has no
+such name for) is an error, and an import with an error writes nothing. `lint_imported` loads the
+text over the catalog and runs every G-rule over the rendered launch, before the CLI writes anything.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 from sparkprov.catalog.knownflags import normalize
 from sparkprov.imageref import IMAGE_RE, ImageRef
 from sparkprov.catalog.models import ALIAS_RE, REPO_ID_RE, REVISION_RE
+from sparkprov.catalog.foreign import check_keys, command_text, one_value
 from sparkprov.errors import InputError, one_line
 from sparkprov.yamlpos import Positions, load_yaml, parse_model, validation_error
 
@@ -51,7 +56,21 @@ _TEMPLATE_PART = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # A filled command is a few KB; a placeholder repeated over a large value could make it gigabytes.
 MAX_COMMAND = 256 * 2**10
 _FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*\Z")
+_DOTTED = re.compile(r"--[a-z0-9][a-z0-9-]*(\.[A-Za-z0-9_-]+)+\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The top-level keys of each format (the keys the other tool defines, read or not by sparkprov):
+# a key outside them is a misspelling, named with the keys there are.
+EUGR_KEYS = {"recipe_version", "name", "description", "model", "container", "command", "defaults", "env", "mods",
+             "build_args", "cluster_only", "solo_only"}  # eugr/spark-vllm-docker run-recipe.py load_recipe
+# sparkrun (spark-arena/sparkrun src/sparkrun/core/recipe.py _KNOWN_KEYS), and the variants and
+# patches sparkprov reads besides
+SPARKRUN_KEYS = {"sparkrun_version", "recipe_version", "name", "description", "model", "model_revision", "runtime",
+                 "runtime_version", "mode", "min_nodes", "max_nodes", "container", "containers", "defaults", "env",
+                 "command", "runtime_config", "cluster_only", "solo_only", "benchmark", "metadata", "pre_exec",
+                 "post_exec", "post_commands", "mods", "stop_after_post", "builder", "builder_config", "executor",
+                 "executor_config", "scheduler", "distribution_config", "layout", "cluster_config", "runtime_cache",
+                 "readiness", "capabilities", "unsupported_capabilities", "include", "overrides", "variants",
+                 "patches", "build_args"}
 
 
 def _single_value(v: Any) -> Any:
@@ -120,6 +139,15 @@ def _typed(data: dict[str, Any], pos: Positions) -> "ForeignRecipe":
         key = str((exc.errors()[0].get("loc") or ("",))[0])
         err.fix = err.fix or f"write {key} as {SHAPES.get(key, 'text')}"
         raise err from None
+
+
+def one_values(rec: "ForeignRecipe", pos: Positions) -> None:
+    """Every value of the recipe that reaches the launch is one value (not_one_value), at its line."""
+    for key in ("model", "model_revision", "container"):
+        one_value(getattr(rec, key), (key,), pos, key)
+    for section in ("defaults", "env"):
+        for k, v in (getattr(rec, section) or {}).items():
+            one_value(_scalar(v) if v is not None else None, (section, k), pos, f"{section} {k}")
 
 
 class VariantOverride(BaseModel):
@@ -201,12 +229,14 @@ def _brief(items: list[Any]) -> str:
     return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
 
 
-def _fill(template: str, params: dict[str, Any], problems: list[str], pos: Positions) -> tuple[str, set[str]]:
-    """The command with `{name}` replaced by params[name]. Braces follow the tools' convention
-    (sparkrun's text.uses_brace_escapes; eugr's run-recipe.py runs str.format): a template that
-    holds `{{` escapes every literal brace by doubling it, so `{{` and `}}` become `{` and `}`;
-    in one without `{{`, a brace that is not a placeholder is literal (a JSON value such as
-    '{"method":"mtp"}' in a sparkrun command)."""
+def _fill(template: str, params: dict[str, Any], problems: list[str], pos: Positions) -> tuple[list[str], set[str]]:
+    """The command's words, each `{name}` in a word replaced by params[name]: the command is split
+    into words first, so a value stays inside the word that names it, whatever it holds (a space,
+    quotes) and a value is one value. Braces follow the tools' convention (sparkrun's
+    text.uses_brace_escapes; eugr's run-recipe.py runs str.format): a template that holds `{{`
+    escapes every literal brace by doubling it, so `{{` and `}}` become `{` and `}`; in one without
+    `{{`, a brace that is not a placeholder is literal (a JSON value such as '{"method":"mtp"}' in
+    a sparkrun command)."""
     escapes = "{{" in template
     size = len(template)
     unfilled: set[str] = set()  # the `{name}`s left in the text: no value for them
@@ -228,18 +258,20 @@ def _fill(template: str, params: dict[str, Any], problems: list[str], pos: Posit
         unfilled.add(m[0])
         return m[0]
 
-    return _TEMPLATE_PART.sub(sub, template), unfilled
+    return [_TEMPLATE_PART.sub(sub, w) for w in _shell_words(template, ("command",), pos)], unfilled
 
 
-def _parse_serve(command: str, problems: list[str], pos: Positions
-                 ) -> tuple[str | None, list[tuple[str, str | None]], str]:
-    """(model, [(flag, value)], entry) from a `vllm serve ...` command line."""
-    text = command.replace("\\\n", " ")
+def _shell_words(command: str, where: tuple, pos: Positions) -> list[str]:
     try:
-        words = shlex.split(text, comments=False)
+        return shlex.split(command.replace("\\\n", " "), comments=False)
     except ValueError as exc:
-        raise pos.error(("command",), f"the command does not parse as shell words: {exc}",
-                        fix="close the quote") from None
+        raise pos.error(where, f"the command does not parse as shell words: {exc}", fix="close the quote") from None
+
+
+def _parse_serve(words: list[str], problems: list[str], pos: Positions
+                 ) -> tuple[str | None, list[tuple[str, str | None]], str]:
+    """(model, [(flag, value)], entry) from a `vllm serve ...` command's words. A word that is no
+    option of vllm serve is an error: the options after it would not be what the recipe meant."""
     entry = "vllm serve"
     if words[:2] == ["vllm", "serve"]:
         rest = words[2:]
@@ -260,9 +292,8 @@ def _parse_serve(command: str, problems: list[str], pos: Positions
     while i < len(rest):
         w = rest[i]
         if not w.startswith("-"):
-            problems.append(f"stray word {w[:80]!r} in the command (not a flag value)")
-            i += 1
-            continue
+            raise pos.error(("command",), f"the word {w[:80]!r} after {rest[i - 1][:40] if i else 'the model'} is "
+                            "neither an option nor its value", fix="quote a value that holds spaces")
         name, eq, value = w.partition("=")
         if not name.startswith("--"):
             if name in SHORT:
@@ -270,9 +301,8 @@ def _parse_serve(command: str, problems: list[str], pos: Positions
             elif re.fullmatch(r"-O\d", name):
                 name, value, eq = "--compilation-config", name[2:], "="
             else:
-                problems.append(f"short option {name[:40]!r} is not one sparkprov knows; write its long form")
-                i += 1
-                continue
+                raise pos.error(("command",), f"short option {name[:40]!r} is not one sparkprov knows",
+                                fix="write its long form (like --tensor-parallel-size)")
         name = normalize(name)
         taken = 1
         if not eq and i + 1 < len(rest) and not (rest[i + 1].startswith("--") or rest[i + 1] in SHORT):
@@ -280,9 +310,13 @@ def _parse_serve(command: str, problems: list[str], pos: Positions
         elif not eq:
             value = None
         i += taken
-        if not _FLAG_NAME.match(name):
-            problems.append(f"{name[:40]!r} is not a long option of vllm serve (like --max-model-len)")
+        if _DOTTED.match(name):  # vLLM's --json-option.key=value: one key of a JSON option
+            problems.append(f"{name[:60]} (vLLM's dotted form of a JSON option) is not imported: write the option "
+                            "whole, as JSON")
             continue
+        if not _FLAG_NAME.match(name):
+            raise pos.error(("command",), f"{name[:40]!r} is not a long option of vllm serve",
+                            fix="write the option as vllm serve names it (like --max-model-len)")
         if value is not None and "\0" in value:
             raise pos.error(("command",), f"the value of {name} holds a NUL character, which no argv can carry",
                             fix="remove it")
@@ -359,6 +393,10 @@ def _variant(rec: ForeignRecipe, name: str, pos: Positions) -> ForeignRecipe:
             values[key] = _single_value(value)
         except ValueError as exc:
             raise pos.error(base + (key,), f"{key}: {exc}", fix="a variant sets defaults values: one value each") from None
+        one_value(value, base + (key,), pos, f"variant {name}: {key}")
+    for k, v in (over.env or {}).items():
+        one_value(_scalar(v) if v is not None else None, base + ("env", k), pos, f"variant {name}: env {k}")
+    one_value(over.container, base + ("container",), pos, f"variant {name}: container")
     update: dict[str, Any] = {"defaults": {**(rec.defaults or {}), **values},
                               "env": {**(rec.env or {}), **(over.env or {})}}
     if over.container:
@@ -376,12 +414,18 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     from sparkprov.catalog import import_formats  # NVIDIA schema 3, spark-pulse params/engines
 
     problems: list[str] = []
-    other = import_formats.read(data, pos)
+    other = import_formats.read(data, pos)  # each reader checks its own keys and its command as written
     if other:
         fmt, data, problems, pos = other
     else:
         fmt = detect_format(data, pos)
+        check_keys(data, SPARKRUN_KEYS if fmt == "sparkrun-v2" else EUGR_KEYS | SPARKRUN_KEYS,
+                   "a sparkrun recipe" if fmt == "sparkrun-v2" else "an eugr/spark-vllm-docker or sparkrun recipe",
+                   pos)
     rec = _typed(data, pos)
+    one_values(rec, pos)
+    if rec.command and not other:
+        command_text(rec.command, ("command",), pos)
     if variant:
         rec = _variant(rec, variant, pos)
     src = f"user {one_line(Path(origin).name)}: imported from a {fmt} recipe"
@@ -395,8 +439,8 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     params = {**defaults, "model": model_repo}
     unfilled: set[str] = set()
     if rec.command:
-        command, unfilled = _fill(rec.command, params, problems, pos)
-        model, args, entry = _parse_serve(command, problems, pos)
+        words, unfilled = _fill(rec.command, params, problems, pos)
+        model, args, entry = _parse_serve(words, problems, pos)
         model_at: tuple = ("command",)
     else:
         model, args, entry, model_at = model_repo, _launcher_args(defaults, pos), "vllm serve", ("model",)
@@ -404,7 +448,8 @@ def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | 
     model, repo = _served(model, model_repo, flags, model_at, problems, pos)
     container_path = model.startswith("/")
     tp, pp = _sizes(flags, defaults, pos)
-    out_args = _kept_args(args, unfilled, problems, pos, ("command",) if rec.command else ("defaults",))
+    out_args = _kept_args(args, unfilled, problems, pos, ("command",) if rec.command else ("defaults",),
+                          rec.command)
     image = _image(rec, data, pos)
     problems += _not_imported(rec, entry)
     env = _environment(rec, problems, pos)
@@ -506,9 +551,10 @@ def _served(model: str | None, model_repo: str | None, flags: dict[str, str | No
 
 
 def _kept_args(args: list[tuple[str, str | None]], unfilled: set[str], problems: list[str], pos: Positions,
-               at: tuple) -> list[Any]:
+               at: tuple, command: str | None) -> list[Any]:
     """The recipe's args: the model, the layout's sizes and the host's binding left out (sparkprov's),
-    --api-key removed (G31); a JSON value that is not JSON refused at `at`."""
+    --api-key removed (G31); a value that is not one value (foreign.one_value: a line break, a shell
+    expansion), or a JSON value that is not JSON, refused at `at`."""
     out: list[Any] = []
     for name, value in args:
         if name in ("--model", "--tensor-parallel-size"):
@@ -521,6 +567,8 @@ def _kept_args(args: list[tuple[str, str | None]], unfilled: set[str], problems:
             problems.append("--api-key on the command line shows in `ps` and `docker inspect`: removed; sparkprov "
                             "passes the host's 0600 key file (G31)")
             continue
+        if value is not None:  # a word of the command, or a defaults value (checked where it is written)
+            one_value(value, ("command",), pos, f"the value of {name}", text=command)
         if value is not None and value.lstrip()[:1] in ("{", "[") and not _is_json(value):
             # vLLM reads such a value with json.loads: the container would exit at start
             raise pos.error(at, f"the value of {name} ({value[:60]!r}) is not JSON, and vLLM reads it as JSON",

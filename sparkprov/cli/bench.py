@@ -2,56 +2,76 @@
 prints; sparkprov/plays/bench.py runs the play (so it has --check, --json, --limit, --forks, the
 recap and the exit codes of every command) and stores, plots and compares the runs.
 
-data, plays, serving, outputs (tempfile) and rich load inside the functions, not at the top: tasks.py imports every cli
-module, and `invoke --list` stays fast.
+data, plays, outputs (tempfile) and rich load inside the functions, not at the top (sparkprov/cli/command.py says
+why); serving/bench.py (the results folder, the profiles) is light.
 """
 
 from __future__ import annotations
 
-import re
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from invoke import task
-
+from sparkprov.cli.command import command
 from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, int_option, parse_forks,
-                                   positional, text_option)
-from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import SparkprovError
+from sparkprov.options import Choice, Flag, Form, Int, Ints, Number, Pattern, Text, common, option
+from sparkprov.serving import bench as sb
 
 if TYPE_CHECKING:  # annotations only: the plays load inside the task
     from sparkprov.plays.bench import BenchResult
 
-HELP = {
-    "deployment": "The deployment to measure (its name, as `invoke status` shows it)",
-    "concurrency": "Concurrency levels, comma-separated (default 1,4,16,64; each 1 to 4096)",
-    "input_len": "Prompt length in tokens (default 1024)",
-    "output_len": "Output length in tokens, generated to the end (--ignore-eos; default 128)",
-    "profile": "A named workload: arena (the community leaderboard's: input 2048, output 128, concurrency "
-               "1,2,5,10); --concurrency, --input-len and --output-len still override it",
-    "export": "Write the deployment's newest stored run (under --results) as NVIDIA's performance.yaml to this "
-              "file; runs nothing, contacts no host",
-    "prompts": "Requests per level (default: 4 x the concurrency, at least 8)",
-    "results": "Folder for the results (default ~/.local/share/sparkprov/bench): DEPLOYMENT/RECIPE_HASH/*.json and *.png",
-    "compare": "Show the change against the last stored run of the same recipe, host and parameters",
-    "timeout": "Seconds one level may take (default 3600)",
-    "check": "Say where the client would run; run nothing",
-    "json": "Print one JSON document ({ok, hosts, results, bench}) instead of the tables and recap",
-    "hosts": "Hosts, groups or patterns to look on, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to read at once (default 32)",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
-
 DEPLOYMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 
 
-@task(help=HELP)
-def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prompts=None, results=None,
-          compare=False, timeout=None, check=False, json=False, hosts=None, inventory=None, limit=None, forks=None,
-          accept_new_host_keys=False, profile=None, export=None):
+@dataclass
+class BenchOptions:
+    deployment: str = option("The deployment to measure (its name, as `invoke status` shows it)",
+                             Pattern(DEPLOYMENT_PATTERN, "a deployment name (letters, digits, . _ -)", "qwen3.5-122b"),
+                             positional=True)
+    concurrency: list[int] | None = option("Concurrency levels, comma-separated (default 1,4,16,64; each 1 to 4096)",
+                                           Ints(1, 4096))
+    input_len: int | None = option("Prompt length in tokens (default 1024)", Int(1, 1_048_576))
+    output_len: int | None = option("Output length in tokens, generated to the end (--ignore-eos; default 128)",
+                                    Int(1, 1_048_576))
+    prompts: int | None = option("Requests per level (default: 4 x the concurrency, at least 8)", Int(1, 1_000_000))
+    results: str = option("Folder for the results (default ~/.local/share/sparkprov/bench): "
+                          "DEPLOYMENT/RECIPE_HASH/*.json and *.png", Text(), default=sb.RESULTS_DIR)
+    compare: bool = option("Show the change against the last stored run of the same recipe, host and parameters",
+                           Flag())
+    timeout: float = option("Seconds one level may take (default 3600)", Number(0, 86400, unit="seconds"),
+                            default=3600.0)
+    check: bool = option("Say where the client would run; run nothing (with --export: what would be written)",
+                         Flag())
+    json: bool = common("json")
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to look on, comma-separated (default: all in "
+                                        "the inventory)")
+    inventory: str | None = common("inventory")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+    profile: str | None = option("A named workload: arena (the community leaderboard's: input 2048, output 128, "
+                                 "concurrency 1,2,5,10); --concurrency, --input-len and --output-len still override "
+                                 "it", Choice(tuple(sorted(sb.PROFILES))))
+    export: str | None = option("Write the deployment's newest stored run (under --results) as NVIDIA's "
+                                "performance.yaml to this file; runs nothing, contacts no host", Text())
+
+    # --export writes a stored run: nothing is measured, no host is read
+    RULES = (Form("bench --export", lambda o: o.export is not None,
+                  frozenset({"deployment", "results", "check", "export"})),)
+
+    def serve_bench_args(self) -> dict[str, Any]:
+        """The serve_bench arguments: a named profile's values, unless an option gives its own."""
+        preset = sb.PROFILES.get(self.profile or "", {})
+        return {"deployment": self.deployment, "concurrency": self.concurrency or preset.get("concurrency",
+                                                                                               [1, 4, 16, 64]),
+                "input_len": self.input_len or preset.get("input_len", 1024),
+                "output_len": self.output_len or preset.get("output_len", 128),
+                "prompts": self.prompts, "timeout": self.timeout, "profile": self.profile}
+
+
+@command(BenchOptions)
+def bench(c, o: BenchOptions):
     """Throughput and latency of a deployment at each concurrency (vllm bench serve in its container):
     stored as JSON under its recipe hash and image with its provenance (image digest, model commit,
     driver, kernel, layout), plotted (PNG), compared with --compare; --export writes a stored run
@@ -60,34 +80,26 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
     from sparkprov.engine.report import Report
     from sparkprov.outputs import check_output_dir, check_output_file
     from sparkprov.plays.bench import run_bench
-    from sparkprov.serving import bench as sb
 
-    out = sys.stderr if json else sys.stdout
+    out = sys.stderr if o.json else sys.stdout
+    deployment, check = o.deployment, o.check
     with user_errors():
-        deployment = positional("bench", "deployment", deployment)
-        if not re.fullmatch(DEPLOYMENT_PATTERN, deployment):
-            raise OptionError(f"bench: {deployment!r} is not a deployment name",
-                              fix="give the name `invoke status` shows (letters, digits, . _ -)")
-        args = bench_args(deployment, concurrency=concurrency, input_len=input_len, output_len=output_len,
-                          prompts=prompts, timeout=timeout, profile=profile)
         # checked before any host: a FIFO, /dev/full or a file here would fail the run at its end
-        store_at = check_output_dir("results", text_option("results", results, default=sb.RESULTS_DIR))
-        if export is not None:
-            return export_run(deployment, store_at, check_output_file("export", text_option("export", export)), check)
-        forks = parse_forks(forks, DEFAULT_FORKS)
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        report = Report(out, quiet=json)
-        found = run_bench(inv, targets, args, engine_options(check=check, forks=forks,
-                                                             accept_new_host_keys=accept_new_host_keys),
-                          report, results=store_at, compare=compare)
+        store_at = check_output_dir("results", o.results)
+        if o.export is not None:
+            return export_run(deployment, store_at, check_output_file("export", o.export), check)
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        report = Report(out, quiet=o.json)
+        found = run_bench(inv, targets, o.serve_bench_args(), engine_options(o), report, results=store_at,
+                          compare=o.compare)
     if not found.served and report.exit_code() == 0:
         print(f"sparkprov: no host of {', '.join(targets)} serves {deployment} "
               "(fix: invoke status shows what runs; invoke cluster-up starts it)", file=sys.stderr)
         finish(2)
     for line in found.skipped:
         print(f"sparkprov: skipped {line}", file=sys.stderr)
-    if json:
+    if o.json:
         print_report(report, True, bench={"deployment": deployment, "check": bool(check), "runs": found.runs,
                                           "served_on": found.served})
     else:
@@ -99,29 +111,10 @@ def bench(c, deployment, concurrency=None, input_len=None, output_len=None, prom
     finish(report.exit_code())
 
 
-def bench_args(deployment: str, *, concurrency=None, input_len=None, output_len=None, prompts=None, timeout=None,
-               profile=None) -> dict:
-    """The serve_bench arguments from the options: a named profile's values, unless an option gives its own."""
-    from sparkprov.serving import bench as sb
-
-    profile = choice_option("profile", profile, sorted(sb.PROFILES))
-    preset = sb.PROFILES.get(profile or "", {})
-    levels = [int_option("concurrency", w, 1, 4096)
-              for w in csv_option("concurrency", concurrency, pattern=r"[0-9]+", allowed_text="whole numbers",
-                                  default=[str(x) for x in preset.get("concurrency", [1, 4, 16, 64])])]
-    return {"deployment": deployment, "concurrency": sorted(set(levels)),
-            "input_len": int_option("input-len", input_len, 1, 1_048_576, default=preset.get("input_len", 1024)),
-            "output_len": int_option("output-len", output_len, 1, 1_048_576, default=preset.get("output_len", 128)),
-            "prompts": int_option("prompts", prompts, 1, 1_000_000),
-            "timeout": float_option("timeout", timeout, 0, 86400, default=3600.0, unit="seconds"),
-            "profile": profile}
-
-
 def export_run(deployment: str, results, out, check: bool) -> None:
     """The newest stored run of the deployment, as NVIDIA's performance.yaml (written atomically,
     never over a stored run). A stored file that is not a run is refused: it may be the newest."""
     from sparkprov.outputs import check_output_file, write_text_atomic
-    from sparkprov.serving import bench as sb
 
     runs, skipped = sb.stored_runs(results, deployment)
     if skipped:

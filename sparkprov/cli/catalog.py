@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
-
-from invoke import Exit, task
-
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from invoke import Exit
+
+from sparkprov.cli.command import command
+from sparkprov.cli.common import inventory_path
 from sparkprov.errors import SparkprovError, one_line
+from sparkprov.options import (Check, Choice, Excludes, Files, Flag, Form, Hosts, Int, Needs, Text, Words, common,
+                               option)
 
 if TYPE_CHECKING:  # annotations only; the catalog loads inside the tasks
     from sparkprov.catalog.load import Catalog
@@ -19,12 +23,9 @@ if TYPE_CHECKING:  # annotations only; the catalog loads inside the tasks
 
 RECIPES_HELP = "a user recipe file (YAML: images:, recipes:) merged over the catalog; repeat for several"
 HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, api_key_file, fabric_ifaces, ...)"
-INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY or inventory.yaml)"
 TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest size the recipe supports)"
-PP_HELP = "pipeline-parallel size (default 1): the engine spans tp x pp Sparks; every node's command (--executor)"
-DP_HELP = ("data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): the "
-           "deployment spans tp x pp x dp Sparks")
-EP_HELP = "--enable-expert-parallel (MoE recipes; experts split over tp x dp)"
+PLAIN_HELP = "tab-separated output instead of a table (for scripts)"
+READS_VARS = "the inventory is read only for their vars"
 
 
 def _fail(exc: SparkprovError) -> Exit:
@@ -44,8 +45,7 @@ def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
         return HostServeContext(cluster_size=None)
     from sparkprov.data.inventory import load_inventory
 
-    path = inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml"
-    inv = load_inventory(path)
+    inv = load_inventory(inventory_path(inventory))
     if host not in inv.hosts:
         names = inv.resolve(host, what="--host")  # raises a one-line error with a suggestion
         host = names[0]
@@ -65,12 +65,17 @@ def _console():
     return Console(highlight=False, soft_wrap=False, width=max(100, int(os.environ.get("COLUMNS", "160"))))
 
 
-@task(help={"recipes": RECIPES_HELP, "plain": "tab-separated output instead of a table (for scripts)"},
-      iterable=["recipes"])
-def models(c, recipes=None, plain=False):
+@dataclass
+class ModelsOptions:
+    recipes: list[str] = option(RECIPES_HELP, Files())
+    plain: bool = option(PLAIN_HELP, Flag())
+
+
+@command(ModelsOptions)
+def models(c, o: ModelsOptions):
     """List the model catalog: alias, repo, size, image, TP sizes and the source notes."""
     try:
-        cat = _catalog(recipes)
+        cat = _catalog(o.recipes)
     except SparkprovError as exc:
         raise _fail(exc)
     rows = []
@@ -78,7 +83,7 @@ def models(c, recipes=None, plain=False):
         notes = sorted({r.source.note} | {f.source.note for f in r.args if f.source} - {"sparkprov"} or {r.source.note})
         rows.append((r.alias, r.model.repo, f"{r.size_gb:g} GB" if r.size_gb else "?", r.image,
                      ",".join(map(str, r.tp_sizes)), " ".join(notes), r.title))
-    if plain:
+    if o.plain:
         for row in rows:
             print("\t".join(row))
         return
@@ -141,52 +146,86 @@ def _print_launch(launch: Launch) -> None:
         print(f"correction: {corr.what}: {corr.reason}")
 
 
-@task(help={"alias": "the model alias (see `invoke models`), or `import` with --file", "tp": TP_HELP, "pp": PP_HELP,
-            "dp": DP_HELP, "ep": EP_HELP,
-            "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
-            "argv": "print the docker argv as JSON (one list) instead of the annotated view",
-            "systemd": "print the systemd unit of each node's container instead (the container in the foreground, "
-                       "systemd restarting it; with --host, or --hosts for a layout over several Sparks)",
-            "executor": "with --tp/--pp/--dp over several Sparks: every node's container, for executor ray (the "
-                        "default with --pp) or native (the default with --dp)",
-            "hosts": "with --executor: the inventory hosts of the cluster, rank 0 first (their fabric_ip, "
-                     "fabric_ifaces, ib_hcas vars fill the command; without them it shows marked placeholders)",
-            "file": "with `import`: a recipe of eugr/spark-vllm-docker or sparkrun/spark-pulse (recipe_version 2)",
-            "out": "with `import`: the user recipe file to write (default: imported-ALIAS.yaml)",
-            "name": "with `import`: the alias to give it (default: from the recipe's name)",
-            "variant": "with `import`: a sparkrun variant to apply"},
-      iterable=["recipes"])
-def recipe(c, alias, tp=None, host=None, inventory=None, recipes=None, argv=False, file=None, out=None, name=None,
-           variant=None, executor=None, hosts=None, pp=None, dp=None, ep=False, systemd=False):
+IMPORTS = frozenset({"alias", "file", "out", "name", "variant"})  # what `recipe import` reads
+
+
+def _import_needs_file(o) -> tuple[str, str] | None:
+    if o.alias == "import" and o.file is None:
+        return ("recipe import needs --file FILE",
+                "name a recipe of eugr/spark-vllm-docker, sparkrun, spark-pulse or NVIDIA's recipe catalog")
+    return None
+
+
+def _over_several(o) -> bool:
+    """The layout spans several Sparks: every node's command, for the hosts --hosts names."""
+    return o.executor is not None or o.pp > 1 or o.dp > 1 or (o.tp or 1) > 1
+
+
+@dataclass
+class RecipeOptions:
+    alias: str = option("the model alias (see `invoke models`), or `import` with --file", positional=True)
+    tp: int | None = option(TP_HELP, Int(1, 64))
+    host: str | None = option(HOST_HELP, Text(max_len=256))
+    inventory: str | None = common("inventory")
+    recipes: list[str] = option(RECIPES_HELP, Files())
+    argv: bool = option("print the docker argv as JSON (one list) instead of the annotated view", Flag())
+    file: str | None = option("with `import`: a recipe of eugr/spark-vllm-docker, sparkrun, spark-pulse or NVIDIA's "
+                              "recipe catalog (schema 3 or 4)")
+    out: str | None = option("with `import`: the user recipe file to write (default: imported-ALIAS.yaml)")
+    name: str | None = option("with `import`: the alias to give it (default: from the recipe's name)",
+                              Text(max_len=256))
+    variant: str | None = option("with `import`: a sparkrun variant to apply", Text(max_len=256))
+    executor: str | None = option("with --tp/--pp/--dp over several Sparks: every node's container, for executor ray "
+                                  "(the default with --pp) or native (the default with --dp)",
+                                  Choice(("ray", "native")))
+    hosts: str | None = option("with --tp/--pp/--dp over several Sparks: the inventory hosts of the cluster, rank 0 "
+                               "first (their fabric_ip, fabric_ifaces, ib_hcas vars fill the commands)", Hosts())
+    pp: int = option("pipeline-parallel size (default 1): the engine spans tp x pp Sparks; every node's command "
+                     "(--executor)", Int(1, 64), default=1)
+    dp: int = option("data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): the "
+                     "deployment spans tp x pp x dp Sparks", Int(1, 64), default=1)
+    ep: bool = option("--enable-expert-parallel (MoE recipes; experts split over tp x dp)", Flag())
+    systemd: bool = option("print the systemd unit of each node's container instead (the container in the "
+                           "foreground, systemd restarting it; with --host, or --hosts for a layout over several "
+                           "Sparks)", Flag())
+
+    RULES = (Form("recipe import", lambda o: o.alias == "import", IMPORTS),
+             *(Needs(f, lambda o: o.alias == "import", "`recipe import`", fix=f"leave out --{f}")
+               for f in sorted(IMPORTS - {"alias"})),
+             Check(_import_needs_file),
+             Excludes("argv", "systemd", "both choose what is printed"),
+             Excludes("host", "hosts", "are both given: --host renders one Spark's command, --hosts the nodes of a "
+                                       "layout over several"),
+             Needs("hosts", _over_several, "--tp, --pp or --dp above 1", "without them the layout is one Spark",
+                   fix="give --tp N for N hosts, or --host H for one Spark"),
+             Needs("inventory", lambda o: o.host is not None or o.hosts is not None, "--host or --hosts", READS_VARS))
+
+
+@command(RecipeOptions)
+def recipe(c, o: RecipeOptions):
     """Print the exact container command sparkprov would run, with every flag and where it came from.
     `invoke recipe import --file FILE` converts another tool's recipe into a user recipe and lints it."""
-    if alias == "import":
-        return recipe_import(c, file, out=out, name=name, variant=variant)
+    if o.alias == "import":
+        return recipe_import(c, o.file, out=o.out, name=o.name, variant=o.variant)
+    from sparkprov.catalog.layout import Layout, layout_of
     from sparkprov.catalog.render import render_launch
 
-    from sparkprov.catalog.layout import Layout, layout_of
-    from sparkprov.cli.options import choice_option, int_option, positional
-
+    alias, tp, pp, dp, ep = o.alias, o.tp, o.pp, o.dp, o.ep
     try:
-        positional("recipe", "alias", alias)
-        tp = int_option("tp", tp, 1, 64)
-        pp = int_option("pp", pp, 1, 64, default=1)
-        dp = int_option("dp", dp, 1, 64, default=1)
-        executor = choice_option("executor", executor, ("ray", "native"))
-        if executor is not None or pp > 1 or dp > 1 or (tp or 1) > 1 and hosts:
-            executor = executor or ("native" if dp > 1 else "ray")
-            layout = Layout(tp or (1 if pp > 1 or dp > 1 else 2), pp, dp, bool(ep), executor)
-            return _cluster_commands(alias, layout, hosts, inventory, recipes, argv, systemd)
-        cat = _catalog(recipes)
+        if o.executor is not None or pp > 1 or dp > 1 or (tp or 1) > 1 and o.hosts:
+            executor = o.executor or ("native" if dp > 1 else "ray")
+            layout = Layout(tp or (1 if pp > 1 or dp > 1 else 2), pp, dp, ep, executor)
+            return _cluster_commands(alias, layout, o.hosts, o.inventory, o.recipes, o.argv, o.systemd)
+        cat = _catalog(o.recipes)
         r = cat.get(alias)
         size = _tp_for(r, tp)
-        layout_of(r, cat, Layout(size, ep=bool(ep)))
-        if systemd:
-            return _single_unit(alias, Layout(size, ep=bool(ep)), host, inventory, recipes)
-        launch = render_launch(r, _ctx(host, inventory, size), size, catalog=cat, ep=bool(ep))
+        layout_of(r, cat, Layout(size, ep=ep))
+        if o.systemd:
+            return _single_unit(alias, Layout(size, ep=ep), o.host, o.inventory, o.recipes)
+        launch = render_launch(r, _ctx(o.host, o.inventory, size), size, catalog=cat, ep=ep)
     except SparkprovError as exc:
         raise _fail(exc)
-    if argv:
+    if o.argv:
         import json
 
         from sparkprov.serving.spec import recipe_container
@@ -223,7 +262,7 @@ def _single_unit(alias, layout, host, inventory, recipes) -> None:
 
     if not host:
         raise _fail(InputError("--systemd renders the unit of a host's container", fix="--host H (an inventory host)"))
-    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    inv = load_inventory(inventory_path(inventory))
     host = inv.resolve(host, what="--host")[0]
     dep = _deployment_of(alias, layout, [host], recipes)
     launch = node.launch(dep, host, inv.host_vars(host), _home(inv, host), None, None)
@@ -268,7 +307,7 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
     from sparkprov import inventory_vars as iv
     from sparkprov.data.inventory import load_inventory
 
-    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    inv = load_inventory(inventory_path(inventory))
     names = inv.resolve(names, what="--hosts")
     host_vars = {h: inv.host_vars(h) for h in names}
     unset = [f"{h} ({', '.join(v for v in ('fabric_ip', 'fabric_ifaces') if not iv.value(host_vars[h], v))})"
@@ -303,39 +342,47 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
         print(shlex.join(s.argv))
 
 
-@task(help={"alias": "the model alias to lint, or `all` for every recipe (user files included)", "tp": TP_HELP,
-            "host": HOST_HELP, "inventory": INVENTORY_HELP, "recipes": RECIPES_HELP,
-            "colocate": "other aliases placed on the same host, comma-separated (G13 sums their memory)",
-            "show_silenced": "also print warnings a recipe silenced with lint_ignore"},
-      iterable=["recipes"], positional=["alias"])
-def lint(c, alias, tp=None, host=None, inventory=None, recipes=None, colocate=None, show_silenced=False):
+@dataclass
+class LintOptions:
+    alias: str = option("the model alias to lint, or `all` for every recipe (user files included)", positional=True)
+    tp: int | None = option(TP_HELP, Int(1, 64))
+    host: str | None = option(HOST_HELP, Text(max_len=256))
+    inventory: str | None = common("inventory")
+    recipes: list[str] = option(RECIPES_HELP, Files())
+    colocate: list[str] | None = option("other aliases placed on the same host, comma-separated (G13 sums their "
+                                        "memory)", Words())
+    show_silenced: bool = option("also print warnings a recipe silenced with lint_ignore", Flag())
+
+    # `all` lints each recipe at its own smallest size
+    RULES = (Needs("tp", lambda o: o.alias != "all", "one alias", "`lint all` lints each recipe at its smallest size",
+                   fix="leave out --tp, or lint one alias"),
+             Needs("inventory", lambda o: o.host is not None, "--host", READS_VARS))
+
+
+@command(LintOptions)
+def lint(c, o: LintOptions):
     """Preflight checks over the rendered launch: one line per finding; errors exit non-zero."""
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.lint import errors, lint_launch
     from sparkprov.catalog.render import render_launch
 
-    from sparkprov.cli.options import csv_option, int_option, positional
-
     try:
-        positional("lint", "alias", alias)
-        tp = int_option("tp", tp, 1, 64)
-        colocate = ",".join(csv_option("colocate", colocate) or [])
-        cat = _catalog(recipes)
-        aliases = list(cat.recipes) if alias == "all" else [alias]
+        cat = _catalog(o.recipes)
+        aliases = list(cat.recipes) if o.alias == "all" else [o.alias]
         findings = []
         for a in aliases:
             r = cat.get(a)
-            size = _tp_for(r, tp) if alias != "all" else min(r.tp_sizes)
-            ctx = _ctx(host, inventory, size)
+            size = _tp_for(r, o.tp) if o.alias != "all" else min(r.tp_sizes)
+            ctx = _ctx(o.host, o.inventory, size)
             launch = render_launch(r, ctx, size, catalog=cat)
             others = []
-            for o in [x.strip() for x in (colocate or "").split(",") if x.strip()]:
-                ro = cat.get(o)
+            for other in o.colocate or []:
+                ro = cat.get(other)
                 others.append(render_launch(ro, ctx, min(ro.tp_sizes), catalog=cat))
             findings += lint_launch(launch, catalog=cat, colocated=others, flags_cache=str(default_cache_dir()))
     except SparkprovError as exc:
         raise _fail(exc)
-    shown = [f for f in findings if show_silenced or not f.silenced]
+    shown = [f for f in findings if o.show_silenced or not f.silenced]
     for f in shown:
         print(f.line())
     n_err, n_warn = len(errors(findings)), len([f for f in findings if f.severity == "WARNING" and not f.silenced])
@@ -348,38 +395,48 @@ def lint(c, alias, tp=None, host=None, inventory=None, recipes=None, colocate=No
         raise Exit(code=1)
 
 
-@task(help={"recipes": RECIPES_HELP, "plain": "tab-separated output instead of a table (for scripts)",
-            "host": "resolve each image's tag to the digest it has on this inventory host (docker image inspect)",
-            "inventory": INVENTORY_HELP,
-            "pin": "with --host: write the resolved digests as a user recipe file (see --out)",
-            "out": "the file --pin writes (default: images-pinned.yaml); load it with --recipes",
-            "flags": "with --host: also ask each present image's vLLM for its options (`vllm serve --help=all`) "
-                     "and cache them per digest on this machine (what lint checks flags against)"},
-      iterable=["recipes"])
-def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, out="images-pinned.yaml",
-           flags=False):
+@dataclass
+class ImagesOptions:
+    recipes: list[str] = option(RECIPES_HELP, Files())
+    plain: bool = option(PLAIN_HELP, Flag())
+    host: str | None = option("resolve each image's tag to the digest it has on this inventory host (docker image "
+                              "inspect)", Text(max_len=256))
+    inventory: str | None = common("inventory")
+    pin: bool = option("with --host: write the resolved digests as a user recipe file (see --out)", Flag())
+    out: str = option("with --pin: the file it writes (default: images-pinned.yaml); load it with --recipes",
+                      default="images-pinned.yaml")
+    flags: bool = option("with --host: also ask each present image's vLLM for its options (`vllm serve --help=all`) "
+                         "and cache them per digest on this machine (what lint checks flags against)", Flag())
+
+    RULES = (Needs("pin", lambda o: o.host is not None, "--host", fix="give --host HOST (the digests are the ones it "
+                                                                      "pulled)"),
+             Needs("out", lambda o: o.pin, "--pin"),
+             Needs("flags", lambda o: o.host is not None, "--host"),
+             Needs("inventory", lambda o: o.host is not None, "--host", READS_VARS))
+
+
+@command(ImagesOptions)
+def images(c, o: ImagesOptions):
     """List the catalog's images: vLLM version, digest, multi-node executors, Ray, flag set, recipes."""
     from sparkprov.catalog.images import image_rows
-    from sparkprov.cli.options import OptionError, text_option
     from sparkprov.outputs import check_output_file
 
+    host, out = o.host, o.out
     try:
-        if pin and not host:  # before the table: the error is the only line
-            raise OptionError("--pin needs --host", fix="give --host HOST (the digests are the ones it pulled)")
-        if pin:
-            out_path = check_output_file("out", text_option("out", out), inputs=recipes or [])
-        cat = _catalog(recipes)
+        if o.pin:  # before the table: the error is the only line
+            out_path = check_output_file("out", out, inputs=o.recipes)
+        cat = _catalog(o.recipes)
     except SparkprovError as exc:
         raise _fail(exc)
     rows = image_rows(cat)
     resolved: dict[str, str] = {}
     if host:
-        resolved = _resolve_on_host(cat, host, inventory, flags)
+        resolved = _resolve_on_host(cat, host, o.inventory, o.flags)
     cols = ("image", "vLLM", "digest", "executors", "ray", "gb10", "flag set", "recipes")
     if host:
         cols += (f"digest on {host}",)
     table_rows = [r.cells() + ((resolved.get(r.ref, "not present"),) if host else ()) for r in rows]
-    if plain:
+    if o.plain:
         for row in table_rows:
             print("\t".join(row))
     else:
@@ -391,7 +448,7 @@ def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, o
         for row in table_rows:
             t.add_row(*row)
         _console().print(t)
-    if pin:
+    if o.pin:
         from sparkprov.catalog.images import pinned_images_yaml
         from sparkprov.outputs import write_text_atomic
 
@@ -404,60 +461,34 @@ def images(c, recipes=None, plain=False, host=None, inventory=None, pin=False, o
 
 
 def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool) -> dict[str, str]:
-    """One play on the engine (image_flags): the digests the host's tags resolved to and, with
-    --flags, each present image's own options cached on this machine."""
-    import io
-
-    from sparkprov.data.playbook import Playbook
+    """The image_flags play on the host (plays/images.py): the digests its tags resolved to."""
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.report import Report
-    from sparkprov.engine.run import RunOptions
-    from sparkprov.plays.book import play, run_book, task
-    from sparkprov.modules.image_flags import IMAGE_FLAGS
+    from sparkprov.plays.images import host_images
 
     try:
-        inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
-        name = host if host in inv.hosts else inv.resolve(host, what="--host")[0]
-        refs = list(cat.image_table)
-        book = Playbook("images", [play("images", [name], [task(
-            "image digests and options", "image_flags",
-            {"images": refs, "ask": flags, "versions": {r: cat.image_table[r].vllm for r in refs}}, ("--host", None, None))])])
-        report = Report(io.StringIO(), quiet=True)
-        runner = run_book(inv, book, [name], RunOptions(), report)
+        found = host_images(load_inventory(inventory_path(inventory)), host,
+                            {r: cat.image_table[r].vllm for r in cat.image_table}, ask=flags)
     except SparkprovError as exc:
         raise _fail(exc)
-    for r in report.results:
-        if r.status in ("failed", "unreachable"):
-            print(f"{name}: {r.msg}", file=sys.stderr)
-        elif r.status == "changed" and flags:
-            print(f"{name}: {r.msg}", file=sys.stderr)
-    if report.exit_code():
-        raise Exit(code=report.exit_code())
-    return dict((IMAGE_FLAGS.read(runner.exports, name) or {}).get("digests") or {})
+    for line in found.lines:
+        print(line, file=sys.stderr)
+    if found.code:
+        raise Exit(code=found.code)
+    return found.digests
 
 
-@task(help={"file": "a recipe of eugr/spark-vllm-docker or the recipe_version \"2\" YAML of sparkrun/spark-pulse",
-            "out": "the user recipe file to write (default: imported-ALIAS.yaml)",
-            "name": "the alias to give it (default: from the recipe's name)",
-            "variant": "a sparkrun variant to apply (variants: in the file)"})
-def recipe_import(c, file, out=None, name=None, variant=None):
-    """Convert another tool's recipe into a sparkprov user recipe file and lint it with the G-rules:
-    one line per finding (and per thing that did not carry over); errors exit non-zero.
-    The file is written (atomically) only once the recipe loads over the catalog; a recipe with
-    lint errors is written all the same (to be edited) and exits 1."""
+def recipe_import(c, file: str, out: str | None = None, name: str | None = None, variant: str | None = None):
+    """`invoke recipe import --file FILE` (its options parsed by RecipeOptions): convert another tool's
+    recipe into a sparkprov user recipe file and lint it with the G-rules: one line per finding (and
+    per thing that did not carry over); errors exit non-zero. The file is written (atomically) only
+    when the import has no error and the recipe loads over the catalog; a recipe with lint errors is
+    written all the same (to be edited) and exits 1."""
     from sparkprov.catalog.importer import import_file, lint_imported
     from sparkprov.catalog.knownflags import default_cache_dir
     from sparkprov.catalog.lint import errors
-    from sparkprov.cli.options import OptionError, text_option
     from sparkprov.outputs import check_output_file, write_text_atomic
 
     try:
-        if file is None:
-            raise OptionError("recipe import needs --file FILE",
-                              fix="name a recipe of eugr/spark-vllm-docker or sparkrun (recipe_version 2)")
-        file = text_option("file", file)
-        name, variant, out = (text_option(k, v, max_len=256) for k, v in (("name", name), ("variant", variant),
-                                                                           ("out", out)))
         if out is not None:  # before the input is read: a bad --out costs nothing
             check_output_file("out", out, inputs=[file])
         imp = import_file(file, alias=name, variant=variant)

@@ -1,88 +1,20 @@
 """`invoke cluster-up`, `cluster-down`, `status`, `nccl-check`: parse options, run the plays
 (sparkprov/plays/cluster.py, serve.py), print what they return.
 
-Registered in tasks.py, each with its help: cluster_up (UP_HELP), cluster_down (DOWN_HELP), status
-(STATUS_HELP), nccl_check (NCCL_HELP).
+cluster-up's options are one object, plays/options.py UpOptions, from the command line to the plays.
 """
 
 from __future__ import annotations
 
 import json as _json
 import sys
+from dataclasses import dataclass
 
-COMMON = {
-    "hosts": "Hosts, groups or patterns to act on, comma-separated (default: every host the playbook names)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "json": "Print one JSON document ({ok, hosts, results, ...}) instead of the recap",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
-UP_HELP = {
-    **COMMON,
-    "tp": "Tensor-parallel size (with --model: of the new deployment; else start the playbook's deployments of this "
-          "size). Without --model or --playbook, 1 reads playbooks/serve.yaml and N > 1 playbooks/cluster.yaml",
-    "playbook": "Serve playbook (deployments: model, hosts, tp, overrides). Default: playbooks/cluster.yaml "
-                "(playbooks/serve.yaml with --tp 1)",
-    "deployments": "Only these deployments of the playbook (comma-separated names)",
-    "check": "Preflight and plan only: say what would start or be replaced, change nothing",
-    "recipes": "A user recipe file merged over the catalog (repeatable)",
-    "stage": "Stage the weights first, as stage-weights does, in the same run (with --check: says what it would stage)",
-    "unload_ollama": "Unload models an Ollama server holds in unified memory before the load (G14)",
-    "drop_caches": "Drop the page cache as root before a load (G15; default on, --no-drop-caches to skip)",
-    "image_source": "Where a node missing the image gets it: auto (registry, then a peer over the fabric), "
-                    "registry, or peer",
-    "ray_timeout": "Seconds to wait for every Ray node and GPU to join (default 300)",
-    "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)",
-    "verify": "Also warm up and smoke-test deployments that are already up and unchanged",
-    "force_degraded_fabric": "Start a multi-node deployment even over a node whose last fabric qualification "
-                             "(invoke provision) recorded a degraded rail (refused without it, naming the rail)",
-    "image": "Run this image instead of the recipe's (one deployment: how a new build is tried); if its start fails "
-             "its smoke test, every node goes back to the deployment's last good start (invoke history)",
-    "gate": "What an upgrade (a start replacing a running one) must pass to be kept: smoke (default: its smoke "
-            "test) or bench (also invoke bench at the parameters of the last good start's stored run, keeping "
-            "--gate-ratio of its output tok/s); a start that fails goes back to the last good start",
-    "gate_ratio": "With --gate bench: the share of the last good start's output tok/s to keep (default 0.9)",
-    "replace": "Make room on the deployment's hosts: the other deployments serving there are removed first (on every "
-               "host they run on) and, if the new one fails, started again from their last good start",
-    "results": "With --gate bench: the folder invoke bench stores its runs in, where the last good start's run is "
-               "found and the gate's run is stored (default ~/.local/share/sparkprov/bench)",
-    "pin": "Run each deployment by the registry digest its nodes' docker holds for its image (REPO@sha256:..., "
-           "after the image play): a restart or a later tag move cannot change what runs. Refused before any "
-           "container starts when a node's image has no registry digest (built or copied there) or the nodes "
-           "hold different digests; a pinned deployment started again with --pin is left running",
-}
-DOWN_HELP = {
-    **COMMON,
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to work on at once (default 32)",
-    "hosts": "Hosts, groups or patterns to clean, comma-separated (default: all in the inventory)",
-    "deployments": "Only the containers of these deployments (comma-separated; default: every sparkprov container)",
-    "check": "Say what would be removed, remove nothing",
-}
-STATUS_HELP = {**COMMON, "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)",
-               "limit": "Further limit the hosts (pattern)", "forks": "How many hosts to work on at once (default 32)",
-               "watch": "Refresh every this many seconds until interrupted (Ctrl-C)",
-               "count": "With --watch: stop after this many refreshes",
-               "ports": "Also every listening TCP/UDP port per host: process, deployment, and from where it can be "
-                        "reached (loopback, fabric peers, everyone); exit 2 when one open to everyone is neither an "
-                        "API port with a key nor sshd (reads as root)"}
-NCCL_HELP = {
-    **COMMON,
-    "check": "Check the hosts (fabric, image) and say what would run; run nothing",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to work on at once (default 32)",
-    "hosts": "The hosts to test, comma-separated; the first is rank 0 (default: all in the inventory)",
-    "image": "Image to run the benchmark in (default: the image of the playbook's first TP deployment)",
-    "playbook": "Serve playbook whose first TP deployment names the image (default: playbooks/cluster.yaml)",
-    "threshold": "Bus bandwidth in GB/s below which the check fails (default 21.875, NVIDIA's two-Spark minimum)",
-    "max_bytes": "Largest all-reduce message (default 2G, as in the published two-Spark figures)",
-    "iters": "Timed iterations per size (default 20)",
-}
-
-
-def _csv(v):
-    from sparkprov.cli.common import split_csv
-
-    return split_csv(v) or None
+from sparkprov.cli.command import command
+from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
+from sparkprov.options import (DEPLOYMENT, Choice, Excludes, Flag, Image, Int, Needs, Number, Size, Text, Words, common,
+                               option)
+from sparkprov.plays.options import UpOptions
 
 
 def _playbook_path(playbook, tp):
@@ -91,92 +23,25 @@ def _playbook_path(playbook, tp):
     return playbook_path(playbook, "serve.yaml" if tp == 1 else "cluster.yaml")
 
 
-UP_HELP.update({
-    "model": "Serve this catalog model without a playbook (invoke models lists them); with --tp, --hosts, --name",
-    "name": "Deployment name for --model (default: the model alias)",
-    "executor": "Multi-node executor: ray (default: a Ray cluster) or native (vLLM's own --nnodes/--node-rank)",
-    "pp": "Pipeline-parallel size (default 1): a cluster spans tp x pp Sparks",
-    "dp": "With --model: data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): "
-          "the deployment spans tp x pp x dp Sparks",
-    "ep": "With --model: --enable-expert-parallel (MoE recipes; experts split over tp x dp)",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to work on at once (default 32)",
-})
-DOWN_HELP["model"] = "Remove the deployment cluster-up --model started (its name: --name, else the alias)"
-DOWN_HELP["name"] = "Deployment name given to cluster-up --model --name"
-NCCL_HELP["backend"] = "nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the lab)"
-
-
-def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, name=None, executor=None, playbook=None, inventory=None,
-               check=False, json=False, deployments=None, recipes=None, stage=False, unload_ollama=False,
-               drop_caches=True, image_source=None, ray_timeout=None, health_timeout=None, verify=False,
-               limit=None, forks=None, accept_new_host_keys=False, image=None,
-               force_degraded_fabric=False, gate=None, gate_ratio=None, results=None, replace=False, pin=False):
+@command(UpOptions)
+def cluster_up(c, o: UpOptions):
     """Start models (single-node servers, or clusters across Sparks) and prove they serve."""
-    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, hosts_option, int_option,
-                                       parse_forks, text_option)
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.defaults import DEFAULT_FORKS
-    from sparkprov.outputs import check_output_dir
-    from sparkprov.serving.bench import DEFAULT_GATE_RATIO, RESULTS_DIR
     from sparkprov.engine.report import Report
     from sparkprov.plays import cluster as plays
-    from sparkprov.plays.serve import UpOptions
 
-    out = sys.stderr if json else sys.stdout
     with user_errors():
-        tp = int_option("tp", tp, 1, 64)
-        pp = int_option("pp", pp, 1, 64, default=1)
-        dp = int_option("dp", dp, 1, 64, default=1)
-        executor = choice_option("executor", executor, ("ray", "native"))
-        image_source = choice_option("image-source", image_source, ("auto", "registry", "peer"), default="auto")
-        ray_timeout = float_option("ray-timeout", ray_timeout, 0, 86400, default=300.0, unit="seconds")
-        health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
-        hosts = hosts_option("hosts", hosts)
-        deployments = ",".join(csv_option("deployments", deployments) or []) or None
-        gate = choice_option("gate", gate, ("smoke", "bench"), default="smoke")
-        if gate_ratio is not None and gate != "bench":
-            raise OptionError("--gate-ratio needs --gate bench", fix="give --gate bench --gate-ratio R, or leave it out")
-        gate_ratio = float_option("gate-ratio", gate_ratio, 0.01, 10, default=DEFAULT_GATE_RATIO)
-        if results is not None and gate != "bench":
-            raise OptionError("--results needs --gate bench", fix="give --gate bench --results DIR, or leave it out")
-        results_dir = check_output_dir("results", text_option("results", results, default=RESULTS_DIR)) \
-            if gate == "bench" else None
-        if name is not None and model is None:  # it names the deployment --model makes; a playbook names its own
-            raise OptionError("--name needs --model", fix="give --model ALIAS --name NAME, or leave out --name")
-        if not model and (dp > 1 or ep):
-            raise OptionError("--dp and --ep need --model", fix="a playbook sets dp: and ep: per deployment")
-        inv = load_inventory(inventory_path(inventory))
-        deps = plays.up_deployments(inv, model=model, playbook=_playbook_path(playbook, tp), tp=tp, pp=pp, dp=dp,
-                                    ep=bool(ep), executor=executor, hosts=hosts, name=name, names=_csv(deployments),
-                                    recipe_files=list(recipes or []))
-        if image is not None:
-            apply_image_option(image, deps)
-        if pin:
+        inv = load_inventory(inventory_path(o.inventory))
+        deps = plays.up_deployments(inv, o, _playbook_path(o.playbook, o.tp))
+        if o.image is not None:
+            apply_image_option(o.image, deps)
+        if o.pin:
             apply_pin_option(deps)
-        targets = plays.up_targets(inv, deps, select_hosts(inv, None, limit) if limit else None)
-        opts = UpOptions(drop_caches=drop_caches, unload_ollama=unload_ollama, image_source=image_source,
-                         ray_timeout=ray_timeout, health_timeout=health_timeout, verify=verify,
-                         force_degraded_fabric=bool(force_degraded_fabric))
-        bench_gate = None
-        if gate == "bench":
-            from sparkprov.plays.upgrade import bench_gate as find_gate
-
-            bench_gate = find_gate(inv, deps, gate_ratio, results_dir,
-                                   forks=parse_forks(forks, DEFAULT_FORKS), accept_new_host_keys=accept_new_host_keys)
-        report = Report(out, quiet=json)
-        result = plays.cluster_up(inv, deps, opts, targets, stage=stage, report=report, gate=bench_gate,
-                                  replace_others=bool(replace),
-                                  options=engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
-                                                         forks=forks))
-        summary = result.summary()
-        if result.serving_changed:
-            # a running gateway routes to what serves now (a run that changed nothing leaves it be)
-            from sparkprov.plays.gateway import refresh
-            summary["gateway"] = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
-    print_report(report, json, cluster=summary)
-    if not json:
+        targets = plays.up_targets(inv, deps, select_hosts(inv, None, o.limit) if o.limit else None)
+        report = Report(sys.stderr if o.json else sys.stdout, quiet=o.json)
+        summary = plays.cluster_up(inv, deps, o, targets, report).summary()
+    print_report(report, o.json, cluster=summary)
+    if not o.json:
         print_summary(summary)
     finish(report.exit_code())
 
@@ -184,7 +49,7 @@ def cluster_up(c, model=None, tp=None, pp=None, dp=None, ep=False, hosts=None, n
 def apply_image_option(image, deps) -> None:
     """--image: one valid image reference, for one deployment; refused before any host."""
     from sparkprov.imageref import IMAGE_RE
-    from sparkprov.cli.options import OptionError, text_option
+    from sparkprov.options import OptionError, text_option
 
     image = text_option("image", image, max_len=512)
     if not IMAGE_RE.match(image):
@@ -199,7 +64,7 @@ def apply_image_option(image, deps) -> None:
 def apply_pin_option(deps) -> None:
     """--pin: every deployment runs by its nodes' registry digest; one that cannot (its image is one
     cluster-up builds) is refused before any host."""
-    from sparkprov.cli.options import OptionError
+    from sparkprov.options import OptionError
     from sparkprov.serving import node
 
     for d in deps:
@@ -237,60 +102,85 @@ def print_summary(summary) -> None:
     print(f"\ncluster-up {'(check) ' if summary['check'] else ''}took {summary['seconds']:.1f}s; remote calls: {calls}")
 
 
-def cluster_down(c, hosts=None, inventory=None, deployments=None, model=None, name=None, check=False, json=False,
-                 limit=None, forks=None, accept_new_host_keys=False):
+@dataclass
+class DownOptions:
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to clean, comma-separated (default: all in the "
+                                        "inventory)")
+    inventory: str | None = common("inventory")
+    deployments: list[str] | None = option("Only the containers of these deployments (comma-separated; default: "
+                                           "every sparkprov container)", Words())
+    model: str | None = option("Remove the deployment cluster-up --model started (its name: --name, else the alias)",
+                               Text(max_len=256))
+    name: str | None = option("Deployment name given to cluster-up --model --name", DEPLOYMENT)
+    check: bool = option("Say what would be removed, remove nothing", Flag())
+    json: bool = common("json")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+
+@command(DownOptions)
+def cluster_down(c, o: DownOptions):
     """Remove exactly the containers (and so the Ray processes) sparkprov started, by label, on every host."""
-    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import csv_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.plays import cluster as plays
     from sparkprov.serving.deployment import default_name
 
-    out = sys.stderr if json else sys.stdout
     with user_errors():
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        names = csv_option("deployments", deployments)
-        if model or name:
-            names = (names or []) + [name or default_name(str(model))]
-        report = Report(out, quiet=json)
-        removed = plays.cluster_down(inv, targets, names, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
-                                                                         forks=forks), report)
-        gateway = None
-        if not check and any(removed.values()):
-            from sparkprov.plays.gateway import refresh
-            gateway = refresh(inv, forks=forks, accept_new_host_keys=accept_new_host_keys)
-    print_report(report, json, removed=removed, gateway=gateway)
-    if gateway and not json:
-        print(gateway)
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        names = o.deployments
+        if o.model or o.name:
+            names = (names or []) + [o.name or default_name(str(o.model))]
+        report = Report(sys.stderr if o.json else sys.stdout, quiet=o.json)
+        down = plays.cluster_down(inv, targets, names, engine_options(o), report)
+    print_report(report, o.json, removed=down.removed, gateway=down.gateway)
+    if down.gateway and not o.json:
+        print(down.gateway)
     finish(report.exit_code())
 
 
-def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, watch=None, count=None,
-           accept_new_host_keys=False, ports=False):
+@dataclass
+class StatusOptions:
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to show, comma-separated (default: all in the "
+                                        "inventory)")
+    inventory: str | None = common("inventory")
+    json: bool = common("json")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    watch: float | None = option("Refresh every this many seconds until interrupted (Ctrl-C)",
+                                 Number(0, 86400, unit="seconds"))
+    count: int | None = option("With --watch: stop after this many refreshes", Int(1, 10**6))
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+    ports: bool = option("Also every listening TCP/UDP port per host: process, deployment, and from where it can be "
+                         "reached (loopback, fabric peers, everyone); exit 2 when one open to everyone is neither an "
+                         "API port with a key nor sshd (reads as root)", Flag())
+
+    RULES = (Needs("count", lambda o: o.watch is not None, "--watch",
+                   fix="give --watch SECONDS --count N, or leave out --count"),)
+
+
+@command(StatusOptions)
+def status(c, o: StatusOptions):
     """Per host: sparkprov containers, Ray nodes and GPUs, health, models, KV cache, requests, spec-decode
     acceptance, unified memory, GPU temperature and power; per deployment: expected vs joined nodes.
     Exit 2 when a deployment is degraded or a node guard acted (its action stands) or is not running,
     4 when a host is unreachable."""
     import time
 
-    from sparkprov.cli.common import engine_options, finish, inventory_path, select_hosts, user_errors
-    from sparkprov.cli.options import float_option, int_option
     from sparkprov.data.inventory import load_inventory
     from sparkprov.facts import guard as guard_facts
     from sparkprov.plays.cluster import fleet_status
 
+    watch, count = o.watch, o.count
     with user_errors():
-        watch = float_option("watch", watch, 0, 86400, unit="seconds")
-        count = int_option("count", count, 1, 10**6)
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
         shown = 0
         while True:
-            fleet = fleet_status(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
-                                 ports=ports)
-            if json:
+            fleet = fleet_status(inv, targets, engine_options(o), ports=o.ports)
+            if o.json:
                 print(_json.dumps({"ok": fleet.code == 0, "hosts": fleet.hosts}, indent=2, default=str), flush=True)
             else:
                 if watch is not None and sys.stdout.isatty():
@@ -298,7 +188,7 @@ def status(c, hosts=None, inventory=None, json=False, limit=None, forks=None, wa
                 print_status(fleet.hosts)
                 for h, g in fleet.guards.items():
                     print(guard_facts.describe(h, g))
-                if ports:
+                if o.ports:
                     print_ports(fleet.hosts)
                 if watch is not None:
                     print(f"refreshed {time.strftime('%H:%M:%S')}, every {watch:g}s (Ctrl-C stops)", flush=True)
@@ -383,32 +273,49 @@ def print_status(st) -> None:
                       f"{r['gpus']:g} GPUs: {state}")
 
 
-def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend=None, threshold=None,
-               max_bytes=None, iters=None, json=False, limit=None, forks=None, check=False, accept_new_host_keys=False):
-    """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
+@dataclass
+class NcclOptions:
+    hosts: str | None = common("hosts", "The hosts to test, comma-separated; the first is rank 0 (default: all in "
+                                        "the inventory)")
+    inventory: str | None = common("inventory")
+    image: str | None = option("Image to run the benchmark in (default: the image of the playbook's first TP "
+                               "deployment)", Image())
+    playbook: str | None = option("Serve playbook whose first TP deployment names the image (default: "
+                                  "playbooks/cluster.yaml)")
+    backend: str = option("nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the "
+                          "lab)", Choice(("nccl", "gloo")), default="nccl")
+    threshold: float = option("Bus bandwidth in GB/s below which the check fails (default 21.875, NVIDIA's "
+                              "two-Spark minimum)", Number(0, 10000), default=21.875)
+    max_bytes: int = option("Largest all-reduce message (default 2G, as in the published two-Spark figures)",
+                            Size(1, 2**40), default=2 * 2**30)
+    iters: int = option("Timed iterations per size (default 20)", Int(1, 10000), default=20)
+    json: bool = common("json")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    check: bool = option("Check the hosts (fabric, image) and say what would run; run nothing", Flag())
+    accept_new_host_keys: bool = common("accept_new_host_keys")
 
-    from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-    from sparkprov.cli.options import choice_option, float_option, int_option, size_option
+    # the playbook is read only to find the image
+    RULES = (Excludes("image", "playbook", "both say which image: the playbook is read only to find one"),)
+
+
+@command(NcclOptions)
+def nccl_check(c, o: NcclOptions):
+    """All-reduce bus bandwidth across the hosts over the fabric, in the serving image, against a threshold."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.errors import SparkprovError
     from sparkprov.plays import cluster as plays
 
-    out = sys.stderr if json else sys.stdout
     with user_errors():
-        backend = choice_option("backend", backend, ("nccl", "gloo"), default="nccl")
-        threshold = float_option("threshold", threshold, 0, 10000, default=21.875)
-        iters = int_option("iters", iters, 1, 10000, default=20)
-        max_bytes = size_option("max-bytes", max_bytes, 1, 2**40, default=2 * 2**30)
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
         if len(targets) < 2:
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
-        image = image or plays.serving_image(inv, _playbook_path(playbook, 2))
-        report = Report(out, quiet=json)
-        result = plays.nccl_check(inv, targets, image, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
-                                                                      forks=forks), report,
-                                  backend=backend, threshold=threshold, max_bytes=max_bytes, iters=iters)
-    print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,
-                                     "result": result})
+        image = o.image or plays.serving_image(inv, _playbook_path(o.playbook, 2))
+        report = Report(sys.stderr if o.json else sys.stdout, quiet=o.json)
+        result = plays.nccl_check(inv, targets, image, engine_options(o), report, backend=o.backend,
+                                  threshold=o.threshold, max_bytes=o.max_bytes, iters=o.iters)
+    print_report(report, o.json, nccl={"image": image, "backend": o.backend, "threshold_gbs": o.threshold,
+                                       "hosts": targets, "result": result})
     finish(report.exit_code())

@@ -9,31 +9,18 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from sparkprov.cli.options import csv_option, hosts_option, parse_forks
 from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import InputError, SparkprovError
+from sparkprov.options import hosts_option
+
+if TYPE_CHECKING:
+    from sparkprov.engine.run import RunOptions
 
 REPO = Path(__file__).resolve().parents[2]
-
-# The options the playbook commands share (provision, play, facts): one wording for each.
-COMMON_HELP = {
-    "hosts": "Hosts, groups or patterns to run on, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "playbook": "Playbook file to run",
-    "check": "Check mode: show what would change, change nothing",
-    "diff": "Show before/after for files and settings",
-    "json": "Print one JSON document instead of the recap",
-    "limit": "Further limit the selected hosts (pattern, e.g. 'spark2' or '!spark1')",
-    "tags": "Only run tasks with these tags (comma-separated)",
-    "skip_tags": "Skip tasks with these tags (comma-separated)",
-    "forks": "How many hosts to work on at once (default 32)",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-    "verbose": "Say where the engine splits a play's one apply call, and why",
-}
-
 
 def inventory_path(option: str | None) -> str:
     """--inventory, else $SPARKPROV_INVENTORY, else ./inventory.yaml, else the repo's. An empty
@@ -104,31 +91,29 @@ def _some(names, n: int = 8) -> str:
 
 
 def run_playbook(*, playbook: str, inventory: str | None, hosts: str | None, limit: str | None = None,
-                 check: bool = False, diff: bool = False, as_json: bool = False, tags: str | None = None,
-                 skip_tags: str | None = None, forks: int | None = None, accept_new_host_keys: bool = False,
+                 check: bool = False, diff: bool = False, as_json: bool = False, tags: list[str] = (),
+                 skip_tags: list[str] = (), forks: int = DEFAULT_FORKS, accept_new_host_keys: bool = False,
                  extra_vars: dict | None = None, verbose: bool = False) -> int:
+    """A YAML playbook on the engine (provision, play), its options parsed already."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.data.playbook import load_playbook
     from sparkprov.engine.report import Report
-    from sparkprov.engine.run import Runner, RunOptions
+    from sparkprov.engine.run import RunOptions
+    from sparkprov.plays.book import run_book
 
     with user_errors():
-        # options first: a bad value is reported before any file is read
-        forks = parse_forks(forks, DEFAULT_FORKS)
-        tag_list = csv_option("tags", tags, default=[])
-        skip_list = csv_option("skip-tags", skip_tags, default=[])
         if not isinstance(playbook, str) or not playbook.strip():
             raise InputError(f"playbook {playbook!r}: no file named", fix="give a playbook file, e.g. playbooks/provision.yaml")
         inv = load_inventory(inventory_path(inventory))
         book = load_playbook(playbook)
         targets = select_hosts(inv, hosts, limit)
-        _check_tags(book, "--tags", tag_list)
-        _check_tags(book, "--skip-tags", skip_list)
-        options = RunOptions(check=check, diff=diff, tags=set(tag_list), skip_tags=set(skip_list),
+        _check_tags(book, "--tags", tags)
+        _check_tags(book, "--skip-tags", skip_tags)
+        options = RunOptions(check=check, diff=diff, tags=set(tags), skip_tags=set(skip_tags),
                              forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose,
                              extra_vars=extra_vars or {})
         report = Report(sys.stderr if as_json else sys.stdout, quiet=as_json, show_diff=diff)
-        Runner(inv, book, targets, options, report).run()
+        run_book(inv, book, targets, options, report)
     if as_json:
         print(report.json())
     else:
@@ -167,9 +152,10 @@ def print_json(data) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def engine_options(*, check=False, accept_new_host_keys=False, forks=None, diff=False):
-    """The engine's options for the serving commands' plays (plays/book.py serving_options), --forks parsed."""
+def engine_options(o) -> RunOptions:
+    """The engine's options for the serving commands' plays (plays/book.py serving_options) from a
+    command's parsed options: check (where it has one), forks, accept_new_host_keys."""
     from sparkprov.plays.book import serving_options
 
-    return serving_options(check=check, diff=diff, accept_new_host_keys=accept_new_host_keys,
-                           forks=parse_forks(forks, DEFAULT_FORKS))
+    return serving_options(check=getattr(o, "check", False), accept_new_host_keys=o.accept_new_host_keys,
+                           forks=o.forks)

@@ -1,33 +1,40 @@
 """`invoke facts`: what each host looks like, as a table or JSON. Parses and prints;
 sparkprov/plays/facts.py gathers them.
 
-data, plays and rich load inside the functions, not at the top: tasks.py imports every cli module,
-and `invoke --list` stays fast.
+data, plays and rich load inside the functions, not at the top (sparkprov/cli/command.py says why).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
-from invoke import task
-
-from sparkprov.cli.common import COMMON_HELP, finish, inventory_path, print_json, select_hosts, user_errors
-from sparkprov.cli.options import parse_forks
-from sparkprov.defaults import DEFAULT_FORKS
+from sparkprov.cli.command import command
+from sparkprov.cli.common import finish, inventory_path, print_json, select_hosts, user_errors
+from sparkprov.options import common
 
 
-@task(help={k: COMMON_HELP[k] for k in ("hosts", "inventory", "json", "limit", "forks", "accept_new_host_keys")})
-def facts(c, hosts=None, inventory=None, json=False, limit=None, forks=None, accept_new_host_keys=False):
+@dataclass
+class FactsOptions:
+    hosts: str | None = common("hosts")
+    inventory: str | None = common("inventory")
+    json: bool = common("json")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+
+@command(FactsOptions)
+def facts(c, o: FactsOptions):
     """Show each host's facts: identity, GPU, driver, CUDA, memory, fabric, docker."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.plays.facts import read_facts
 
     with user_errors():
-        forks = parse_forks(forks, DEFAULT_FORKS)
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        result, code = read_facts(inv, targets, forks=forks, accept_new_host_keys=accept_new_host_keys)
-    if json:
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        result, code = read_facts(inv, targets, forks=o.forks, accept_new_host_keys=o.accept_new_host_keys)
+    if o.json:
         print_json(result)
     else:
         _print_tables(result)

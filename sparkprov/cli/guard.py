@@ -2,32 +2,34 @@
 them: each host's guard, or with --events every event of their journals, oldest first. Parses and
 prints; sparkprov/plays/guard.py reads them.
 
-data, plays and facts load inside the task, not at the top: tasks.py imports every cli module, and
-`invoke --list` stays fast.
+data, plays and facts load inside the task, not at the top (sparkprov/cli/command.py says why).
 """
 
 from __future__ import annotations
 
 import json as _json
+from dataclasses import dataclass
 
-from invoke import task
-
+from sparkprov.cli.command import command
 from sparkprov.cli.common import engine_options, finish, inventory_path, select_hosts, user_errors
-
-HELP = {
-    "hosts": "Hosts, groups or patterns to read, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to work on at once (default 32)",
-    "events": "List the events of every guard's journal (time, host, kind, reading, threshold, action)",
-    "json": "Print one JSON document instead of the text",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
+from sparkprov.options import Flag, common, option
 
 
-@task(help=HELP)
-def guard(c, hosts=None, inventory=None, limit=None, forks=None, events=False, json=False,
-          accept_new_host_keys=False):
+@dataclass
+class GuardOptions:
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to read, comma-separated (default: all in the "
+                                        "inventory)")
+    inventory: str | None = common("inventory")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    events: bool = option("List the events of every guard's journal (time, host, kind, reading, threshold, action)",
+                          Flag())
+    json: bool = common("json")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+
+@command(GuardOptions)
+def guard(c, o: GuardOptions):
     """Each node's guard: running, last sample, what it holds stopped; --events: every event, fleet-wide.
     Exit 2 when a guard acted (its action stands) or is not running, 4 when a host is unreachable."""
     from sparkprov.data.inventory import load_inventory
@@ -35,14 +37,14 @@ def guard(c, hosts=None, inventory=None, limit=None, forks=None, events=False, j
     from sparkprov.plays.guard import read_guards
 
     with user_errors():
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        guards, code = read_guards(inv, targets, engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys))
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        guards, code = read_guards(inv, targets, engine_options(o))
     listed = guard_facts.fleet_events(guards)
-    if json:
-        print(_json.dumps({"ok": code == 0, "guards": guards, **({"events": listed} if events else {})}, indent=2,
+    if o.json:
+        print(_json.dumps({"ok": code == 0, "guards": guards, **({"events": listed} if o.events else {})}, indent=2,
                           default=str))
-    elif events:
+    elif o.events:
         for e in listed:
             print(guard_facts.event_line(e))
         if not listed:

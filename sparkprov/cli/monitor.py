@@ -8,49 +8,66 @@ deployments sparkprov serves, and the fabric play to learn where each node guard
 - down: remove that Prometheus and its files.
 
 Parses and prints (and writes the files of `write`); sparkprov/plays/monitor.py runs the plays.
-data, plays, serving and outputs (tempfile) load inside the functions, not at the top: tasks.py imports every cli module, and
-`invoke --list` stays fast.
+data, plays, serving and outputs (tempfile) load inside the functions, not at the top (sparkprov/cli/command.py
+says why).
 """
 
 from __future__ import annotations
 
-import re
 import sys
+from dataclasses import dataclass
 
-from invoke import task
-
+from sparkprov.cli.command import command
 from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
-from sparkprov.cli.options import (OptionError, address_option, choice_option, float_option, image_option,
-                                   int_option, inventory_host_option, parse_forks, positional, text_option)
-from sparkprov.defaults import DEFAULT_FORKS
 from sparkprov.errors import SparkprovError
+from sparkprov.options import (Address, Choice, Flag, Form, Image, Int, Number, Pattern, Text, common,
+                               inventory_host_option, option)
 
-HELP = {
-    "action": "write (the files into --out), up (run Prometheus on --host) or down (remove it)",
-    "out": "write: folder to write into (default: ./monitoring): prometheus.yml, targets/*.json, grafana-dashboard.json",
-    "host": "up, down: the host Prometheus runs on (default: where it runs now, else the inventory's "
-            "monitor_host, else the first host; down without it: wherever it runs)",
-    "port": "up: its port (default: its current one, else prometheus_port, else 9090)",
-    "image": "up: the Prometheus image (default: prometheus_image in the inventory, else prom/prometheus:v3.5.0)",
-    "bind": "up: the address it listens on (default: the host's first fabric address, which only the host and "
-            "its fabric peers reach; else 127.0.0.1)",
-    "scrape_interval": "How often Prometheus scrapes, e.g. 15s (default: prometheus_scrape_interval, else 15s)",
-    "timeout": "up: seconds to wait for Prometheus to be ready (default 120)",
-    "node_exporter_port": "Port of node_exporter on every host (default 9100)",
-    "check": "Say what would be written or changed; change nothing",
-    "json": "up, down: print one JSON document ({ok, hosts, results, monitor}) instead of the recap",
-    "hosts": "Hosts, groups or patterns to monitor, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "limit": "Further limit the hosts (pattern)",
-    "forks": "How many hosts to read at once (default 32)",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
+ON_HOSTS = frozenset({"action", "check", "hosts", "inventory", "limit", "forks", "accept_new_host_keys"})
 
 
-@task(help=HELP)
-def monitor(c, action, out=None, host=None, port=None, image=None, bind=None, scrape_interval=None, timeout=None,
-            node_exporter_port=None, check=False, json=False, hosts=None, inventory=None, limit=None, forks=None,
-            accept_new_host_keys=False):
+@dataclass
+class MonitorOptions:
+    action: str = option("write (the files into --out), up (run Prometheus on --host) or down (remove it)",
+                         Choice(("write", "up", "down")), positional=True)
+    out: str = option("write: folder to write into (default: ./monitoring): prometheus.yml, targets/*.json, "
+                      "grafana-dashboard.json", Text(), default="monitoring")
+    host: str | None = option("up, down: the host Prometheus runs on (default: where it runs now, else the "
+                              "inventory's monitor_host, else the first host; down without it: wherever it runs)",
+                              Text(max_len=256))
+    port: int | None = option("up: its port (default: its current one, else prometheus_port, else 9090)",
+                              Int(1, 65535))
+    image: str | None = option("up: the Prometheus image (default: prometheus_image in the inventory, else "
+                               "prom/prometheus:v3.5.0)", Image(example="prom/prometheus:v3.5.0"))
+    bind: str | None = option("up: the address it listens on (default: the host's first fabric address, which "
+                              "only the host and its fabric peers reach; else 127.0.0.1)", Address())
+    scrape_interval: str | None = option("write, up: how often Prometheus scrapes, e.g. 15s (default: "
+                                         "prometheus_scrape_interval, else 15s)",
+                                         Pattern(r"[1-9][0-9]*(ms|s|m)", "a duration", "15s", max_len=16))
+    timeout: float = option("up: seconds to wait for Prometheus to be ready (default 120)",
+                            Number(0, 3600, unit="seconds"), default=120.0)
+    node_exporter_port: int | None = option("write, up: port of node_exporter on every host (default 9100)",
+                                            Int(1, 65535))
+    check: bool = option("Say what would be written or changed; change nothing", Flag())
+    json: bool = common("json", "up, down: print one JSON document ({ok, hosts, results, monitor}) instead of the "
+                                "recap")
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to monitor, comma-separated (default: all in "
+                                        "the inventory)")
+    inventory: str | None = common("inventory")
+    limit: str | None = common("limit")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+    RULES = (Form("monitor write", lambda o: o.action == "write",
+                  ON_HOSTS | {"out", "scrape_interval", "node_exporter_port"}),
+             Form("monitor up", lambda o: o.action == "up",
+                  ON_HOSTS | {"host", "port", "image", "bind", "scrape_interval", "timeout", "node_exporter_port",
+                              "json"}),
+             Form("monitor down", lambda o: o.action == "down", ON_HOSTS | {"host", "json"}))
+
+
+@command(MonitorOptions)
+def monitor(c, o: MonitorOptions):
     """Monitor what sparkprov serves: write Prometheus's configuration and a Grafana dashboard, or run Prometheus.
 
     The targets (file_sd): every deployment's /metrics (rank 0), every node guard's /metrics, node_exporter
@@ -58,36 +75,26 @@ def monitor(c, action, out=None, host=None, port=None, image=None, bind=None, sc
     from sparkprov.data.inventory import load_inventory
     from sparkprov.outputs import check_output_dir
     from sparkprov.plays import monitor as plays
-    from sparkprov.serving.monitor import NODE_EXPORTER_PORT
 
-    printed = sys.stderr if json else sys.stdout
+    printed = sys.stderr if o.json else sys.stdout
+    action = o.action
     with user_errors():
-        action = choice_option("action", positional("monitor", "action", action), ("write", "up", "down"))
-        out_dir = check_output_dir("out", text_option("out", out, default="monitoring")) if action == "write" else None
-        exporter_port = int_option("node-exporter-port", node_exporter_port, 1, 65535, default=NODE_EXPORTER_PORT)
-        port = int_option("port", port, 1, 65535)
-        image = image_option("image", image, example="prom/prometheus:v3.5.0")
-        bind = address_option("bind", bind, example="127.0.0.1")
-        interval = text_option("scrape-interval", scrape_interval, max_len=16)
-        if interval is not None and not re.fullmatch(r"[1-9][0-9]*(ms|s|m)", interval):
-            raise OptionError(f"--scrape-interval {interval!r} is not a duration", fix="e.g. --scrape-interval 15s")
-        timeout = float_option("timeout", timeout, 0, 3600, default=120.0, unit="seconds")
-        forks = parse_forks(forks, DEFAULT_FORKS)
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        host = inventory_host_option("host", host, inv)
-        options = engine_options(check=check, forks=forks, accept_new_host_keys=accept_new_host_keys)
+        out_dir = check_output_dir("out", o.out) if action == "write" else None
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        host = inventory_host_option("host", o.host, inv)
+        options = engine_options(o)
         if action == "write":
-            print_files(inv, plays.monitor_files(inv, targets, options, exporter_port=exporter_port,
-                                                 scrape_interval=interval), out_dir, check=check)
+            print_files(inv, plays.monitor_files(inv, targets, options, exporter_port=o.node_exporter_port,
+                                                 scrape_interval=o.scrape_interval), out_dir, check=o.check)
             return
         if action == "down":
-            report, doc = plays.down(inv, targets, options, host=host, out=printed, quiet=json)
+            report, doc = plays.down(inv, targets, options, host=host, out=printed, quiet=o.json)
         else:
-            report, doc = plays.up(inv, targets, options, host=host, port=port, image=image, bind=bind,
-                                   scrape_interval=interval, timeout=timeout, exporter_port=exporter_port,
-                                   out=printed, quiet=json)
-    if json:
+            report, doc = plays.up(inv, targets, options, host=host, port=o.port, image=o.image, bind=o.bind,
+                                   scrape_interval=o.scrape_interval, timeout=o.timeout,
+                                   exporter_port=o.node_exporter_port, out=printed, quiet=o.json)
+    if o.json:
         print_report(report, True, monitor=doc)
     else:
         if report.exit_code() != 0:  # a failed play never reads as a Prometheus that runs

@@ -6,68 +6,68 @@ max_gpu_memory_utilization, other_services_gib, min_headroom_gib where set) or, 
 N identical Sparks with the GB10 constants of catalog/memory.py. Bench results are the JSON files
 `invoke bench` stored on this machine.
 
-catalog and data load inside the functions, not at the top: tasks.py imports every cli module, and
-`invoke --list` stays fast.
+catalog and data load inside the functions, not at the top (sparkprov/cli/command.py says why).
 """
 
 from __future__ import annotations
 
 import json as _json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from invoke import task
 from invoke.exceptions import Exit
 
+from sparkprov.cli.command import command
 from sparkprov.cli.common import inventory_path, split_csv, user_errors
-from sparkprov.cli.options import hosts_option, int_option, positional, text_option
 from sparkprov.errors import InputError
+from sparkprov.options import Excludes, Files, Flag, Hosts, Int, Needs, Text, common, option
 
-HELP = {
-    "model": "the catalog alias (see `invoke models`)",
-    "hosts": "the inventory hosts to plan for, comma-separated: tp x pp x dp equals their GPUs, one per Spark "
-             "(default: --sparks identical Sparks)",
-    "inventory": "inventory file for --hosts (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "sparks": "without --hosts: plan for 1 to N identical Sparks (default 2)",
-    "concurrency": "concurrent full-length requests the pool must hold (default: the recipe's --max-num-seqs, else 1)",
-    "recipes": "a user recipe file merged over the catalog; repeat for several",
-    "results": "bench results folder (default ~/.local/share/sparkprov/bench, where `invoke bench` stores them)",
-    "json": "print one JSON document instead of the table",
-}
 DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
 KV_SOURCES = {"measured": "as a note measured it", "layers": "from the layers' kinds, a full-length request's share",
               "unknown": "not known: the config's layer dimensions are not recorded"}
 
 
-@task(help=HELP, iterable=["recipes"])
-def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False):
+@dataclass
+class PlanOptions:
+    model: str = option("the catalog alias (see `invoke models`)", positional=True)
+    hosts: str | None = option("the inventory hosts to plan for, comma-separated: tp x pp x dp equals their GPUs, "
+                               "one per Spark (default: --sparks identical Sparks)", Hosts())
+    inventory: str | None = common("inventory")
+    sparks: int | None = option("without --hosts: plan for 1 to N identical Sparks (default 2)", Int(1, 64))
+    concurrency: int | None = option("concurrent full-length requests the pool must hold (default: the recipe's "
+                                     "--max-num-seqs, else 1)", Int(1, 4096))
+    recipes: list[str] = option("a user recipe file merged over the catalog; repeat for several", Files())
+    results: str | None = option("bench results folder (default ~/.local/share/sparkprov/bench, where `invoke "
+                                 "bench` stores them)", Text())
+    json: bool = option("print one JSON document instead of the table", Flag())
+
+    RULES = (Excludes("sparks", "hosts", "both say how many Sparks"),
+             Needs("inventory", lambda o: o.hosts is not None, "--hosts", "the inventory is read only for their vars"))
+
+
+@command(PlanOptions)
+def plan(c, o: PlanOptions):
     """Every layout of a model on the Sparks (tp x pp, replicas): memory per node, and the one to pick and why."""
     from sparkprov.catalog.layout_plan import catalog_rules, figures_of, latest_bench, pick, plan_layouts
     from sparkprov.catalog.load import load_catalog
 
     with user_errors():
-        positional("plan", "model", model)
-        hosts = hosts_option("hosts", hosts)
-        sparks = int_option("sparks", sparks, 1, 64)
-        concurrency = int_option("concurrency", concurrency, 1, 4096)
-        given = results is not None
-        results = text_option("results", results, default=DEFAULT_RESULTS)
-        if given and not Path(results).expanduser().is_dir():
+        results = o.results or DEFAULT_RESULTS
+        if o.results is not None and not Path(results).expanduser().is_dir():
             raise InputError(f"--results {results!r} is not a folder", fix="name the folder `invoke bench --results` wrote "
                              f"(default {DEFAULT_RESULTS})")
-        if hosts is not None and sparks is not None:
-            raise InputError("--sparks and --hosts both say how many Sparks", fix="give one of them")
-        cat = load_catalog(list(recipes or []))
-        recipe = cat.get(model)
-        fleet, where = _fleet(hosts, inventory, sparks or 2)
+        cat = load_catalog(o.recipes)
+        recipe = cat.get(o.model)
+        fleet, where = _fleet(o.hosts, o.inventory, o.sparks or 2)
         figures = figures_of(recipe, cat)
-        concurrency = concurrency or _max_num_seqs(recipe) or 1
-        counts = [len(fleet)] if hosts is not None else list(range(1, len(fleet) + 1))
+        concurrency = o.concurrency or _max_num_seqs(recipe) or 1
+        counts = [len(fleet)] if o.hosts is not None else list(range(1, len(fleet) + 1))
         bench = latest_bench(_bench_records(results), recipe.alias)
         plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat), concurrency=concurrency,
                              bench=bench)
         chosen = pick(plans, concurrency)
-    if json:
+    if o.json:
         print(_json.dumps({"model": recipe.alias, "sparks": [s.name for s in fleet], "from": where,
                           "concurrency": concurrency, "kv_source": figures.kv_source,
                           "layouts": [p.as_dict() for p in plans],

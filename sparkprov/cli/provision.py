@@ -8,32 +8,66 @@ module, and `invoke --list` stays fast.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from invoke import task
 
-from sparkprov.cli.common import COMMON_HELP, finish, playbook_path, run_playbook, user_errors
-from sparkprov.cli.options import positional
+from sparkprov.cli.command import command
+from sparkprov.cli.common import finish, playbook_path, run_playbook, user_errors
 from sparkprov.errors import SparkprovError
+from sparkprov.options import Check, Flag, Words, common, option
+
+PLAYBOOK_HELP = "Playbook file to run"
 
 
-@task(help=COMMON_HELP)
-def provision(c, hosts=None, inventory=None, playbook=None, check=False, diff=False, json=False, limit=None,
-              tags=None, skip_tags=None, forks=None, accept_new_host_keys=False, verbose=False):
+def _tag_in_both(o) -> tuple[str, str] | None:
+    """A tag both run and skipped: the tasks carrying it are skipped, and the run looks like success."""
+    both = sorted(set(o.tags or []) & set(o.skip_tags or []))
+    if both:
+        return (f"--tags and --skip-tags both name {both[0]!r}: the tasks carrying it would be skipped",
+                f"leave {both[0]!r} out of one of them")
+    return None
+
+
+@dataclass
+class ProvisionOptions:
+    hosts: str | None = common("hosts")
+    inventory: str | None = common("inventory")
+    playbook: str | None = option(PLAYBOOK_HELP + " (default: playbooks/provision.yaml)")
+    check: bool = option("Check mode: show what would change, change nothing", Flag())
+    diff: bool = option("Show before/after for files and settings", Flag())
+    json: bool = common("json")
+    limit: str | None = common("limit")
+    tags: list[str] | None = option("Only run tasks with these tags (comma-separated)", Words())
+    skip_tags: list[str] | None = option("Skip tasks with these tags (comma-separated)", Words())
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+    verbose: bool = option("Say where the engine splits a play's one apply call, and why", Flag())
+
+    RULES = (Check(_tag_in_both),)
+
+    def run(self, playbook: str) -> int:
+        return run_playbook(playbook=playbook, inventory=self.inventory, hosts=self.hosts, limit=self.limit,
+                            check=self.check, diff=self.diff, as_json=self.json, tags=self.tags or [],
+                            skip_tags=self.skip_tags or [], forks=self.forks,
+                            accept_new_host_keys=self.accept_new_host_keys, verbose=self.verbose)
+
+
+@dataclass
+class PlayOptions(ProvisionOptions):
+    playbook: str = option(PLAYBOOK_HELP + " (required)", positional=True)
+
+
+@command(ProvisionOptions)
+def provision(c, o: ProvisionOptions):
     """Converge Sparks to ready-to-serve: docker, GPU checks, fabric, SSH mesh, model store."""
-    finish(run_playbook(playbook=playbook_path(playbook, "provision.yaml"), inventory=inventory, hosts=hosts,
-                        limit=limit, check=check, diff=diff, as_json=json, tags=tags, skip_tags=skip_tags,
-                        forks=forks, accept_new_host_keys=accept_new_host_keys, verbose=verbose))
+    finish(o.run(playbook_path(o.playbook, "provision.yaml")))
 
 
-@task(help={**COMMON_HELP, "playbook": "Playbook file to run (required)"})
-def play(c, playbook, hosts=None, inventory=None, check=False, diff=False, json=False, limit=None, tags=None,
-         skip_tags=None, forks=None, accept_new_host_keys=False, verbose=False):
+@command(PlayOptions)
+def play(c, o: PlayOptions):
     """Run any playbook against the inventory."""
-    if isinstance(playbook, str) and playbook.startswith("-"):
-        with user_errors():
-            positional("play", "playbook", playbook)
-    finish(run_playbook(playbook=playbook, inventory=inventory, hosts=hosts, limit=limit, check=check, diff=diff,
-                        as_json=json, tags=tags, skip_tags=skip_tags, forks=forks,
-                        accept_new_host_keys=accept_new_host_keys, verbose=verbose))
+    finish(o.run(o.playbook))
 
 
 @task

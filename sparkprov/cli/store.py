@@ -3,66 +3,69 @@ deployment uses. Parses and prints; sparkprov/plays/store.py runs the play (the 
 sparkprov/modules/store.py), so it has --check, --json, --limit, --forks, the recap and the exit codes
 of every command.
 
-data, plays, catalog, staging and rich load inside the functions, not at the top: tasks.py imports
-every cli module, and `invoke --list` stays fast.
+data, plays, catalog, staging and rich load inside the functions, not at the top (sparkprov/cli/command.py
+says why).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 
-from invoke import task
-
+from sparkprov.cli.command import command
 from sparkprov.cli.common import finish, inventory_path, print_report, select_hosts, user_errors
-from sparkprov.cli.options import OptionError, csv_option, parse_forks, text_option
-from sparkprov.defaults import DEFAULT_FORKS
+from sparkprov.options import Excludes, Flag, OptionError, Text, Words, common, option
 
 REPO_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
-
-HELP = {
-    "hosts": "Hosts, groups or patterns to show, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "limit": "Further limit the hosts (pattern, e.g. 'spark2' or '!spark1')",
-    "prune": "Remove these repos (ORG/NAME, comma-separated) from the store; one a deployment uses is refused",
-    "prune_unused": "Remove every repo no deployment uses, and the revisions no deployment uses of the others "
-                    "(blobs a kept revision links to stay)",
-    "compile_cache": "Empty the compile cache (refused while a deployment runs on the host)",
-    "verify": "Hash the blobs of MODEL (a catalog alias, ORG/NAME, or 'all') on every host against their own names; "
-              "record the good ones as verified, remove the bad ones (stage-weights fetches them again); no hub needed",
-    "check": "Say what would be removed, remove nothing",
-    "json": "Print one JSON document ({ok, hosts, results, store}) instead of the tables and recap",
-    "forks": "How many hosts to work on at once (default 32)",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
+SEPARATE = "are separate runs (verify first, then prune)"
 
 
-@task(help=HELP)
-def store(c, hosts=None, inventory=None, limit=None, prune=None, prune_unused=False, compile_cache=False,
-          verify=None, check=False, json=False, forks=None, accept_new_host_keys=False):
+@dataclass
+class StoreOptions:
+    hosts: str | None = common("hosts", "Hosts, groups or patterns to show, comma-separated (default: all in the "
+                                        "inventory)")
+    inventory: str | None = common("inventory")
+    limit: str | None = common("limit")
+    prune: list[str] | None = option("Remove these repos (ORG/NAME, comma-separated) from the store; one a "
+                                     "deployment uses is refused",
+                                     Words(pattern=REPO_PATTERN, allowed_text="repo ids ORG/NAME"))
+    prune_unused: bool = option("Remove every repo no deployment uses, and the revisions no deployment uses of "
+                                "the others (blobs a kept revision links to stay)", Flag())
+    compile_cache: bool = option("Empty the compile cache (refused while a deployment runs on the host)", Flag())
+    verify: str | None = option("Hash the blobs of MODEL (a catalog alias, ORG/NAME, or 'all') on every host "
+                                "against their own names; record the good ones as verified, remove the bad ones "
+                                "(stage-weights fetches them again); no hub needed", Text(max_len=256))
+    check: bool = option("Say what would be removed, remove nothing", Flag())
+    json: bool = common("json")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+    RULES = (Excludes("verify", "prune", SEPARATE), Excludes("verify", "prune_unused", SEPARATE),
+             Excludes("verify", "compile_cache", SEPARATE))
+
+
+@command(StoreOptions)
+def store(c, o: StoreOptions):
     """Per host: each model in the store (revision, size, verified, in use by); --verify MODEL; prune what no deployment uses."""
     from sparkprov.data.inventory import load_inventory
     from sparkprov.engine.report import Report
     from sparkprov.plays.store import run_store, store_args
 
-    out = sys.stderr if json else sys.stdout
+    out = sys.stderr if o.json else sys.stdout
     with user_errors():
-        forks = parse_forks(forks, DEFAULT_FORKS)
-        repos = csv_option("prune", prune, pattern=REPO_PATTERN, allowed_text="repo ids ORG/NAME") or []
+        repos = o.prune or []
         for r in repos:
             if "--" in r or ".." in r:
                 raise OptionError(f"--prune: {r!r} is not a repo id", fix="give ORG/NAME as the hub names it")
-        verify = text_option("verify", verify)
-        if verify is not None and (repos or prune_unused or compile_cache):
-            raise OptionError("--verify and pruning are separate runs", fix="give --verify MODEL alone, then prune")
-        inv = load_inventory(inventory_path(inventory))
-        targets = select_hosts(inv, hosts, limit)
-        report = Report(out, quiet=json)
-        args = store_args(prune=repos, prune_unused=prune_unused, compile_cache=compile_cache,
-                          verify=verify_repos(verify) if verify is not None else None)
-        found = run_store(inv, targets, args, report, check=check, forks=forks,
-                          accept_new_host_keys=accept_new_host_keys)
-    if json:
+        inv = load_inventory(inventory_path(o.inventory))
+        targets = select_hosts(inv, o.hosts, o.limit)
+        report = Report(out, quiet=o.json)
+        args = store_args(prune=repos, prune_unused=o.prune_unused, compile_cache=o.compile_cache,
+                          verify=verify_repos(o.verify) if o.verify is not None else None)
+        found = run_store(inv, targets, args, report, check=o.check, forks=o.forks,
+                          accept_new_host_keys=o.accept_new_host_keys)
+    if o.json:
         print_report(report, True, store=found)
     else:
         print_tables(found)

@@ -1,60 +1,61 @@
 """`invoke history DEPLOYMENT`, `invoke rollback DEPLOYMENT [--to N]`: parse options, print what
 sparkprov/plays/upgrade.py found and did (it records each start on rank 0, reads the history and
 rolls a deployment back).
-
-Registered in tasks.py, each with its help: history (HISTORY_HELP), rollback (ROLLBACK_HELP).
 """
 
 from __future__ import annotations
 
 import json as _json
 import sys
+from dataclasses import dataclass
 
-_COMMON = {
-    "hosts": "Hosts to look for the deployment's rank 0 on, comma-separated (default: all in the inventory)",
-    "inventory": "Inventory file (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)",
-    "json": "Print one JSON document instead of the text",
-    "forks": "How many hosts to read at once (default 32)",
-    "accept_new_host_keys": "Record host keys of hosts never seen before (a changed key is still refused)",
-}
-HISTORY_HELP = {**_COMMON}
-ROLLBACK_HELP = {**_COMMON, "to": "The start to go back to (its number in invoke history; default: the last good "
-                                  "start with another spec than the newest)",
-                 "health_timeout": "Seconds to wait for /health (default: the recipe's startup.health_timeout_s)"}
+from sparkprov.cli.command import command
+from sparkprov.cli.common import engine_options, finish, inventory_path, print_report, select_hosts, user_errors
+from sparkprov.options import DEPLOYMENT, Int, Number, common, option
 
 
-def _history(task, inventory, hosts, name, forks, accept_new_host_keys):
+@dataclass
+class HistoryOptions:
+    deployment: str = option("The deployment (its name, as `invoke status` shows it)", DEPLOYMENT, positional=True)
+    hosts: str | None = common("hosts", "Hosts to look for the deployment's rank 0 on, comma-separated (default: "
+                                        "all in the inventory)")
+    inventory: str | None = common("inventory")
+    json: bool = common("json")
+    forks: int = common("forks")
+    accept_new_host_keys: bool = common("accept_new_host_keys")
+
+
+@dataclass
+class RollbackOptions(HistoryOptions):
+    to: int | None = option("The start to go back to (its number in invoke history; default: the last good start "
+                            "with another spec than the newest)", Int(1, 10**9))
+    health_timeout: float | None = option("Seconds to wait for /health (default: the recipe's "
+                                          "startup.health_timeout_s)", Number(0, 86400, unit="seconds"))
+
+
+def _history(o: HistoryOptions):
     """The deployment's recorded starts on its rank 0 (the host whose history of it is the newest)."""
-    from sparkprov.cli.common import inventory_path, select_hosts
-    from sparkprov.cli.options import parse_forks, positional
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.run import DEFAULT_FORKS
-    from sparkprov.errors import SparkprovError
     from sparkprov.plays.upgrade import find_history
-    from sparkprov.serving.deployment import NAME_RE
 
-    name = positional(task, "deployment", name)
-    if not NAME_RE.match(name):
-        raise SparkprovError(f"{name!r} is not a deployment name", fix="lowercase letters, digits, '.', '_', '-'")
-    inv = load_inventory(inventory_path(inventory))
-    targets = select_hosts(inv, hosts, None)
-    return inv, find_history(inv, targets, name, forks=parse_forks(forks, DEFAULT_FORKS),
-                             accept_new_host_keys=accept_new_host_keys)
+    inv = load_inventory(inventory_path(o.inventory))
+    targets = select_hosts(inv, o.hosts, None)
+    return inv, find_history(inv, targets, o.deployment, forks=o.forks, accept_new_host_keys=o.accept_new_host_keys)
 
 
-def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, accept_new_host_keys=False):
+@command(HistoryOptions)
+def history(c, o: HistoryOptions):
     """Every recorded start of a deployment (on its rank 0): per node the image and its digest, the
     recipe hash, the model commit, the layout and overrides, and the smoke result; the last good marked."""
-    from sparkprov.cli.common import user_errors
     from sparkprov.serving import history as hist
 
     with user_errors():
-        _, found = _history("history", inventory, hosts, deployment, forks, accept_new_host_keys)
+        _, found = _history(o)
     name, head, records = found.name, found.host, found.records
     for line in found.skipped:
         print(f"sparkprov: {head}:{hist.history_file(name)}: skipped {line}", file=sys.stderr)
     good = hist.last_good(records)
-    if json:
+    if o.json:
         print(_json.dumps({"ok": True, "deployment": name, "host": head, "last_good": good["n"] if good else None,
                            "records": records}, indent=2, default=str))
         return
@@ -74,26 +75,20 @@ def history(c, deployment, hosts=None, inventory=None, json=False, forks=None, a
     print(f"last good: #{good['n']}" if good else "no start has passed its smoke test")
 
 
-def rollback(c, deployment, to=None, hosts=None, inventory=None, json=False, forks=None, health_timeout=None,
-             accept_new_host_keys=False):
+@command(RollbackOptions)
+def rollback(c, o: RollbackOptions):
     """Start a recorded good start of a deployment again on every node; exit 2 when it fails its smoke test."""
-    from sparkprov.cli.common import engine_options, finish, print_report, user_errors
-    from sparkprov.cli.options import float_option, int_option
     from sparkprov.engine.report import Report
-    from sparkprov.plays.serve import UpOptions
+    from sparkprov.plays.options import UpOptions
     from sparkprov.plays.upgrade import rollback_deployment, rollback_target
 
-    out = sys.stderr if json else sys.stdout
     with user_errors():
-        to = int_option("to", to, 1, 10**9)
-        health_timeout = float_option("health-timeout", health_timeout, 0, 86400, unit="seconds")
-        inv, found = _history("rollback", inventory, hosts, deployment, forks, accept_new_host_keys)
-        good = rollback_target(found, to)
-        report = Report(out, quiet=json)
-        done = rollback_deployment(inv, found, good, UpOptions(health_timeout=health_timeout),
-                                   lambda: engine_options(forks=forks, accept_new_host_keys=accept_new_host_keys),
-                                   report)
-    print_report(report, json, rollback={**done.result, "deployment": found.name, "message": done.message})
-    if not json:
+        inv, found = _history(o)
+        good = rollback_target(found, o.to)
+        report = Report(sys.stderr if o.json else sys.stdout, quiet=o.json)
+        done = rollback_deployment(inv, found, good, UpOptions(health_timeout=o.health_timeout),
+                                   lambda: engine_options(o), report)
+    print_report(report, o.json, rollback={**done.result, "deployment": found.name, "message": done.message})
+    if not o.json:
         print("\n" + done.message)
     finish(report.exit_code() or (0 if done.serving else 2))

@@ -14,6 +14,8 @@
     guard.py     guard: the node guards as the status play reads them
     facts.py     facts: the host profile gathered
     fleet.py     the status play for commands that act on every deployment (gateway, monitor)
+    images.py    images --host: the digests and options of the catalog's images on a host
+    options.py   cluster-up's options (UpOptions): one object from the command line to the plays
 
 provision and `invoke play` run YAML playbooks on the same engine.
 """

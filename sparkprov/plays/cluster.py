@@ -22,7 +22,9 @@ from sparkprov.modules.vllm_container import CONTAINERS, Container
 from sparkprov.modules.vllm_ready import SERVING
 from sparkprov.plays import replace as replacing_plays
 from sparkprov.plays import upgrade
-from sparkprov.plays.book import run_book
+from sparkprov.outputs import check_output_dir
+from sparkprov.plays.book import run_book, serving_options
+from sparkprov.plays.gateway import refresh
 from sparkprov.plays.guard import guards_of
 from sparkprov.plays.serve import (HostStatus, UpOptions, down_book, failed_deployments, nccl_book, playbook_deployments,
                                    read_status, started_anything, up_book)
@@ -31,16 +33,14 @@ from sparkprov.serving.bench import GateVerdict
 from sparkprov.serving.deployment import Deployment, command_line_deployment, load_serve_playbook
 
 
-def up_deployments(inv: Inventory, *, model: str | None, playbook: str, tp: int | None, pp: int, dp: int, ep: bool,
-                   executor: str | None, hosts: str | None, name: str | None, names: list[str] | None,
-                   recipe_files: list[str]) -> list[Deployment]:
+def up_deployments(inv: Inventory, o: UpOptions, playbook: str) -> list[Deployment]:
     """What cluster-up starts: --model's one deployment, else the serve playbook's that --tp,
     --hosts and --deployments select; each checked against the catalog before any host."""
-    if model:
-        return [command_line_deployment(inv, model, tp=tp or 1, pp=pp, dp=dp, ep=ep, executor=executor, hosts=hosts,
-                                        name=name, recipe_files=recipe_files)]
-    return playbook_deployments(inv, playbook, tp=tp, hosts=hosts, names=names, executor=executor,
-                                recipe_files=recipe_files)
+    if o.model:
+        return [command_line_deployment(inv, o.model, tp=o.tp or 1, pp=o.pp, dp=o.dp, ep=o.ep, executor=o.executor,
+                                        hosts=o.hosts, name=o.name, recipe_files=o.recipes)]
+    return playbook_deployments(inv, playbook, tp=o.tp, hosts=o.hosts, names=o.deployments, executor=o.executor,
+                                recipe_files=o.recipes)
 
 
 def up_targets(inv: Inventory, deps: list[Deployment], allowed: list[str] | None) -> list[str]:
@@ -111,6 +111,7 @@ class UpResult:
     upgrade: list[str] = field(default_factory=list)  # per failed upgrade: what failed and what serves again
     replaced: list[str] = field(default_factory=list)  # --replace: what was removed, and brought back on a failure
     serving_changed: bool = False  # a container started, replaced or removed: a running gateway re-routes
+    gateway: str | None = None  # what the gateway's refresh did, when one runs and serving changed
 
     def summary(self) -> UpSummary:
         """The JSON document's `cluster` section."""
@@ -120,27 +121,33 @@ class UpResult:
             out["upgrade"] = self.upgrade
         if self.replaced:
             out["replaced"] = self.replaced
+        if self.gateway:
+            out["gateway"] = self.gateway
         return out
 
 
-def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets: list[str], *, stage: bool,
-               options: RunOptions, report: Report, gate: upgrade.BenchGate | None = None,
-               replace_others: bool = False) -> UpResult:
+def cluster_up(inv: Inventory, deps: list[Deployment], o: UpOptions, targets: list[str], report: Report) -> UpResult:
     """The deployments' plays (with --stage their stage plays first), then, not in check mode, each
-    start recorded on its rank 0 (with `gate`, an upgrade benched against its last good start first)
-    and a failed one rolled back to its last good start (or removed). With `replace_others`, the
+    start recorded on its rank 0 (with --gate bench, an upgrade benched against its last good start
+    first) and a failed one rolled back to its last good start (or removed). With --replace, the
     deployments serving on their hosts are removed first and brought back if the new one fails
-    (plays/replace.py)."""
-    check = options.check
+    (plays/replace.py). A run that changed what serves re-routes a running gateway."""
+    options = serving_options(check=o.check, forks=o.forks, accept_new_host_keys=o.accept_new_host_keys)
+    check = o.check
+    gate = None
+    if o.gate == "bench":
+        gate = upgrade.bench_gate(inv, deps, o.gate_ratio, check_output_dir("results", o.results), forks=o.forks,
+                                  accept_new_host_keys=o.accept_new_host_keys)
+    opts = o
     t0 = time.monotonic()
     # each later run (removals, records, rollbacks) with options of its own, as the first run's
     again = lambda: replace(options)  # noqa: E731
-    making_room = replacing_plays.find_replaced(inv, deps, again(), report) if replace_others else None
+    making_room = replacing_plays.find_replaced(inv, deps, again(), report) if o.replace else None
     if making_room and making_room.replaced:
         opts = replace(opts, replacing=making_room.names_for())
         if not check:
             replacing_plays.remove_replaced(inv, making_room, again(), report)
-    book = up_book(deps, opts, staged=stage_books(inv, deps, check) if stage else None)
+    book = up_book(deps, opts, staged=stage_books(inv, deps, check) if o.stage else None)
     runner = run_book(inv, book, targets, options, report)
     settled = None if check else upgrade.settle(inv, deps, opts, targets, runner.exports, again, report, gate)
     cleaned = settled.cleaned if settled else []
@@ -163,6 +170,8 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
         result.deployments[d.name] = _outcome(inv, d, runner.exports, state)
         if settled:
             add_settled(result, d.name, settled)
+    if result.serving_changed:
+        result.gateway = refresh(inv, again())  # a running gateway routes to what serves now
     return result
 
 
@@ -194,12 +203,20 @@ def add_settled(result: UpResult, name: str, settled: upgrade.Settled) -> None:
         result.upgrade.append(upgrade.describe(name, r))
 
 
+@dataclass
+class DownResult:
+    removed: dict[str, list[str]]  # per host the containers removed
+    gateway: str | None            # what the gateway's refresh did, when one runs and something was removed
+
+
 def cluster_down(inv: Inventory, targets: list[str], names: list[str] | None, options: RunOptions,
-                 report: Report) -> dict[str, list[str]]:
-    """Remove the containers sparkprov started (only `names`' when given) and their firewall rules;
-    per host the containers removed."""
+                 report: Report) -> DownResult:
+    """Remove the containers sparkprov started (only `names`' when given) and their firewall rules,
+    then re-route a running gateway when something was removed."""
     runner = run_book(inv, down_book(targets, names), targets, options, report)
-    return {h: REMOVED.read(runner.exports, h) or [] for h in targets}
+    removed = {h: REMOVED.read(runner.exports, h) or [] for h in targets}
+    changed = not options.check and any(removed.values())
+    return DownResult(removed, refresh(inv, replace(options)) if changed else None)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`invoke gateway up|down` on the engine: the status play finds the deployments (as `invoke status`
 reads them), then the gateway plays (plays/serve.py gateway_book, gateway_down_book) converge
-LiteLLM's proxy (serving/gateway.py) on one host. cluster-up and cluster-down call `refresh` after
-they changed something, so that a running gateway's routes follow the deployments."""
+LiteLLM's proxy (serving/gateway.py) on one host. cluster-up's and cluster-down's plays
+(plays/cluster.py) call `refresh` after they changed something, so that a running gateway's routes
+follow the deployments."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import TextIO, TypedDict
 from sparkprov import inventory_vars as iv
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
-from sparkprov.engine.run import DEFAULT_FORKS, RunOptions
+from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.modules.gateway import GATEWAY
-from sparkprov.plays.book import run_book, serving_options
+from sparkprov.plays.book import run_book
 from sparkprov.plays.fleet import refuse_unknown
 from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
 from sparkprov.serving import gateway as gw
@@ -87,12 +88,9 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
                     "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}
 
 
-def refresh(inv: Inventory, *, forks: int | str | None = None, accept_new_host_keys: bool = False) -> str | None:
-    """After cluster-up/down changed deployments: a running gateway's routes follow them. Returns
-    a line for the command's summary (None: no gateway, nothing done). `forks`: as the command
-    was given it, already range-checked by the command's own plays."""
-    options = serving_options(forks=int(forks) if forks is not None else DEFAULT_FORKS,
-                              accept_new_host_keys=accept_new_host_keys)
+def refresh(inv: Inventory, options: RunOptions) -> str | None:
+    """After cluster-up/down changed deployments (plays/cluster.py): a running gateway's routes follow
+    them. Returns a line for the command's summary (None: no gateway, nothing done)."""
     try:
         report, doc = converge(inv, list(inv.hosts), "up", options, only_if_running=True)
     except SparkprovError as e:

@@ -91,7 +91,7 @@ class MonitorFiles:
     notes: list[str]            # a guard without a target, and why
 
 
-def monitor_files(inv: Inventory, targets: list[str], options: RunOptions, *, exporter_port: int,
+def monitor_files(inv: Inventory, targets: list[str], options: RunOptions, *, exporter_port: int | None = None,
                   scrape_interval: str | None = None) -> MonitorFiles:
     """The files for a Prometheus and a Grafana of the user's own, each guard at its first fabric address
     (the fabric play reads the rails; nothing on the hosts changes)."""
@@ -108,7 +108,7 @@ def monitor_files(inv: Inventory, targets: list[str], options: RunOptions, *, ex
         if note:
             notes.append(f"{note}: no guard target")
         hosts.append(dataclasses.replace(monitored[h], guard=mon.host_port(addr, guard_port(inv, h)) if addr else None))
-    files = mon.render(deps, hosts, node_exporter_port=exporter_port,
+    files = mon.render(deps, hosts, node_exporter_port=exporter_port or mon.NODE_EXPORTER_PORT,
                        scrape_interval=scrape_interval or scrape_interval_of(inv, targets))
     return MonitorFiles(deps, hosts, files, notes)
 

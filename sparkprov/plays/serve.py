@@ -27,7 +27,6 @@ A deployment that fails after something started is removed again (cleanup play, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from sparkprov.catalog.derive import ImageChoice
@@ -37,23 +36,11 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.modules.deployment_health import Health
 from sparkprov.modules.listening_ports import PORTS
 from sparkprov.modules.serve_status import SERVING_STATUS
-from sparkprov.plays.book import play, run_book, task
+from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: the commands run these books)
+from sparkprov.plays.options import UpOptions
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
 from sparkprov.serving.gateway import Route
-
-
-@dataclass
-class UpOptions:
-    drop_caches: bool = True
-    unload_ollama: bool = False
-    image_source: str = "auto"
-    ray_timeout: float = 300.0
-    health_timeout: float | None = None
-    verify: bool = False
-    force_degraded_fabric: bool = False  # the preflight's refusal of a rail qualified degraded, overridden
-    # --replace: per deployment, the other deployments removed before it starts (plays/replace.py)
-    replacing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,

@@ -37,13 +37,14 @@ from sparkprov import inventory_vars as iv
 from sparkprov.defaults import MASTER_PORT, RAY_PORT
 from sparkprov.errors import InputError
 from sparkprov.hosts import Inventory
+from sparkprov.options import DEPLOYMENT_NAME
 from sparkprov.serving.address import reached_at
 from sparkprov.yamlpos import load_yaml, parse_model
 
 if TYPE_CHECKING:
     from sparkprov.catalog.load import Catalog
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
+NAME_RE = re.compile(rf"{DEPLOYMENT_NAME}\Z")
 
 
 class _Strict(BaseModel):
@@ -246,6 +247,9 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
     for i, r in enumerate(recipes):
         if not Path(r).exists():
             raise pos.error(("recipes", i), f"recipe file {model.recipes[i]} not found", fix="check the path")
+        if not Path(r).is_file():  # `.` or a folder: the catalog would name the folder, not this line
+            raise pos.error(("recipes", i), f"recipe file {model.recipes[i]!r} is not a file",
+                            fix="name a user recipe file (YAML: images:, recipes:)")
     seen: dict[str, int] = {}
     out = ServePlaybook(file, recipes)
     for i, d in enumerate(model.deployments):
@@ -260,6 +264,11 @@ def load_serve_playbook(path: str | Path, inventory: Inventory) -> ServePlaybook
                                 fix="give one value per flag (each flag its own key under overrides:)")
         line, col = pos.at(where + ("hosts",))
         pattern = data["deployments"][i]["hosts"]  # as written: one pattern, or a list of them
+        words = [w for w in (pattern if isinstance(pattern, list) else re.split(r"[,:\s]+", str(pattern))) if w]
+        twice = next((w for j, w in enumerate(words) if w in words[:j]), None)
+        if twice is not None:  # [spark1, spark1] would be one host where the playbook counted two
+            raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts name {twice!r} twice",
+                            fix="name each host once (the first is rank 0)")
         hosts = inventory.resolve(pattern, where=(file, line, col), what=f"hosts of deployment {d.name!r}")
         if not hosts:
             raise pos.error(where + ("hosts",), f"deployment {d.name!r}: hosts {pattern!r} match no host",

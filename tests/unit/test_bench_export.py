@@ -15,8 +15,9 @@ import pytest
 import yaml
 from invoke import Context
 
-from sparkprov.cli.bench import bench, bench_args
+from sparkprov.cli.bench import BenchOptions, bench
 from sparkprov.errors import SparkprovError
+from sparkprov.options import parse_options
 from sparkprov.serving import bench as sb
 
 NVIDIA_PERF = Path(__file__).parents[1] / "fixtures" / "nvidia-recipes" / "gemma-4-26b-a4b-dgx-spark-vllm-performance.yaml"
@@ -50,6 +51,11 @@ SYSTEM = {"driver_version": "580.95.05", "cuda_version": "13.0", "gpu": "NVIDIA 
 def run(profile="arena") -> dict:
     params = {"concurrency": [1, 2], "input_len": 2048, "output_len": 128, "prompts": None}
     return sb.with_hosts(sb.record("spark1", "tiny", LABELS, params, host_doc(), SYSTEM, profile), ["spark1", "spark2"])
+
+
+def bench_args(deployment: str, **raw) -> dict:
+    """The serve_bench arguments from the options as the command line gives them (text)."""
+    return parse_options(BenchOptions, {"deployment": deployment, **raw}).serve_bench_args()
 
 
 def test_arena_profile_gives_the_leaderboards_workload_and_options_override():

@@ -175,7 +175,7 @@ def test_a_recorded_spec_starts_the_same_containers_again():
 
 @pytest.mark.parametrize("image", ["Not An Image", "vllm/vllm-openai:v1\nrm -rf /", "-x", "a b"])
 def test_cluster_up_image_is_refused_before_any_host(image):
-    from sparkprov.cli.options import OptionError
+    from sparkprov.options import OptionError
     from sparkprov.cli.cluster import apply_image_option
 
     with pytest.raises(OptionError) as e:
@@ -184,7 +184,7 @@ def test_cluster_up_image_is_refused_before_any_host(image):
 
 
 def test_cluster_up_image_names_one_deployment():
-    from sparkprov.cli.options import OptionError
+    from sparkprov.options import OptionError
     from sparkprov.cli.cluster import apply_image_option
     from sparkprov.serving.deployment import Deployment
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from invoke import Context, Exit
 
-from sparkprov.catalog.import_formats import NVIDIA_V3, SPARK_PULSE_V2, format_of
+from sparkprov.catalog.import_formats import NVIDIA, SPARK_PULSE_V2, format_of
 from sparkprov.catalog.importer import convert, import_file, lint_imported
 from sparkprov.catalog.lint import errors
 from sparkprov.cli.catalog import recipe_import
@@ -41,14 +41,14 @@ def line_of(path: Path, text: str) -> int:
 
 
 def test_formats_are_told_apart():
-    assert format_of(load_yaml(GEMMA)[0]) == NVIDIA_V3 and format_of(load_yaml(PULSE)[0]) == SPARK_PULSE_V2
+    assert format_of(load_yaml(GEMMA)[0]) == NVIDIA and format_of(load_yaml(PULSE)[0]) == SPARK_PULSE_V2
     # sparkrun's recipe_version 2 (container/defaults) stays the importer's own
     assert format_of(load_yaml(FIX / "recipes-foreign" / "sparkrun-v2-qwen36-35b.yaml")[0]) is None
 
 
 def test_nvidia_v3_single_spark_recipe_imports_and_lints(tmp_path):
     imp, launch, findings = imported(tmp_path, GEMMA)
-    assert imp.fmt == NVIDIA_V3 and imp.alias == "gemma-4-26b-a4b-dgx-spark-vllm"
+    assert imp.fmt == NVIDIA and imp.alias == "gemma-4-26b-a4b-dgx-spark-vllm"
     assert launch.model_arg == "nvidia/Gemma-4-26B-A4B-NVFP4" and launch.image == "eugr/spark-vllm:nightly-20260704"
     assert launch.recipe.tp_sizes == [1] and launch.value("--max-model-len") == "262144"
     assert launch.speculative["model"] == "google/gemma-4-26B-A4B-it-assistant"
@@ -61,7 +61,7 @@ def test_nvidia_v3_single_spark_recipe_imports_and_lints(tmp_path):
 
 def test_nvidia_v3_two_spark_recipe_drops_the_per_rank_options_and_lints_clean(tmp_path):
     imp, launch, findings = imported(tmp_path, DEEPSEEK)
-    assert imp.fmt == NVIDIA_V3 and launch.recipe.tp_sizes == [2]
+    assert imp.fmt == NVIDIA and launch.recipe.tp_sizes == [2]
     assert errors(findings) == []
     for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
         assert not launch.has(flag), flag
@@ -112,7 +112,7 @@ def test_cli_imports_an_nvidia_recipe(tmp_path, capsys):
     out = tmp_path / "ds.yaml"
     recipe_import(Context(), str(DEEPSEEK), out=str(out))
     err = capsys.readouterr().err
-    assert "(nvidia-v3)" in err and "0 error(s)" in err and out.is_file()
+    assert "(nvidia)" in err and "0 error(s)" in err and out.is_file()
     with pytest.raises(Exit) as e:  # lint errors: written to be edited, exit 1
         recipe_import(Context(), str(GEMMA), out=str(tmp_path / "g.yaml"))
     assert e.value.code == 1 and (tmp_path / "g.yaml").is_file()

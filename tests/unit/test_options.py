@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sparkprov.cli.options import (OptionError, choice_option, csv_option, float_option, hosts_option, int_option,
+from sparkprov.options import (OptionError, choice_option, csv_option, float_option, hosts_option, int_option,
                                    size_option)
 from helpers import SAFE_INVENTORY
 
@@ -85,11 +85,11 @@ REJECTED = [
     (["provision", *INV, "--limit", ""], ["--limit '' names no host"]),
     (["provision", *INV, "--limit", "!s1,!s2"], ["--limit '!s1,!s2' leaves no host"]),
     (["provision", *INV, "--tags", ""], ["--tags '' names nothing"]),
-    (["provision", "--inventory", ""], ["--inventory '' names no file"]),
+    (["provision", "--inventory", ""], ["--inventory '' is empty"]),
     (["play", "{d}/good.yaml", *INV, "--tags", "dockr"], ["--tags 'dockr': no task", "did you mean 'docker'?"]),
     (["play", "{d}/good.yaml", *INV, "--skip-tags", "nosuch"], ["--skip-tags 'nosuch': no task"]),
     (["play", "{d}/good.yaml", *INV, "--tags", "a b"], ["--tags: 'a b' is not a valid name"]),
-    (["play", "", *INV], ["playbook '': no file named"]),
+    (["play", "", *INV], ["--playbook '' is empty"]),
     (["play", "{d}", *INV], ["playbook: is a directory"]),
     (["play", "/dev/zero", *INV], ["/dev/zero: playbook: is a character device"]),
     (["play", "{d}/good.yaml", *INV, "--forks", "-5"], ["--forks"]),

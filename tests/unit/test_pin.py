@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sparkprov.catalog.lint import WARNING, lint_launch
-from sparkprov.cli.options import OptionError
+from sparkprov.options import OptionError
 from sparkprov.facts.serving import ImageDigests
 from sparkprov.imageref import ImageRef
 from sparkprov.modules import deployment_history as dh

@@ -182,7 +182,7 @@ def test_recipe_cli_pp_needs_hosts_with_fabric_and_refuses_single_node_images(ca
     for kw, why in (({}, "--hosts with 2 inventory hosts"), ({"hosts": "spark1,spark3"}, "spark3 (fabric_ip, fabric_ifaces)"),
                     ({"hosts": "spark1"}, "takes 2 Spark(s)")):
         with pytest.raises(Exit, match=why.replace("(", r"\(").replace(")", r"\)")) as exc:
-            cli.recipe(Context(), "lab-tiny", tp=1, pp=2, inventory=str(inv), **kw)
+            cli.recipe(Context(), "lab-tiny", tp=1, pp=2, **({"inventory": str(inv)} if kw else {}), **kw)
         assert len(str(exc.value).splitlines()) == 1
     # nemotron-3-nano: nvcr.io/nvidia/vllm:25.12.post1-py3, whose vLLM the catalog knows only as < 0.15.1:
     # cluster-up accepts native there (its preflight reads the image), so recipe renders it and says so

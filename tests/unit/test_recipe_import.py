@@ -141,20 +141,18 @@ def _with_breaks(i: int) -> str:
     return f"line one{b}images:{b}  - ref: vllm/vllm-openai:nightly{b}recipes: []{b}# x"
 
 
-def test_line_breaks_in_every_string_field_import_to_what_was_read(tmp_path):
-    """Every string field of the foreign recipe holds line breaks of another kind, and YAML that
-    would be live if pasted into a hand-formatted file; the written file parses to exactly the
-    data the importer built, whose values are the foreign ones."""
+def test_line_breaks_in_free_text_import_to_what_was_read(tmp_path):
+    """The free text of the foreign recipe (name, description, mods, build_args, metadata) holds line
+    breaks of every kind, and YAML that would be live if pasted into a hand-formatted file; none of
+    it reaches the launch, and the written file parses to exactly the data the importer built. (A
+    value that reaches the launch holding a line break is refused: test_import_one_value.py.)"""
     strings = iter(_with_breaks(i) for i in range(100))
-    env = {f"V{i}": next(strings) for i in range(4)}
-    params = {"served": next(strings), "chat": next(strings)}
     foreign = {
         "recipe_version": "1", "name": next(strings), "description": next(strings),
         "model": "org/model-7b", "container": "vllm/vllm-openai:cu130-nightly",
-        "mods": [next(strings)], "build_args": [next(strings)], "env": env,
-        "defaults": {"port": 8000, "served_model_name": params["served"], "template": params["chat"]},
-        "command": "vllm serve org/model-7b --port {port} --served-model-name '{served_model_name}' "
-                   "--chat-template \"{template}\"",
+        "mods": [next(strings)], "build_args": [next(strings)], "env": {"V0": "one value"},
+        "defaults": {"port": 8000, "served_model_name": "a name with spaces"},
+        "command": "vllm serve org/model-7b --port {port} --served-model-name '{served_model_name}'",
         "metadata": {"description": next(strings)},
     }
     src = tmp_path / "in' images: [x] #.yaml"  # (a line break in --file is refused as an option)
@@ -166,26 +164,23 @@ def test_line_breaks_in_every_string_field_import_to_what_was_read(tmp_path):
     assert written == imp.document()
     assert list(written) == ["recipes"] and len(written["recipes"]) == 1
     got = written["recipes"][0]
-    assert {k: v for k, v in got["env"].items()} == env
-    assert got["args"] == [{"--served-model-name": params["served"]}, {"--chat-template": params["chat"]}]
+    assert got["env"] == {"V0": "one value"}
+    assert got["args"] == [{"--served-model-name": "a name with spaces"}]  # one value, one word
     assert got["title"] == " ".join(foreign["description"].split())  # one line: it stands in tables
     comments = [line for line in out.read_text().splitlines() if line.startswith("#")]
     assert len(comments) == 3 and all(line.isprintable() for line in comments)  # origin, mods, build_args
     assert out.read_text().count("\n#") == 2  # no comment line beyond those
 
 
-def test_a_lone_next_line_or_separator_survives_the_import(tmp_path):
-    """PyYAML writes a string holding only a NEL (\\x85) single-quoted, and reads it back as a
-    space; the importer writes such strings double-quoted (escaped). Found by the property test."""
+def test_a_lone_next_line_or_separator_in_a_value_is_refused_at_its_line(tmp_path):
+    """PyYAML reads a lone NEL (\\x85) back as a space once written single-quoted; in a value that
+    reaches the launch, each of these splits one value into two lines: refused, at FILE:LINE:COL."""
     src = tmp_path / "in.yaml"
-    src.write_text('recipe_version: "1"\nmodel: org/model-7b\ncontainer: vllm/vllm-openai:cu130-nightly\n'
-                   'command: vllm serve org/model-7b\nenv: {A: "\\N", B: "x\\Ly", C: " \\P", D: "\\x1c"}\n')
-    read = yaml.safe_load(src.read_text())["env"]
-    assert read == {"A": "\x85", "B": "x\u2028y", "C": " \u2029", "D": "\x1c"}
-    out = tmp_path / "out.yaml"
-    recipe_import(Context(), str(src), out=str(out))
-    written, _ = load_yaml(out)
-    assert written["recipes"][0]["env"] == read
+    for env in ('{A: "\\N"}', '{B: "x\\Ly"}', '{C: " \\P"}', '{D: "\\x1c"}'):
+        src.write_text('recipe_version: "1"\nmodel: org/model-7b\ncontainer: vllm/vllm-openai:cu130-nightly\n'
+                       f'command: vllm serve org/model-7b\nenv: {env}\n')
+        exc = _run_import(tmp_path, src)
+        assert exc.message.startswith(f"sparkprov: {src}:5:") and "holds a line break" in exc.message, exc.message
 
 
 # -- bad input: one line, exit 1, nothing written ---------------------------------------------------
@@ -216,7 +211,8 @@ def _run_import(tmp_path, src: Path, out: Path | None = None, **kw) -> Exit:
     ({"name": True}, "name", "expected text, not true/false"),
     ({"recipe_version": ["1"]}, "recipe_version", "expected text, not list"),
     ({"model": "../../../etc/passwd", "command": "vllm serve {model}"}, "model", "not a Hugging Face repo id"),
-    ({"container": "vllm/vllm-openai:nightly\n--privileged"}, "container", "not an image reference"),
+    ({"container": "vllm/vllm-openai:nightly\n--privileged"}, "container", "holds a line break"),
+    ({"container": "vllm/vllm-openai:nightly --privileged"}, "container", "not an image reference"),
     ({"defaults": {**GOOD["defaults"], "tensor_parallel": "two"}}, "defaults.tensor_parallel",
      "not a whole number"),
     ({"command": "vllm serve a/b --speculative-config '{{\"method\":\"mtp\",}}'"}, "command", "is not JSON"),
@@ -307,7 +303,7 @@ def test_cli_recipe_import_writes_the_file_and_exits_by_errors(tmp_path, capsys)
     with pytest.raises(Exit) as e:
         recipe(Context(), "import")
     assert e.value.code == 1 and e.value.message == ("sparkprov: recipe import needs --file FILE (fix: name a recipe "
-                                                     "of eugr/spark-vllm-docker or sparkrun (recipe_version 2))")
+                                                     "of eugr/spark-vllm-docker, sparkrun, spark-pulse or NVIDIA's recipe catalog)")
 
 
 # -- generated foreign recipes through the real command ------------------------------------------------
