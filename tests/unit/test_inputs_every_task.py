@@ -29,17 +29,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkprov import inventory_vars as iv
 from sparkprov.options import (Check, Choice, Excludes, Files, Flag, Form, Hosts, Needs, Text, OptionError,
                                options_of)
 from test_inputs_hostile_cli import snapshot
 from test_inputs_properties import TASKS as TASKS_MODULE
 from test_inputs_properties import invoke
 
-# the inventory variables sparkprov checks when it loads the inventory (the inputs-vars work declares
-# every variable; its declaration will feed this list); each wrong in type or range
+# inventory files wrong in their connection settings or variables (every declared variable is also
+# tried below, from the declaration itself); each wrong in type or range
 BAD_INVENTORIES = [
     "defaults: {port: abc, connect_timeout: 1}\n",
     "defaults: {port: 9, connect_timeout: -1}\n",
@@ -304,6 +306,44 @@ def test_a_wrong_inventory_variable_is_one_line_before_any_host(place, task):
                     f"bad{i}.yaml:")
 
     check()
+
+
+# Every variable of the inventory declaration (sparkprov/inventory_vars.py), with a value its own kind
+# refuses (the first of these that it does): the inventory is refused at that variable's line.
+WRONG_VALUES = [True, "abc", -1, 1e9, float("nan"), [1, 2], {"a": 1}, "a\nb", "$(id)", "", 0, 70000, "1.5", "-x y"]
+
+
+def _refused_value(var):
+    for v in WRONG_VALUES:
+        try:
+            var.check(v)
+        except ValueError:
+            return v
+    return None
+
+
+DECLARED = sorted(iv.VARS.values(), key=lambda v: v.name)
+
+
+@pytest.mark.parametrize("var", DECLARED, ids=lambda v: v.name)
+def test_every_declared_variable_of_a_wrong_kind_is_one_line_before_any_host(place, var):
+    bad = _refused_value(var)
+    path = place / f"var-{var.name}.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {"port": 9}, "vars": {var.name: bad}}) + HOSTS)
+
+    @settings(SETTINGS, max_examples=3)
+    @given(task=st.sampled_from(sorted(set(TASKS) - NO_INVENTORY)))
+    def check(task):
+        argv = [a for a in base(task) if not a.startswith("--inventory=")]
+        run_refused(place, [*argv, *READS_INVENTORY.get(task, []), f"--inventory={path}"], f"{path.name}:", var.name)
+
+    check()
+
+
+def test_every_declared_variable_has_a_value_its_kind_refuses():
+    """The generator above reaches every variable (a kind that accepts every wrong value offered is
+    missed by it: add one it refuses)."""
+    assert [v.name for v in DECLARED if _refused_value(v) is None] == []
 
 
 def test_the_generators_reach_every_task_and_option():
