@@ -103,8 +103,8 @@ def cluster_up(inv: Inventory, deps: list[Deployment], opts: UpOptions, targets:
     bad = {d.name for d in failed_deployments(report, deps)}
     if making_room and not check:
         # what a failed new deployment replaced comes back (unless its own rollback serves again)
-        gone = [d for d in deps if d.name in bad and not (settled and settled.rolled_back.get(d.name, {}).get("serving"))]
-        replacing_plays.bring_back(inv, making_room, gone, opts, again, report)
+        back = replacing_plays.coming_back(making_room, deps, bad, settled.rolled_back if settled else {})
+        replacing_plays.bring_back(inv, back, opts, again, report)
     result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
                       remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
                       serving_changed=not check and (bool(cleaned) or bool(making_room and making_room.replaced) or any(
