@@ -402,11 +402,13 @@ def nccl_check(c, hosts=None, inventory=None, image=None, playbook=None, backend
         targets = select_hosts(inv, hosts, limit)
         if len(targets) < 2:
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
-        image = image or plays.serving_image(inv, _playbook_path(playbook, 2))
+        options = engine_options(check=check, accept_new_host_keys=accept_new_host_keys, forks=forks)
+        chosen = plays.nccl_image(inv, targets, options, image=image, playbook=playbook and _playbook_path(playbook, 2),
+                                  default_playbook=_playbook_path(None, 2))
+        print(f"nccl-check in {chosen.image} ({chosen.why})", file=out)
         report = Report(out, quiet=json)
-        result = plays.nccl_check(inv, targets, image, engine_options(check=check, accept_new_host_keys=accept_new_host_keys,
-                                                                      forks=forks), report,
+        result = plays.nccl_check(inv, targets, chosen.image, options, report,
                                   backend=backend, threshold=threshold, max_bytes=max_bytes, iters=iters)
-    print_report(report, json, nccl={"image": image, "backend": backend, "threshold_gbs": threshold, "hosts": targets,
-                                     "result": result})
+    print_report(report, json, nccl={"image": chosen.image, "image_from": chosen.why, "backend": backend,
+                                     "threshold_gbs": threshold, "hosts": targets, "result": result})
     finish(report.exit_code())

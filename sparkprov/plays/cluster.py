@@ -174,10 +174,34 @@ def fleet_status(inv: Inventory, targets: list[str], options: RunOptions, *, por
 
 
 def serving_image(inv: Inventory, playbook: str) -> str:
-    """The image nccl-check measures in when none is given: the serve playbook's first multi-node
-    deployment's (else its first deployment's), as cluster-up would start it."""
+    """The serve playbook's first multi-node deployment's image (else its first deployment's), as
+    cluster-up would start it."""
     deps = load_serve_playbook(playbook, inv).deployments
     return node.image_ref(next((d for d in deps if d.cluster), None) or deps[0])
+
+
+@dataclass
+class NcclImage:
+    image: str
+    why: str  # where it came from, as nccl-check says it
+
+
+def nccl_image(inv: Inventory, targets: list[str], options: RunOptions, *, image: str | None,
+               playbook: str | None, default_playbook: str) -> NcclImage:
+    """The image nccl-check measures in: --image; else --playbook's; else one the hosts hold because a
+    deployment runs it on every one of them (one status read per host); else the serve playbook's
+    (its image play must find it on every host, or nccl-check stops there, naming the fix)."""
+    if image:
+        return NcclImage(image, "--image")
+    if playbook:
+        return NcclImage(serving_image(inv, playbook), f"the first deployment of {playbook}")
+    st, _ = read_status(inv, targets, replace(options, check=False))
+    found = node.running_image({h: st[h]["containers"] for h in targets}, targets)
+    if found:
+        return NcclImage(found[0], f"deployment {found[1]} runs it on {', '.join(targets)}")
+    return NcclImage(serving_image(inv, default_playbook),
+                     f"no deployment runs on every one of {', '.join(targets)}: the first deployment of "
+                     f"{default_playbook}")
 
 
 def nccl_check(inv: Inventory, targets: list[str], image: str, options: RunOptions, report: Report, *,
