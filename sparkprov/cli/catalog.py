@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only; the catalog loads inside the tasks
 
 RECIPES_HELP = "a user recipe file (YAML: images:, recipes:) merged over the catalog; repeat for several"
 HOST_HELP = "render for this inventory host (its vars: model_store, serve_bind, api_key_file, fabric_ifaces, ...)"
-INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY or inventory.yaml)"
+INVENTORY_HELP = "inventory file for --host (default: $SPARKPROV_INVENTORY, ./inventory.yaml, or the repo's)"
 TP_HELP = "tensor-parallel size: the number of Sparks (default: the smallest size the recipe supports)"
 PP_HELP = "pipeline-parallel size (default 1): the engine spans tp x pp Sparks; every node's command (--executor)"
 DP_HELP = ("data-parallel replicas (default 1), one Spark each, behind rank 0's API (executor native): the "
@@ -37,6 +37,13 @@ def _catalog(recipes) -> Catalog:
     return load_catalog(list(recipes or []))
 
 
+def _inventory(option: str | None) -> str:
+    """The inventory --host and --hosts read: the one every command reads (cli/common.py inventory_path)."""
+    from sparkprov.cli.common import inventory_path
+
+    return inventory_path(option)
+
+
 def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
     from sparkprov.catalog.render import HostServeContext
 
@@ -44,7 +51,7 @@ def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
         return HostServeContext(cluster_size=None)
     from sparkprov.data.inventory import load_inventory
 
-    path = inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml"
+    path = _inventory(inventory)
     inv = load_inventory(path)
     if host not in inv.hosts:
         names = inv.resolve(host, what="--host")  # raises a one-line error with a suggestion
@@ -223,7 +230,7 @@ def _single_unit(alias, layout, host, inventory, recipes) -> None:
 
     if not host:
         raise _fail(InputError("--systemd renders the unit of a host's container", fix="--host H (an inventory host)"))
-    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    inv = load_inventory(_inventory(inventory))
     host = inv.resolve(host, what="--host")[0]
     dep = _deployment_of(alias, layout, [host], recipes)
     launch = node.launch(dep, host, inv.host_vars(host), _home(inv, host), None, None)
@@ -267,7 +274,7 @@ def _cluster_commands(alias, layout, hosts, inventory, recipes, as_json, systemd
                          "vars set fabric_ip and fabric_ifaces")
     from sparkprov.data.inventory import load_inventory
 
-    inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+    inv = load_inventory(_inventory(inventory))
     names = inv.resolve(names, what="--hosts")
     host_vars = {h: inv.host_vars(h) for h in names}
     unset = [f"{h} ({', '.join(v for v in ('fabric_ip', 'fabric_ifaces') if not host_vars[h].get(v))})"
@@ -413,7 +420,7 @@ def _resolve_on_host(cat: Catalog, host: str, inventory: str | None, flags: bool
     from sparkprov.modules.image_flags import IMAGE_FLAGS
 
     try:
-        inv = load_inventory(inventory or os.environ.get("SPARKPROV_INVENTORY") or "inventory.yaml")
+        inv = load_inventory(_inventory(inventory))
         name = host if host in inv.hosts else inv.resolve(host, what="--host")[0]
         refs = list(cat.image_table)
         book = Playbook("images", [play("images", [name], [task(

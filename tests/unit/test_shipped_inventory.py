@@ -54,3 +54,19 @@ def test_the_rail_figures_are_said_to_be_the_labs():
         at = next(i for i, line in enumerate(lines) if line.startswith(f"  {key}:"))
         comment = " ".join(line for line in lines[max(0, at - 5):at] if line.lstrip().startswith("#"))
         assert "LAB_RAIL_VARS" in comment and "real Sparks" in comment, comment
+
+
+def test_the_catalog_commands_read_the_inventory_every_command_reads(tmp_path):
+    """`invoke lint ALIAS --host H` and `invoke recipe ALIAS --host H` outside the checkout (the README
+    test runs every example from a folder of its own): --inventory, $SPARKPROV_INVENTORY,
+    ./inventory.yaml, else the repository's, as every other command; they read ./inventory.yaml
+    alone before (a file not found)."""
+    import os
+    import subprocess
+
+    repo = SHIPPED.parent
+    env = {k: v for k, v in os.environ.items() if k != "SPARKPROV_INVENTORY"}
+    for args in (["recipe", "lab-tiny", "--host", "spark1"], ["lint", "lab-tiny", "--host", "spark1"]):
+        p = subprocess.run([str(repo / ".venv" / "bin" / "invoke"), "-r", str(repo), *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, (args, p.stdout[-500:], p.stderr[-500:])
