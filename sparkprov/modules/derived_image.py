@@ -72,12 +72,13 @@ print(json.dumps({"python": "%d%d" % sys.version_info[:2], "machine": platform.m
                   "installed": installed, "requires": {n: requires(n) for n in sys.argv[1:]}}))
 """
 # POSIX sh filter: from what `docker build` printed, pip's last error line, as pip wrote it. The legacy
-# builder prints the RUN step's output as it is, then "The command '/bin/sh -c ...' returned a non-zero
-# code: 1"; BuildKit prefixes each line of the step ("#8 1.024 ERROR: No matching distribution found
-# for ...", or "1.024 ..." in newer buildx), marks the step "=> ERROR [6/6] RUN ..." and ends with its
-# own "ERROR: failed to solve: ..." or "executor failed running [...]". (tests/fixtures/docker/README.md)
-PIP_ERROR = ("sed -E 's/^#[0-9]+ [0-9]+[.][0-9]+ //; s/^[0-9]+[.][0-9]+ //' | grep '^ERROR: ' "
-             "| grep -v '^ERROR: failed to solve' | tail -n 1")
+# builder prints the RUN step's stderr in colour (ANSI escapes) and ends with "The command '/bin/sh -c
+# ...' returned a non-zero code: 1"; BuildKit prefixes each line of the step ("#8 1.024 ERROR: No
+# matching distribution found for ...", or "1.024 ..." in newer buildx), marks the step "=> ERROR
+# [6/6] RUN ..." and ends with "executor failed running [...]" (or its own "ERROR: failed to solve:
+# ..."). tests/fixtures/docker/README.md has both.
+PIP_ERROR = ("sed -E \"s/$(printf '\\033')\\[[0-9;]*m//g; s/^#[0-9]+ [0-9]+[.][0-9]+ //; s/^[0-9]+[.][0-9]+ //\" "
+             "| grep '^ERROR: ' | grep -v '^ERROR: failed to solve' | tail -n 1")
 # what pip says of a pinned version the index has not (for this Python and machine)
 _NOT_ON_INDEX = re.compile(r"(?:satisfies the requirement|No matching distribution found for|"
                            r"The user requested \(constraint\))\s+([A-Za-z0-9][A-Za-z0-9._-]*)\s*==")
