@@ -70,3 +70,16 @@ def test_the_catalog_commands_read_the_inventory_every_command_reads(tmp_path):
         p = subprocess.run([str(repo / ".venv" / "bin" / "invoke"), "-r", str(repo), *args], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, (args, p.stdout[-500:], p.stderr[-500:])
+
+
+def test_every_image_the_shipped_inventory_and_the_readme_commands_name_is_one_lab_up_pushes():
+    """`invoke monitor up` (prometheus_image), `invoke gateway up` (sparkprov's default gateway image)
+    and provision's GPU smoke test (smoke_image) on the lab: lab.up and make demo push each
+    (sparklab/image.py lab_images); before, monitor up and gateway up failed with docker's exit 125."""
+    from sparklab.image import lab_images
+    from sparkprov.serving.gateway import IMAGE as GATEWAY_IMAGE
+
+    pushed = set(lab_images())
+    named = {v for h in load_inventory(SHIPPED).hosts.values() for k, v in h.vars.items() if k.endswith("_image")}
+    named |= {v for k, v in _lab_inventory()["vars"].items() if k.endswith("_image")}
+    assert named and GATEWAY_IMAGE in pushed and named <= pushed, named - pushed
