@@ -258,7 +258,7 @@ def running_image(containers: dict[str, list[dict[str, Any]]], hosts: list[str])
     for h in hosts:
         for c in containers.get(h) or []:
             labels = c.get("labels") or {}
-            if c.get("status") != "running" or labels.get("sparkprov.role") in NOT_SERVING:
+            if c.get("status") != "running" or not c.get("image") or labels.get("sparkprov.role") in NOT_SERVING:
                 continue
             runs.setdefault((c["image"], labels.get("sparkprov.deployment") or c["name"]), set()).add(h)
     whole = sorted(k for k, on in runs.items() if on >= set(hosts))

@@ -170,3 +170,35 @@ def test_cluster_up_asks_the_engine_to_stop_a_failed_cluster_as_a_whole():
     assert all(p.any_errors_fatal and p.stops_together == ("spark1", "spark2") for p in mine), \
         [(p.name, p.any_errors_fatal, p.stops_together) for p in mine]
     assert not [p for p in book.plays if p.name.startswith("one: ") and (p.any_errors_fatal or p.stops_together)]
+
+
+def test_the_status_read_names_each_containers_image(tmp_path, monkeypatch):
+    """The image comes from the status play's own read of the containers (facts/probe.py, run here on
+    a stand-in docker that fills `docker inspect --format`'s fields with lab-tiny's rank 0): found on
+    the demo lab, where nccl-check read no image before (a KeyError)."""
+    from sparkprov.facts import probe
+    from sparkprov.transport.local import LocalTransport
+
+    fields = {"{{.Name}}": "/sparkprov-lab-tiny-rank0", "{{.Id}}": "c0ffee", "{{.State.Status}}": "running",
+              "{{.State.ExitCode}}": "0", "{{.RestartCount}}": "0", "{{.State.StartedAt}}": "2026-11-28T14:20:00Z",
+              "{{json .Config.Labels}}": json.dumps({"sparkprov.managed": "1", "sparkprov.deployment": "lab-tiny",
+                                                     "sparkprov.role": "rank0"}), "{{.Config.Image}}": IMAGE}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"""#!/usr/bin/env python3
+import sys
+fields = {fields!r}
+if sys.argv[1] == "ps":
+    print("c0ffee")
+elif sys.argv[1] == "inspect" and sys.argv[2] == "--format":
+    out = sys.argv[3]
+    for k, v in fields.items():
+        out = out.replace(k, v)
+    print(out)
+""")
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    doc = probe.parse(LocalTransport("local").run_script(probe.status_script()).stdout)
+    (c,) = doc["containers"]
+    assert c["image"] == IMAGE and c["labels"]["sparkprov.deployment"] == "lab-tiny"
+    assert node.running_image({"spark1": [c]}, ["spark1"]) == (IMAGE, "lab-tiny")
