@@ -55,30 +55,43 @@ class Steps:
 
 
 class Images:
-    """The lab's images, built (cached) and pushed beside the demo's steps, in the order they need them,
-    each stage a process of its own (its output to `log`), in two lines at once:
+    """The lab's images, built (cached), pushed and pulled beside the demo's steps, in the order they need
+    them, in three lines at once (each stage of a line waits for the one before it, and for its `after`):
 
-        serving   lab-tiny (trained in the rootfs of the real vLLM's layer as that builds:
-                  sparklab/tinymodel.py), the serving images pushed (the real vLLM's, the catalog's,
-                  the smoke image), the hub that publishes lab-tiny, lab-tiny's image pulled on the
-                  hosts (stage-weights downloads in it, and cluster-up's image play finds it there)
+        chain     the smoke image and a stand-in serving image (the base and torch layers, which the
+                  real vLLM's image shares) pushed; lab-tiny, trained in the rootfs of the real vLLM's
+                  layer as that builds (sparklab/tinymodel.py); lab-tiny's image pushed; the hub that
+                  publishes lab-tiny; the catalog's other images pushed
+        pull      on both hosts at once: the stand-in image (its layers arrive while the real vLLM's
+                  builds), then lab-tiny's (stage-weights downloads in it, and cluster-up's image play
+                  finds it there)
         services  the gateway's and Prometheus's layers (sparklab/image.py readme_images: a cache
                   folder and lock of their own), then pushed
 
-    A stage that pushes waits for the registry (lab.up makes it: `registry_is`)."""
+    A build or push is `python -m sparklab.image` (or sparklab.tinymodel) in a process of its own, its
+    output to `log`; a stage that pushes waits for the registry (lab.up makes it: `registry_is`)."""
 
     def __init__(self, log: Path):
-        from sparklab.image import default_images, readme_images
+        from sparklab.image import NORAY_IMAGE, SMOKE_IMAGE, default_images, readme_images
+        from sparkprov.catalog.load import load_catalog
 
         self.log = log
-        image = [sys.executable, "-m", "sparklab.image"]
+        self.model_image = load_catalog().get(MODEL).image
+        push = [sys.executable, "-m", "sparklab.image", "--registry", "{registry}"]
+        first = [SMOKE_IMAGE, NORAY_IMAGE]
+        rest = [i for i in default_images() if i not in first + [self.model_image]]
+        # (name, what it runs, the stages it waits for besides the one before it in its line)
         self.lines = {
-            "serving": [("lab-tiny", [sys.executable, "-m", "sparklab.tinymodel"]),
-                        ("serving", image + ["--registry", "{registry}", *default_images()]), ("hub", None),
-                        ("pulled", None)],
-            "services": [("services built", image + readme_images()),
-                         ("readme", image + ["--registry", "{registry}", *readme_images()])]}
-        self.ready = {name: threading.Event() for line in self.lines.values() for name, _ in line}
+            "chain": [("stand-in pushed", push + first, ()),
+                      ("lab-tiny", [sys.executable, "-m", "sparklab.tinymodel"], ()),
+                      ("model image pushed", push + [self.model_image], ()),
+                      ("hub", "hub", ()),
+                      ("serving", push + rest, ())],
+            "pull": [("stand-in pulled", ("pull", NORAY_IMAGE), ("stand-in pushed",)),
+                     ("pulled", ("pull", self.model_image), ("model image pushed",))],
+            "services": [("services built", [sys.executable, "-m", "sparklab.image", *readme_images()], ()),
+                         ("readme", push + readme_images(), ())]}
+        self.ready = {name: threading.Event() for line in self.lines.values() for name, _, _ in line}
         self.times: dict[str, float] = {}
         self.failed: dict[str, str] = {}
         self.registry = ""
@@ -97,39 +110,40 @@ class Images:
         from sparklab.hub import ensure_lab_hub
         from sparklab.state import BRIDGE_IP, HUB_PORT, STATE_DIR
 
-        for name, argv in line:
+        for name, what, after in line:
+            for other in after:
+                self.ready[other].wait()
             t = time.monotonic()
             try:
-                if name == "hub":
+                if any(other in self.failed for other in after):
+                    raise RuntimeError(f"{', '.join(after)} failed")
+                if what == "hub":
                     ensure_lab_hub(STATE_DIR, BRIDGE_IP, HUB_PORT)
-                elif name == "pulled":
-                    self._pull()
+                elif isinstance(what, tuple):
+                    self._pull(name, what[1])
                 else:
-                    if "{registry}" in argv:
+                    if "{registry}" in what:
                         self._registry.wait()
-                        argv = [self.registry if a == "{registry}" else a for a in argv]
+                        what = [self.registry if a == "{registry}" else a for a in what]
                     with open(self.log, "a") as out:
-                        r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
+                        r = subprocess.run(what, stdout=out, stderr=subprocess.STDOUT)
                     if r.returncode:
-                        self.failed[name] = f"{' '.join(argv[1:3])} exited {r.returncode} (see {self.log})"
+                        self.failed[name] = f"{' '.join(what[1:3])} exited {r.returncode} (see {self.log})"
             except Exception as e:  # noqa: BLE001 - said when a step waits for it
                 self.failed[name] = f"{type(e).__name__}: {e}"
             self.times[name] = time.monotonic() - t
             self.ready[name].set()
 
-    def _pull(self) -> None:
-        """The demo model's image pulled on every host at once, beside provision and stage-weights: what
-        cluster-up's image play would do first (it then finds the image there)."""
+    def _pull(self, name: str, image: str) -> None:
+        """`image` pulled on every host at once (from the lab registry, as docker_image's pull does)."""
         from concurrent.futures import ThreadPoolExecutor
 
         from sparklab.hosts import nsexec
-        from sparkprov.catalog.load import load_catalog
 
-        image = load_catalog().get(MODEL).image
         with ThreadPoolExecutor(len(HOSTS)) as pool:
             for r in pool.map(lambda h: nsexec(h, ["docker", "pull", "-q", image], check=False, timeout=900), HOSTS):
                 if r.returncode:
-                    self.failed["pulled"] = f"docker pull {image}: {(r.stderr or r.stdout).strip()[-300:]}"
+                    self.failed[name] = f"docker pull {image}: {(r.stderr or r.stdout).strip()[-300:]}"
 
     def wait_for(self, name: str) -> None:
         t = time.monotonic()
@@ -169,7 +183,7 @@ def main() -> int:
 
     with steps.step("provision"):
         if any(h.vars.get("smoke_image") for h in inv.hosts.values()):  # its GPU smoke test's image
-            images.wait_for("serving")
+            images.wait_for("stand-in pushed")
         code = run_playbook(playbook=str(REPO / "playbooks" / "provision.yaml"), inventory=inv_path, hosts=None)
         if code:
             print("demo: provision failed", file=sys.stderr)
@@ -177,11 +191,11 @@ def main() -> int:
 
     with steps.step(f"stage-weights {MODEL} (from the lab hub, once lab-tiny is trained)"):
         images.wait_for("hub")
-        images.wait_for("serving")  # the download runs in the model's image
+        images.wait_for("model image pushed")  # the download runs in the model's image
         stage_weights(Context(), MODEL, inventory=inv_path)
 
     with steps.step(f"cluster-up --model {MODEL} --tp 2 --executor native (the real vLLM, one rank per Spark)"):
-        images.wait_for("serving")
+        images.wait_for("model image pushed")
         try:
             cluster_cli.cluster_up(Context(), model=MODEL, tp=2, executor="native", hosts=",".join(HOSTS),
                                    inventory=inv_path)
@@ -214,8 +228,9 @@ def main() -> int:
         print(f"Q: What is 12*17?\nA: {answer}")
         ok = "204" in (answer or "")
 
-    with steps.step("the README's other images (gateway, Prometheus) in the lab registry"):
-        images.wait_for("readme")
+    with steps.step("the catalog's and the README's other images (gateway, Prometheus) in the lab registry"):
+        for stage in ("serving", "readme", "pulled"):
+            images.wait_for(stage)
 
     print(f"\nendpoint: {endpoint}  (model {model}, API key in {HOSTS[0]}:{key_file}; "
           f"ssh -i {state.key_path()} nvidia@{host.address} cat {key_file})")
