@@ -27,8 +27,8 @@ is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alon
   nccl-check fails saying the image has no torch.
 * **litellm** (keyed by the base layer and :data:`LITELLM_REQUIREMENT`): LiteLLM's proxy in
   ``/opt/venv``, the same pip route as torch; the gateway image ``ghcr.io/berriai/litellm:*`` is
-  base + litellm with the entrypoint ``litellm``, as the official image runs it. Built only when
-  asked for by name (``ensure_images(url, [name])``), not with the serving images.
+  base + litellm with the entrypoint ``litellm``, as the official image runs it. Not a serving image:
+  ``lab_images`` (what lab.up and make demo push) and the prebuild name it, with Prometheus's.
 * **prometheus** (keyed by the base layer and :data:`PROMETHEUS_PACKAGES`): Debian's ``prometheus``
   package installed by apt in the base rootfs (from this machine's verified package lists); the
   image :data:`PROMETHEUS_IMAGE` is base + prometheus with the entrypoint ``/usr/bin/prometheus``
@@ -116,8 +116,8 @@ FALLBACK_IMAGES = [
     "nvcr.io/nvidia/vllm:25.12.post1-py3",
 ]
 # The gateway image (`invoke gateway up`): LiteLLM's proxy as its official image runs it (entrypoint
-# `litellm`, the container's arguments are litellm's). Built on demand (ensure_images with its
-# name), not with the serving images: its layer is ~170 MB of wheels.
+# `litellm`, the container's arguments are litellm's). Not a serving image (readme_images): its layer
+# is ~235 MB of wheels, cached in the SERVICES folder.
 LITELLM_REPO = "berriai/litellm"
 LITELLM_REQUIREMENT = "litellm[proxy]==1.108.7"
 # (the price list that ships with LiteLLM: importing the proxy must not reach for the internet)
