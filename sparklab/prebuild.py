@@ -1,6 +1,7 @@
-"""Build, ahead of need, everything the lab caches: its images, the trained lab-tiny model, the
-hub's generated repos, the Ray venv the engine tests drive and the real vLLM's unpacked rootfs
-(whose parser checks every rendered layout).
+"""Build, ahead of need, everything the lab caches: the trained lab-tiny model (with the real vLLM's
+image layer, in whose rootfs it trains), the images (the gateway's and Prometheus's too: lab.up only
+pushes them then), the hub's generated repos, the Ray venv the engine tests drive and the real
+vLLM's unpacked rootfs (whose parser checks every rendered layout).
 
 `make test` starts this in the background and runs the unit tests meanwhile. On a cold machine
 these builds take about five minutes of mostly one core; the unit tests, on the other core, hide
@@ -60,13 +61,14 @@ def _tiny_model() -> None:
     ensure_tiny_model()
 
 
-def _prometheus_image() -> None:
-    image.build_images([image.PROMETHEUS_IMAGE])
+def _readme_images() -> None:
+    """The gateway's and Prometheus's (image.readme_images): lab.up pushes them, the lab tests run them."""
+    image.build_images(image.readme_images())
 
 
-STEPS = (("images", image.build_images), ("lab-tiny", _tiny_model), ("hub repos", _hub_repos),
+STEPS = (("lab-tiny", _tiny_model), ("images", image.build_images), ("hub repos", _hub_repos),
          ("ray venv", ensure_ray_venv), ("real vLLM rootfs", image.ensure_vllm_rootfs),
-         ("prometheus image", _prometheus_image))
+         ("gateway and prometheus images", _readme_images))
 
 
 def main() -> int:

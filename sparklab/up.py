@@ -79,12 +79,15 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
 
 
 def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
-       quiet: bool = False, light: bool = False) -> UpResult:
+       quiet: bool = False, light: bool = False, hub: bool = True) -> UpResult:
     """Bring up (or keep) a lab of n_hosts simulated Sparks. Idempotent.
 
-    light: hosts without dockerd (for scale runs: many hosts on a small machine). Nothing is
-    pushed to the registry (images is ignored), no dockerd is started or waited for; a host
-    that already runs one keeps it. Everything else (sshd, users, stand-ins, fabric) is made."""
+    images: every image of image.lab_images() built (cached) and pushed; hub: the lab hub started
+    (its lab-tiny is trained with the real vLLM's image layer). Both run beside the hosts' setup
+    (cold: minutes of one core; the hosts: seconds of the other). light: hosts without dockerd (for
+    scale runs: many hosts on a small machine). Nothing is pushed to the registry (images is
+    ignored), no dockerd is started or waited for; a host that already runs one keeps it.
+    Everything else (sshd, users, stand-ins, fabric) is made."""
     require_root()
     if n_hosts < 1 or n_hosts > 200:
         raise hosts.LabError("hosts must be between 1 and 200")
@@ -139,10 +142,10 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
         if rec.registry_url:
             client_settings = _optional("registry", "client_settings")
             hostnames_of = _optional("image", "registry_hostnames")
-            default_images = _optional("image", "default_images")
+            lab_images = _optional("image", "lab_images")
             try:
-                hostnames = (hostnames_of(default_images())
-                             if hostnames_of and default_images else [])
+                hostnames = (hostnames_of(lab_images())
+                             if hostnames_of and lab_images else [])
             except Exception as e:
                 say(f"WARNING: image names unavailable ({type(e).__name__}: {e}); "
                     "only the Docker Hub mirror is configured")
@@ -150,14 +153,30 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
             if client_settings:
                 cs = client_settings(rec.registry_url, hostnames)
                 registry_settings, etc_hosts = cs["daemon"], cs["etc_hosts"]
-        ensure_hub = _optional("hub", "ensure_lab_hub")
-        rec.hub_url = ""
-        if ensure_hub:
-            try:
-                rec.hub_url = ensure_hub(STATE_DIR, BRIDGE_IP)
-            except Exception as e:
-                say(f"WARNING: hub not started: {e}")
         rec.save()
+
+        def images_and_hub() -> str:
+            """The hub started (its lab-tiny trained in the rootfs of the real vLLM's layer as that
+            builds), then the lab images pushed: beside the hosts' setup. The hub's URL ("" if none)."""
+            url = ""
+            ensure_hub = _optional("hub", "ensure_lab_hub") if hub else None
+            if ensure_hub:
+                try:
+                    url = ensure_hub(STATE_DIR, BRIDGE_IP)
+                except Exception as e:
+                    say(f"WARNING: hub not started: {e}")
+            if rec.registry_url and images and not light:
+                ensure_images = _optional("image", "ensure_images")
+                lab_images = _optional("image", "lab_images")
+                if ensure_images and lab_images:
+                    try:
+                        ensure_images(rec.registry_url, lab_images())
+                    except Exception as e:
+                        say(f"WARNING: lab images not pushed: {type(e).__name__}: {e}")
+            return url
+
+        beside = ThreadPoolExecutor(max_workers=1)
+        built = beside.submit(images_and_hub)
 
         # per-host configuration, in parallel
         def configure(name: str) -> list[str]:
@@ -185,16 +204,11 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
                 changed.extend(c)
         if sshd.write_known_hosts({n: rec.hosts[n].address for n in names}):
             changed.append("known_hosts")
-        if rec.registry_url and images and not light:
-            ensure_images = _optional("image", "ensure_images")
-            if ensure_images:
-                try:
-                    ensure_images(rec.registry_url)
-                except Exception as e:
-                    say(f"WARNING: lab images not pushed: {type(e).__name__}: {e}")
         if not light:
             with ThreadPoolExecutor(max_workers=min(8, len(names))) as ex:
                 list(ex.map(dockerd.wait_dockerd, names))
+        rec.hub_url = built.result()
+        beside.shutdown()
         if ollama:
             from . import ollama as ol
             for name in names:

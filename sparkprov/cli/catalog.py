@@ -38,6 +38,13 @@ def _catalog(recipes) -> Catalog:
     return load_catalog(list(recipes or []))
 
 
+def _inventory(option: str | None) -> str:
+    """The inventory --host and --hosts read: the one every command reads (cli/common.py inventory_path)."""
+    from sparkprov.cli.common import inventory_path
+
+    return inventory_path(option)
+
+
 def _ctx(host: str | None, inventory: str | None, tp: int) -> HostServeContext:
     from sparkprov.catalog.render import HostServeContext
 

@@ -278,10 +278,9 @@ class NcclOptions:
     hosts: str | None = common("hosts", "The hosts to test, comma-separated; the first is rank 0 (default: all in "
                                         "the inventory)")
     inventory: str | None = common("inventory")
-    image: str | None = option("Image to run the benchmark in (default: the image of the playbook's first TP "
-                               "deployment)", Image())
-    playbook: str | None = option("Serve playbook whose first TP deployment names the image (default: "
-                                  "playbooks/cluster.yaml)")
+    image: str | None = option("Image to run the benchmark in (default: --playbook's; else the image a deployment "
+                               "runs on every host; else the first deployment of playbooks/cluster.yaml's)", Image())
+    playbook: str | None = option("Serve playbook whose first deployment names the image")
     backend: str = option("nccl (default: on the GPU; a container without the GPU fails) or gloo (CPU, e.g. the "
                           "lab)", Choice(("nccl", "gloo")), default="nccl")
     threshold: float = option("Bus bandwidth in GB/s below which the check fails (default 21.875, NVIDIA's "
@@ -312,10 +311,15 @@ def nccl_check(c, o: NcclOptions):
         targets = select_hosts(inv, o.hosts, o.limit)
         if len(targets) < 2:
             raise SparkprovError("nccl-check needs at least two hosts", fix="--hosts spark1,spark2")
-        image = o.image or plays.serving_image(inv, _playbook_path(o.playbook, 2))
-        report = Report(sys.stderr if o.json else sys.stdout, quiet=o.json)
-        result = plays.nccl_check(inv, targets, image, engine_options(o), report, backend=o.backend,
+        out = sys.stderr if o.json else sys.stdout
+        options = engine_options(o)
+        chosen = plays.nccl_image(inv, targets, options, image=o.image,
+                                  playbook=o.playbook and _playbook_path(o.playbook, 2),
+                                  default_playbook=_playbook_path(None, 2))
+        print(f"nccl-check in {chosen.image} ({chosen.why})", file=out)
+        report = Report(out, quiet=o.json)
+        result = plays.nccl_check(inv, targets, chosen.image, options, report, backend=o.backend,
                                   threshold=o.threshold, max_bytes=o.max_bytes, iters=o.iters)
-    print_report(report, o.json, nccl={"image": image, "backend": o.backend, "threshold_gbs": o.threshold,
-                                       "hosts": targets, "result": result})
+    print_report(report, o.json, nccl={"image": chosen.image, "image_from": chosen.why, "backend": o.backend,
+                                       "threshold_gbs": o.threshold, "hosts": targets, "result": result})
     finish(report.exit_code())

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.base import Fact, ShellCtx
 from sparkprov.transport.shell import cmd, quote
 
@@ -193,7 +194,8 @@ def probe_script(image: str, image_id: str, cache_dir: str) -> str:
     f = cache_file(image_id)
     run = cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", PROBE)
     return (f'd={quote(cache_dir)}; f="$d/{f}"\n'
-            f"out=$({run} 2>&1); rc=$?\n"
+            # (under the engine's `set -e` a failed substitution ends the script: `|| rc=$?` keeps it)
+            f"rc=0; out=$({reporting_cause(run)} 2>&1) || rc=$?\n"
             'printf \'%s\\n\' "$out"\n'
             '[ "$rc" = 125 ] && exit 125\n'
             'mkdir -p "$d" || exit 1\n'

@@ -156,7 +156,7 @@ elif mode == "ready":
 elif mode == "status":
     import subprocess
     fmt = ("{{.Name}}\t{{.Id}}\t{{.State.Status}}\t{{.State.ExitCode}}\t{{.RestartCount}}\t"
-           "{{.State.StartedAt}}\t{{json .Config.Labels}}")
+           "{{.State.StartedAt}}\t{{json .Config.Labels}}\t{{.Config.Image}}")
     r = subprocess.run(["docker", "ps", "-aq", "--filter", "label=sparkprov.managed=1"], capture_output=True, text=True)
     out["access"] = r.returncode == 0
     out["error"] = None if r.returncode == 0 else ([l for l in r.stderr.splitlines() if l.strip()] or ["docker failed"])[-1]
@@ -166,11 +166,11 @@ elif mode == "status":
         r = subprocess.run(["docker", "inspect", "--format", fmt] + ids, capture_output=True, text=True)
         for line in r.stdout.splitlines():
             p = line.split("\t")
-            if len(p) != 7:
+            if len(p) != 8:
                 continue
             labels = json.loads(p[6]) or {}
             c = {"name": p[0].lstrip("/"), "id": p[1], "status": p[2], "exit_code": int(p[3]),
-                 "restarts": int(p[4]), "started": p[5], "labels": labels}
+                 "restarts": int(p[4]), "started": p[5], "labels": labels, "image": p[7]}
             port = labels.get("sparkprov.port")
             if c["status"] == "running" and port:
                 key = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts import probe
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.imageref import ImageRef
 from sparkprov.transport.shell import cmd, quote
@@ -268,7 +269,8 @@ def parse_digests(stdout: str) -> dict[str, str]:
 
 def help_script(image: str) -> str:
     """POSIX sh that prints the image's own `vllm serve --help=all` (no GPU, no network)."""
-    return cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "vllm", image, "serve", "--help=all") + "\n"
+    return reporting_cause(cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "vllm", image, "serve",
+                               "--help=all")) + "\n"
 
 
 

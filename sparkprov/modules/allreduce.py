@@ -17,6 +17,7 @@ from typing import Any, Literal, TypedDict
 from pydantic import Field
 
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
+from sparkprov.facts.docker_run import CAUSE_PREFIX, cause_of, reporting_cause
 from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.serving import ImageId
 from sparkprov.transport.shell import cmd, heredoc_bytes
@@ -36,6 +37,11 @@ class Args(ModuleArgs):
     iters: int = Field(default=20, ge=1, le=10000)
     port: int = Field(default=29500, ge=1, le=65535)
     timeout: float = Field(default=600, gt=0, le=86400)
+    # How long a rank waits at the rendezvous for the others (torchrun's static rendezvous waits 900 s
+    # by default: a rank whose peer never started hung nccl-check for minutes, issue 36), and for any
+    # one collective once they met (a peer that dies mid-run). Every rank starts at once, in an image
+    # already on its host: the others arrive within seconds.
+    rendezvous_timeout: int = Field(default=120, ge=5, le=3600)
 
 
 AllreduceResult = TypedDict("AllreduceResult", {"backend": str, "busbw_gbs": float, "algbw_gbs": float, "bytes": int,
@@ -85,9 +91,10 @@ class Allreduce(Module):
             argv += ["-e", f"{k}={v}"]
         bench_argv = ["-m", "torch.distributed.run", "--nnodes", str(len(args.hosts)), "--nproc-per-node", "1",
                       "--node-rank", str(rank), "--master-addr", master, "--master-port", str(args.port),
+                      "--rdzv-conf", f"timeout={args.rendezvous_timeout}",
                       "/opt/sparkprov/allreduce_bench.py", "--backend", args.backend, "--max-bytes", args.max_bytes,
-                      "--iters", str(args.iters)]
-        run = cmd(*argv) + ' -v "$p:/opt/sparkprov/allreduce_bench.py:ro" ' + cmd(args.image, *bench_argv)
+                      "--iters", str(args.iters), "--timeout", str(args.rendezvous_timeout)]
+        run = reporting_cause(cmd(*argv) + ' -v "$p:/opt/sparkprov/allreduce_bench.py:ro" ' + cmd(args.image, *bench_argv))
         # the benchmark's own exit status goes to the outcome (which names the cause), not to sh
         script = (f'p={path}\nmkdir -p "$(dirname "$p")"\n' + heredoc_bytes(BENCH.read_bytes(), 'cat > "$p"')
                   + cmd("docker", "rm", "-f", NAME) + " >/dev/null 2>&1 || true\n"
@@ -96,11 +103,22 @@ class Allreduce(Module):
                   + 'echo "@rc=$rc"\n')
         change = Change(f"all-reduce rank {rank} of {len(args.hosts)} ({args.backend}, up to {args.max_bytes}) "
                         f"with rank 0 at {master}:{args.port}", script, timeout=args.timeout, verify=False)
-        change.outcome = lambda out: _judge(out, args, h, rank, change)
+        change.outcome = lambda out: _judge(out, args, h, rank, f"{master}:{args.port}", change)
         return Plan([change])
 
 
-def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | None:
+# What torch's TCPStore (torchrun's static rendezvous) says when the bound passed before every rank
+# came (torch 2.13's libtorch_cpu.so): rank 0 "Timed out after 121 seconds waiting for clients. 1/2
+# clients joined.", another rank "The client socket has timed out after 120000ms while trying to
+# connect to (ADDR, PORT)."
+RENDEZVOUS_TIMEOUTS = ("clients joined.", "The client socket has timed out after")
+
+
+def waited_alone(out: str) -> bool:
+    return any(t in out for t in RENDEZVOUS_TIMEOUTS)
+
+
+def _judge(out: str, args: Args, host: str, rank: int, master: str, change: Change) -> str | None:
     doc = next((json.loads(line)["allreduce"] for line in out.splitlines() if line.startswith('{"allreduce"')), None)
     rc = next((int(line[4:]) for line in reversed(out.splitlines()) if line.startswith("@rc=")), None)
     if rc or (rank == 0 and doc is None):
@@ -109,6 +127,13 @@ def _judge(out: str, args: Args, host: str, rank: int, change: Change) -> str | 
         if "no CUDA device is visible" in out:
             return (f"{host}: the container cannot see the GPU, so NCCL cannot run (fix: check the NVIDIA container "
                     "toolkit with invoke provision --tags docker; or --backend gloo to measure the fabric on the CPU)")
+        if waited_alone(out):
+            return (f"{host}: rank {rank} waited {args.rendezvous_timeout}s at the rendezvous ({master}) "
+                    f"for the other {len(args.hosts) - 1} rank(s), which did not all come (fix: see the other hosts' "
+                    "results; every host must run its rank at once)")
+        cause = cause_of(out)
+        if cause and CAUSE_PREFIX in cause:  # docker's own failure (exit 125: the daemon; 126/127: no python3)
+            return f"{host}: {cause}"
         lines = [ln for ln in out.strip().splitlines() if ln.strip() and not ln.startswith(("@rc=", "====", "----"))]
         return f"{host}: the benchmark failed (exit status {rc}): {' / '.join(lines[-3:])}"
     if rank != 0:

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import Field, field_validator
 
 from sparkprov.catalog.derive import derived_tag
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.serving import ImageId, ImageLabel
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.transport.shell import cmd, quote
@@ -39,7 +40,13 @@ from sparkprov.transport.shell import cmd, quote
 # (the name from when only Ray was derived: images built then carry it and are not built again)
 BASE_LABEL = "org.sparkprov.ray.base"
 REQUIREMENTS_LABEL = "org.sparkprov.derived.requirements"
-CACHE = Path(os.environ.get("SPARKPROV_CACHE", Path.home() / ".cache" / "sparkprov")) / "wheels"
+
+
+def wheel_cache() -> Path:
+    """Where fetched wheels are kept: $SPARKPROV_CACHE/wheels, else ~/.cache/sparkprov/wheels (read at each call)."""
+    return Path(os.environ.get("SPARKPROV_CACHE") or Path.home() / ".cache" / "sparkprov") / "wheels"
+
+
 # pip's platform tags per machine: manylinux wheels built on glibc 2.17 or 2.28 both run on a Spark
 PLATFORMS = {"aarch64": ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"],
              "x86_64": ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"]}
@@ -64,6 +71,14 @@ installed = {d.metadata["Name"]: d.version for d in m.distributions() if d.metad
 print(json.dumps({"python": "%d%d" % sys.version_info[:2], "machine": platform.machine(), "env": env,
                   "installed": installed, "requires": {n: requires(n) for n in sys.argv[1:]}}))
 """
+# POSIX sh filter: from what `docker build` printed, pip's last error line, as pip wrote it. The legacy
+# builder prints the RUN step's stderr in colour (ANSI escapes) and ends with "The command '/bin/sh -c
+# ...' returned a non-zero code: 1"; BuildKit prefixes each line of the step ("#8 1.024 ERROR: No
+# matching distribution found for ...", or "1.024 ..." in newer buildx), marks the step "=> ERROR
+# [6/6] RUN ..." and ends with "executor failed running [...]" (or its own "ERROR: failed to solve:
+# ..."). tests/fixtures/docker/README.md has both.
+PIP_ERROR = ("sed -E \"s/$(printf '\\033')\\[[0-9;]*m//g; s/^#[0-9]+ [0-9]+[.][0-9]+ //; s/^[0-9]+[.][0-9]+ //\" "
+             "| grep '^ERROR: ' | grep -v '^ERROR: failed to solve' | tail -n 1")
 # what pip says of a pinned version the index has not (for this Python and machine)
 _NOT_ON_INDEX = re.compile(r"(?:satisfies the requirement|No matching distribution found for|"
                            r"The user requested \(constraint\))\s+([A-Za-z0-9][A-Za-z0-9._-]*)\s*==")
@@ -131,13 +146,14 @@ def not_on_index(pip_output: str) -> set[str]:
     return {canonicalize_name(n) for n in _NOT_ON_INDEX.findall(pip_output)}
 
 
-def fetch_wheels(fetch: list[str], constraints: list[str], python: str, machine: str, cache: Path = CACHE,
+def fetch_wheels(fetch: list[str], constraints: list[str], python: str, machine: str, cache: Path | None = None,
                  attempts: int = 8, installed: dict[str, str] | None = None) -> Path:
     """The wheels `fetch` needs for that Python and machine, in a tar of wheels/ (cached by all five).
     A constraint pip finds no such version of on the index is dropped and the download tried again.
     The tar leaves out a distribution `installed` (the image's: name -> version) holds at that
     version: the build installs every wheel shipped, and the image's own build of a version (torch
     2.13.0+cpu, vLLM's +cu130) is never replaced by the index's."""
+    cache = cache or wheel_cache()
     if machine not in PLATFORMS:
         raise ValueError(f"no wheels for machine {machine!r}")
     if not (python.isdigit() and len(python) in (2, 3)):
@@ -238,8 +254,8 @@ class DerivedImage(Module):
         # the image's own Python, machine and packages decide which wheels fit (a container, not a gather)
         names = sorted({Requirement(r).name for r in args.requirements})
         probe = Change(f"read {args.base}'s Python, machine and packages",
-                       cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", base["id"], "-c",
-                           PROBE, *names),
+                       reporting_cause(cmd("docker", "run", "--rm", "--network", "none", "--entrypoint", "python3",
+                                           base["id"], "-c", PROBE, *names)),
                        verify=False, outcome=inspect, timeout=300)
         remote = f".cache/sparkprov/derived-context-{tag.split(':')[1]}.tar"
 
@@ -253,9 +269,9 @@ class DerivedImage(Module):
             f'tar -xf "$HOME"/{quote(remote)} -C "$c"', f'rm -f "$HOME"/{quote(remote)}',
             f"cat > \"$c/Dockerfile\" <<'SPARKPROV_DOCKERFILE'\n{dockerfile(base['id'], args.requirements)}"
             "SPARKPROV_DOCKERFILE",
-            # on failure the last line said is pip's error, not docker's "returned a non-zero code"
+            # on failure the last line said is pip's error, not docker's own
             "out=$(" + cmd("docker", "build", "--network", "none", "-q", "-t", tag) + ' "$c" 2>&1) || '
-            "{ printf '%s\\n' \"$out\" | tail -5 >&2; printf '%s\\n' \"$out\" | grep 'ERROR' | tail -1 >&2; exit 1; }",
+            "{ printf '%s\\n' \"$out\" | tail -5 >&2; printf '%s\\n' \"$out\" | " + PIP_ERROR + " >&2; exit 1; }",
         ])
         return Plan([probe, Change(f"build {tag}: {what} (wheels from this machine, no pip at container start)",
                                    build, touches=[facts.fact("derived")], timeout=args.timeout, prepare=prepare,

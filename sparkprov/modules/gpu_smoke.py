@@ -9,6 +9,7 @@ membership and logs in again before planning this, so the test runs in the new s
 
 from __future__ import annotations
 
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.runtimes import DockerState, GpuSmokeRecord, SMOKE_DIR
 from sparkprov.modules._provision import setting
 from sparkprov.modules.base import Change, Export, FactView, HostContext, Module, ModuleArgs, Plan
@@ -66,8 +67,11 @@ class GpuSmoke(Module):
         if smoke["passed"]:
             return Plan(msg=f"`{run}` passed", exports=GPU_SMOKE({"image": image, "ok": True}))
         argv = ["docker", "run", "--rm"] + (["--gpus", "all"] if args.gpus else []) + [image, *command]
-        script = (f"o=$(timeout 120 {cmd(*argv)} 2>&1); r=$?; printf '%s\\n' \"$o\" | tail -n 5\n"
-                  f"[ $r = 0 ] || {{ echo \"{run} failed (rc=$r). Fix: {TOOLKIT_FIX}\" >&2; exit $r; }}\n"
+        # what the run printed goes to stdout; on a failure its last line (docker's cause) goes to stderr
+        script = (f"r=0; o=$({reporting_cause('timeout 120 ' + cmd(*argv))} 2>&1) || r=$?\n"
+                  "printf '%s\\n' \"$o\" | tail -n 5\n"
+                  f"[ $r = 0 ] || {{ c=$(printf '%s\\n' \"$o\" | tail -n 1); "
+                  f"echo \"{run}: $c (fix: {TOOLKIT_FIX})\" >&2; exit $r; }}\n"
                   f"f={SMOKE_DIR.replace('~', '$HOME', 1)}/{smoke['key']}; mkdir -p \"$(dirname \"$f\")\"; "
                   "printf '%s\\n' \"$o\" > \"$f\"")
         record = facts.fact("record")

@@ -17,6 +17,7 @@ import json
 
 from sparkprov.catalog.derive import ImageChoice
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.fabric import FabricInfo
 from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.runtimes import OllamaState
@@ -50,7 +51,7 @@ def _run_script(spec, serves: bool) -> str:
         lines += [f"f={quote(kf)}", 'mkdir -p "$(dirname "$f")"', "(umask 077",
                   ' if [ ! -s "$f" ]; then head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n" > "$f.new" '
                   '&& mv "$f.new" "$f" && echo "@key=created"; fi)', 'chmod 600 "$f"']
-    lines.append(cmd(*spec.argv) + " >/dev/null")
+    lines.append(reporting_cause(cmd(*spec.argv)) + " >/dev/null")
     return "\n".join(lines)
 
 

@@ -154,9 +154,8 @@ def cluster_up(inv: Inventory, deps: list[Deployment], o: UpOptions, targets: li
     bad = {d.name for d in failed_deployments(report, deps)}
     if making_room and not check:
         # what a failed new deployment replaced comes back (unless its own rollback serves again)
-        gone = [d for d in deps if d.name in bad and not (settled and d.name in settled.rolled_back
-                                                          and settled.rolled_back[d.name]["serving"])]
-        replacing_plays.bring_back(inv, making_room, gone, opts, again, report)
+        back = replacing_plays.coming_back(making_room, deps, bad, settled.rolled_back if settled else {})
+        replacing_plays.bring_back(inv, back, opts, again, report)
     result = UpResult(check=check, seconds=round(time.monotonic() - t0, 2), deployments={},
                       remote_calls={n: t.remote_calls for n, t in report.hosts.items()},
                       serving_changed=not check and (bool(cleaned) or bool(making_room and making_room.replaced) or any(
@@ -236,10 +235,34 @@ def fleet_status(inv: Inventory, targets: list[str], options: RunOptions, *, por
 
 
 def serving_image(inv: Inventory, playbook: str) -> str:
-    """The image nccl-check measures in when none is given: the serve playbook's first multi-node
-    deployment's (else its first deployment's), as cluster-up would start it."""
+    """The serve playbook's first multi-node deployment's image (else its first deployment's), as
+    cluster-up would start it."""
     deps = load_serve_playbook(playbook, inv).deployments
     return node.node_image(next((d for d in deps if d.cluster), None) or deps[0]).requested
+
+
+@dataclass
+class NcclImage:
+    image: str
+    why: str  # where it came from, as nccl-check says it
+
+
+def nccl_image(inv: Inventory, targets: list[str], options: RunOptions, *, image: str | None,
+               playbook: str | None, default_playbook: str) -> NcclImage:
+    """The image nccl-check measures in: --image; else --playbook's; else one the hosts hold because a
+    deployment runs it on every one of them (one status read per host); else the serve playbook's
+    (its image play must find it on every host, or nccl-check stops there, naming the fix)."""
+    if image:
+        return NcclImage(image, "--image")
+    if playbook:
+        return NcclImage(serving_image(inv, playbook), f"the first deployment of {playbook}")
+    st, _ = read_status(inv, targets, replace(options, check=False))
+    found = node.running_image({h: st[h]["containers"] for h in targets}, targets)
+    if found:
+        return NcclImage(found[0], f"deployment {found[1]} runs it on {', '.join(targets)}")
+    return NcclImage(serving_image(inv, default_playbook),
+                     f"no deployment runs on every one of {', '.join(targets)}: the first deployment of "
+                     f"{default_playbook}")
 
 
 def nccl_check(inv: Inventory, targets: list[str], image: str, options: RunOptions, report: Report, *,

@@ -21,7 +21,7 @@ In check mode steps 2 and 4 are said, not done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from sparkprov.data.inventory import Inventory
 from sparkprov.engine.report import Report
@@ -55,15 +55,13 @@ class Replacing:
         return out
 
 
-def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, report: Report) -> Replacing:
-    """Step 1: the deployments the new ones replace, each with its hosts and last good start."""
-    every = list(inv.hosts)
-    st, _ = read_status(inv, every, options)
-    unread = [h for h in every if not st[h]["reachable"]]
-    runs: dict[str, set[str]] = {}   # deployment -> hosts with a container of it
-    heads: dict[str, str] = {}       # deployment -> the host of its rank 0 (or single server)
-    for h in every:
-        for c in st[h]["containers"]:
+def serving_on(containers: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """From the status play's containers per host: each deployment's hosts (gateway and Prometheus are
+    none), and the host of its rank 0 (or single server)."""
+    runs: dict[str, set[str]] = {}
+    heads: dict[str, str] = {}
+    for h, cs in containers.items():
+        for c in cs:
             labels = c.get("labels") or {}
             name = labels.get("sparkprov.deployment")
             if not name or labels.get("sparkprov.role") in ("gateway", "monitor"):
@@ -71,16 +69,33 @@ def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, r
             runs.setdefault(name, set()).add(h)
             if str(labels.get("sparkprov.rank") or "0") == "0":
                 heads[name] = h
+    return runs, heads
+
+
+def in_the_way(runs: dict[str, set[str]], deps: list[Deployment]) -> list[tuple[str, Deployment]]:
+    """Each deployment (other than the new ones) serving on a new one's hosts, with the first new one
+    it is in the way of."""
     new = {d.name for d in deps}
-    out = Replacing()
     wanted: list[tuple[str, Deployment]] = []
+    for d in deps:
+        for name, hosts in sorted(runs.items()):
+            if name not in new and hosts & set(d.hosts) and name not in {n for n, _ in wanted}:
+                wanted.append((name, d))
+    return wanted
+
+
+def find_replaced(inv: Inventory, deps: list[Deployment], options: RunOptions, report: Report) -> Replacing:
+    """Step 1: the deployments the new ones replace, each with its hosts and last good start."""
+    every = list(inv.hosts)
+    st, _ = read_status(inv, every, options)
+    unread = [h for h in every if not st[h]["reachable"]]
+    runs, heads = serving_on({h: st[h]["containers"] for h in every})
+    out = Replacing()
     for d in deps:
         if any(h in unread for h in d.hosts):
             raise SparkprovError(f"--replace: {', '.join(h for h in d.hosts if h in unread)} could not be read, so "
                                  f"what serves there is not known", fix="reach the host, or leave out --replace")
-        for name, hosts in sorted(runs.items()):
-            if name not in new and hosts & set(d.hosts) and name not in {n for n, _ in wanted}:
-                wanted.append((name, d))
+    wanted = in_the_way(runs, deps)
     if not wanted:
         return out
     head_of = {n: heads.get(n, sorted(runs[n])[0]) for n, _ in wanted}
@@ -107,16 +122,22 @@ def remove_replaced(inv: Inventory, replacing: Replacing, options: RunOptions, r
         run_book(inv, down_book(r.hosts, [r.name], reason=f"replaced by {r.for_}"), r.hosts, options, report)
 
 
-def bring_back(inv: Inventory, replacing: Replacing, failed: list[Deployment], opts: UpOptions,
+def coming_back(replacing: Replacing, deps: list[Deployment], failed: set[str],
+                rolled_back: dict[str, dict[str, Any]]) -> list[tuple[Replaced, Deployment]]:
+    """What comes back: each replaced deployment whose new one failed and does not serve again through
+    its own rollback (to its own last good start), with that new one."""
+    gone = {d.name: d for d in deps if d.name in failed and not (rolled_back.get(d.name) or {}).get("serving")}
+    return [(r, gone[r.for_]) for r in replacing.replaced if r.for_ in gone]
+
+
+def bring_back(inv: Inventory, back: list[tuple[Replaced, Deployment]], opts: UpOptions,
                options: Callable[[], RunOptions], report: Report) -> None:
-    """Step 4: for each new deployment that failed, what it replaced started again from its last good
-    start (the failed one's containers removed first: unified memory holds one engine)."""
-    bad = {d.name: d for d in failed}
-    for r in replacing.replaced:
-        if r.for_ in bad:
-            live = sorted(set(r.hosts) | set(bad[r.for_].hosts))
-            r.back = rollback(inv, bad[r.for_], r.good, opts, live, options, report,
-                              failure=f"{r.for_} failed after replacing it")
+    """Step 4: each of coming_back's started again from its last good start (the failed new one's
+    containers removed first: unified memory holds one engine)."""
+    for r, failed in back:
+        live = sorted(set(r.hosts) | set(failed.hosts))
+        r.back = rollback(inv, failed, r.good, opts, live, options, report,
+                          failure=f"{r.for_} failed after replacing it")
 
 
 def describe(r: Replaced, check: bool = False) -> str:

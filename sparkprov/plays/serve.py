@@ -128,8 +128,8 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                                                "verify": o.verify}, where)], where=where))
         for p in book.plays[first:]:
             p.subject = d.name  # its results are found by it (failed_deployments, started_anything)
-            if d.cluster:
-                p.any_errors_fatal, p.stops_together = True, tuple(d.hosts)
+        if d.cluster:
+            together(Playbook(book.path, book.plays[first:]), d.hosts)
     return book
 
 
@@ -260,15 +260,27 @@ def read_status(inv, targets: list[str], options: RunOptions,
 
 
 def nccl_book(hosts: list[str], image: str, **bench: Any) -> Playbook:
+    """The hosts' all-reduce is one group: a host that fails a check stops every host (any_errors_fatal),
+    so no rank starts to wait for one that never comes (issue 36: the healthy host's rank waited 7
+    minutes for a host that lacked the image); a rank that starts alone gives up at its rendezvous
+    bound (modules/allreduce.py)."""
     where = ("nccl-check", None, None)
     common = {"hosts": hosts, "image": image, **bench}
-    return Playbook("nccl-check", [
+    book = Playbook("nccl-check", [
         play("nccl-check: hosts", hosts, [task("fabric and image", "allreduce", {**common, "phase": "prepare"}, where),
                                           # which NCCL the image loads on each host (once per build)
                                           task("image NCCL", "image_nccl", {"images": [image]}, where)]),
         play("nccl-check: same NCCL", hosts, [task("same NCCL", "drift", {"phase": "compare", "nccl": True}, where)]),
         play("nccl-check: all-reduce", hosts, [task("all-reduce", "allreduce", {**common, "phase": "run"}, where)]),
     ])
+    return together(book, hosts)
+
+
+def together(book: Playbook, hosts: list[str]) -> Playbook:
+    """Every play of `book` stops on every one of `hosts` when one of them fails (the hosts work as one)."""
+    for p in book.plays:
+        p.any_errors_fatal, p.stops_together = True, tuple(hosts)
+    return book
 
 
 def bench_book(hosts: list[str], **bench: Any) -> Playbook:

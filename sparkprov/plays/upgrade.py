@@ -203,35 +203,35 @@ class Settled:
 def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str], exports: Exports,
            options: Callable[[], RunOptions], report: Report, gate: BenchGate | None = None) -> Settled:
     """After cluster-up's plays (not in check mode; `exports`: theirs): record each start; roll a
-    failed upgrade back (failed: a play of it failed, or with `gate` its bench fell below the gate)."""
+    failed upgrade back (failed: a play of it failed, or with `gate` its bench fell below the gate):
+    what to do is after_start's."""
     out = Settled()
     failed = {d.name for d in failed_deployments(report, deps)}
     for d in deps:
         if not started_anything(report, d):
             continue
         live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
+        upgraded = replaced_running(exports, d)
         failure = failure_of(report, d) if d.name in failed else None
         gated = None
-        if failure is None and gate is not None and d.name in gate.baselines and replaced_running(exports, d):
+        if failure is None and gate is not None and d.name in gate.baselines and upgraded:
             gated = out.gated[d.name] = run_gate(inv, d, gate, live, options, report)
-            failure = None if gated["passed"] else gated["line"]
-        hist = None
+        failure = start_failure(failure, gated)
+        hist: HistoryRead | None = None
         if d.hosts[0] in live:
             hist = read_history(run_book(inv, history_book(d, failure=failure, bench=gated), live, options(),
                                          report), d)
             if hist is not None:
                 out.recorded[d.name] = hist["record"]
-        if failure is None:
-            continue
-        # an upgrade replaced what ran; a first start (nothing of it ran before this run) has nothing to
-        # go back to, whatever an earlier deployment of the same name left in the history
-        good = (history.rollback_target(hist["records"], hist["record"].get("spec"))
-                if hist is not None and replaced_running(exports, d) else None)
-        if good is not None and set(good["spec"]["hosts"]) <= set(live):
-            result = rollback(inv, d, good, opts, live, options, report, failure=failure)
+        step = after_start(failure, upgraded, hist["records"] if hist else [],
+                           hist["record"].get("spec") if hist else None, live)
+        if step.rollback_to is not None:
+            result = rollback(inv, d, step.rollback_to, opts, live, options, report, failure=failure)
             out.rolled_back[d.name] = result
             if result["serving"]:
                 continue
+        if step.failure is None:
+            continue
         # nothing to go back to (or going back failed): remove what this run started, so that
         # nothing half-up holds the GPUs
         run_book(inv, down_book(live, [d.name], reason="bring-up failed"), live, options(), report)
@@ -244,6 +244,40 @@ def replaced_running(exports: Exports, d: Deployment) -> bool:
     its nodes (an upgrade), rather than starting one where none was: what vllm_container's start
     exported once it ran (REPLACED)."""
     return any(started.get(d.name) for started in REPLACED.by_host(exports, d.hosts).values())
+
+
+def start_failure(play_failure: str | None, gated: sb.GateVerdict | None) -> str | None:
+    """Why a start failed: its plays' first failure, else the bench gate's verdict (run_gate's) when it
+    fell below; None: it serves and keeps up."""
+    if play_failure is not None:
+        return play_failure
+    if gated is not None and not gated["passed"]:
+        return gated["line"]
+    return None
+
+
+@dataclass
+class AfterStart:
+    """What settle does with a start: nothing (it passed), go back to a recorded good start, or
+    remove what it started (a rollback that fails is removed too)."""
+    failure: str | None
+    rollback_to: history.Record | None = None
+
+
+def after_start(failure: str | None, upgraded: bool, records: list[history.Record], spec: history.Spec | None,
+                live: list[str]) -> AfterStart:
+    """`records`: the deployment's history with this start recorded last (its `spec`). An upgrade
+    (this run replaced what ran) that failed goes back to the last good start of another spec, when
+    every host of that start can be reached; a first start, a failed start of the last good spec
+    itself, or one whose good start's hosts are out of reach, is removed."""
+    if failure is None:
+        return AfterStart(None)
+    # a first start (nothing of it ran before this run) has nothing to go back to, whatever an
+    # earlier deployment of the same name left in the history
+    good = history.rollback_target(records, spec) if upgraded else None
+    if good is not None and set(good["spec"]["hosts"]) <= set(live):
+        return AfterStart(failure, rollback_to=good)
+    return AfterStart(failure)
 
 
 def rollback(inv, failed: Deployment, good: history.Record, opts: UpOptions, live: list[str],

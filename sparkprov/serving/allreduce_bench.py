@@ -3,7 +3,11 @@
 Standalone (only torch needed), one process per GPU, started by torchrun:
 
     torchrun --nnodes 2 --nproc-per-node 1 --node-rank R --master-addr HEAD --master-port 29500 \
-        allreduce_bench.py --min-bytes 1M --max-bytes 2G --iters 20 --warmup 5 [--json OUT]
+        --rdzv-conf timeout=120 allreduce_bench.py --min-bytes 1M --max-bytes 2G --iters 20 --warmup 5 \
+        --timeout 120 [--json OUT]
+
+(`--rdzv-conf timeout`: how long a rank waits for the others to arrive, torchrun's default 900 s;
+`--timeout`: how long one collective waits for the others once they met.)
 
     torchrun --nproc-per-node 2 allreduce_bench.py          # two GPUs of one machine
 
@@ -22,6 +26,7 @@ Rank 0 prints a table and, last, one JSON line `{"allreduce": {...}}` (and write
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -84,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--threshold", type=float, default=None,
                     help="GB/s of bus bandwidth at the largest size below which the run fails (exit 3)")
     ap.add_argument("--json", default=None, help="rank 0 writes the result document here")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds any one collective may wait for the other ranks (a rank gone mid-run)")
     return ap
 
 
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=a.timeout))
 
     def sync() -> None:
         if device.type == "cuda":

@@ -19,6 +19,7 @@ import json
 from typing import Any, TypedDict
 
 from sparkprov.inventory_vars import default
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.serving.address import reached_at
 from sparkprov.serving.spec import SERVING_ROLES
 from sparkprov.transport.shell import cmd
@@ -139,7 +140,7 @@ def up_script(*, image: str, port: int, bind: str, config: dict[str, Any], diges
         + cmd(image, "--config", "/app/config.yaml", "--host", bind, "--port", str(port))
     return (f"python3 - {cmd(DIR)} <<'SPARKPROV_GATEWAY'\n{program}\nSPARKPROV_GATEWAY\n"
             + cmd("docker", "rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true\n"
-            + run + " >/dev/null\n" + wait_ready_script(CONTAINER, bind, port, READY_PATH, timeout))
+            + reporting_cause(run) + " >/dev/null\n" + wait_ready_script(CONTAINER, bind, port, READY_PATH, timeout))
 
 
 def wait_ready_script(container: str, bind: str, port: int, path: str, timeout: float) -> str:

@@ -216,3 +216,31 @@ def rail_problem(host: str, fabric: dict | None, node_ip: str | None, peers_fix:
     net = ipaddress.ip_interface(f"{rail['address']}/{rail.get('prefix', 24)}").network
     return None, str(net)
 
+
+
+# the roles of containers that serve (a gateway, Prometheus or nccl-check's own container do not)
+NOT_SERVING = ("gateway", "monitor", "nccl-check")
+
+
+def running_image(containers: dict[str, list[dict[str, Any]]], hosts: list[str]) -> tuple[str, str] | None:
+    """An image every one of `hosts` runs a serving container of (`containers`: per host, the status
+    play's containers): (image, the deployment that runs it there), preferring a deployment that
+    spans all of them; None when no image runs on every host."""
+    runs: dict[tuple[str, str], set[str]] = {}   # (image, deployment) -> hosts it runs on
+    for h in hosts:
+        for c in containers.get(h) or []:
+            labels = c.get("labels") or {}
+            if c.get("status") != "running" or not c.get("image") or labels.get("sparkprov.role") in NOT_SERVING:
+                continue
+            runs.setdefault((c["image"], labels.get("sparkprov.deployment") or c["name"]), set()).add(h)
+    whole = sorted(k for k, on in runs.items() if on >= set(hosts))
+    if whole:
+        return whole[0]
+    by_image: dict[str, set[str]] = {}
+    for (image, _), on in runs.items():
+        by_image.setdefault(image, set()).update(on)
+    for image in sorted(by_image):
+        if by_image[image] >= set(hosts):
+            deps = sorted(d for (i, d) in runs if i == image)
+            return image, ", ".join(deps)
+    return None

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from sparkprov.inventory_vars import default
+from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.serving.gateway import wait_ready_script
 from sparkprov.transport.shell import cmd
 
@@ -112,7 +113,7 @@ def up_script(*, image: str, port: int, bind: str, files: dict[str, str], digest
                  f"--storage.tsdb.retention.time={RETENTION}", f"--web.listen-address={listen(bind, port)}"))
     return (f"python3 - {cmd(DIR)} <<'SPARKPROV_MONITOR'\n{program}\nSPARKPROV_MONITOR\n"
             + cmd("docker", "rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true\n"
-            + run + " >/dev/null\n" + wait_ready_script(CONTAINER, bind, port, READY_PATH, timeout))
+            + reporting_cause(run) + " >/dev/null\n" + wait_ready_script(CONTAINER, bind, port, READY_PATH, timeout))
 
 
 def listen(bind: str, port: int) -> str:
