@@ -79,8 +79,11 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
 
 
 def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
-       quiet: bool = False, light: bool = False) -> UpResult:
+       quiet: bool = False, light: bool = False, topology: str | None = None) -> UpResult:
     """Bring up (or keep) a lab of n_hosts simulated Sparks. Idempotent.
+
+    topology: how the fabric is cabled (state.LAB_TOPOLOGIES: pair, mesh, ring, switch); None: a
+    pair at two hosts, a switch above (as always). Another topology than the lab's rebuilds it.
 
     light: hosts without dockerd (for scale runs: many hosts on a small machine). Nothing is
     pushed to the registry (images is ignored), no dockerd is started or waited for; a host
@@ -93,7 +96,10 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
     changed: list[str] = []
     with state.lab_lock():
         rec = LabRecord.load()
-        topology = "p2p" if n_hosts == 2 else ("switch" if n_hosts > 2 else "none")
+        try:
+            topology = state.topology_record(topology, n_hosts)
+        except ValueError as e:
+            raise hosts.LabError(str(e)) from None
         if rec.hosts and (len(rec.hosts) != n_hosts or rec.topology != topology):
             say(f"lab has {len(rec.hosts)} host(s); rebuilding with {n_hosts}")
             down(purge=False, quiet=quiet)
@@ -123,7 +129,7 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
                 hosts.start_anchor(h)
                 rec.save()
                 changed.append(f"{name}: namespaces (anchor pid {h.anchor_pid})")
-        if net.ensure_fabric([(n, rec.hosts[n].index) for n in names]):
+        if net.ensure_fabric([(n, rec.hosts[n].index) for n in names], topology):
             changed.append(f"fabric ({topology})")
 
         # shared services on the bridge

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.yamlpos import Positions, load_yaml, parse_model
 from sparkprov.errors import InputError
+from sparkprov.facts.topology import FABRIC_VARS as TOPOLOGY_VARS, check_var as check_fabric_var
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 RESERVED = {"all", "localhost"}
@@ -199,6 +200,7 @@ class Inventory:
 # scripts, mounts and unit files, where a newline or carriage return would split a line.
 PATH_VARS = {"model_store", "compile_cache", "api_key_file"}
 PORT_VARS = {"serve_port", "gateway_port"}
+FABRIC_VARS = set(TOPOLOGY_VARS)
 URL_VARS = {"hf_endpoint"}
 IMAGE_VARS = {"gateway_image", "stage_image"}
 
@@ -232,6 +234,10 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
                                     fix="give a whole number from 1 to 65535")
             elif name in URL_VARS and value is not None:
                 _check_url_var(pos, where, name, value)
+            elif name in FABRIC_VARS and value is not None:  # the fabric's topology (issue 34): facts/topology.py
+                bad = check_fabric_var(name, value, hosts=[str(h) for h in model.hosts])
+                if bad:
+                    raise pos.error(where, bad[0], fix=bad[1])
             elif name in IMAGE_VARS and value is not None:
                 from sparkprov.catalog.load import IMAGE_RE
 

@@ -55,7 +55,7 @@ from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, Qualificat
                                   ib_hca_problems, judge_rail)
 from sparkprov.modules._provision import setting, write_file_script
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.modules.fabric_mesh import ring
+from sparkprov.modules.fabric_mesh import per_link, ring
 from sparkprov.modules.fabric import FABRIC
 from sparkprov.modules.ssh_mesh import SSH_MESH
 
@@ -93,6 +93,17 @@ def peer_of(host: HostContext, fabrics: dict[str, Any]) -> str:
     """The host this one measures against: the next of the ring (each host sends to one, receives from one)."""
     names = ring(host, fabrics)
     return names[(names.index(host.name) + 1) % len(names)]
+
+
+def rail_peers(host: HostContext, fabrics: dict[str, Any]) -> list[tuple[dict, str, dict]]:
+    """(this host's rail, the peer it measures to, the peer's rail). On a mesh or a ring each rail is a
+    link and goes to its own peer (each end measures what it sends: every link, both directions); on
+    a pair or a switch rail i goes to rail i of the next host of the ring."""
+    links = per_link(fabrics, host)
+    if links is not None:
+        return links
+    peer = peer_of(host, fabrics)
+    return [(r, peer, p) for r, p in zip(fabrics[host.name]["rails"], fabrics[peer]["rails"])]
 
 
 def _pending(host: HostContext) -> list[str]:
@@ -162,13 +173,12 @@ def inputs_of(args: Args, host: HostContext, fabrics: dict[str, Any], floor: flo
     """What this host's figures depend on, as the record keeps it (its digest is the record's key):
     per rail both ends' interface, HCA, address, MTU and host; both ends' driver and firmware (from
     the state phase; None where it was not read); the thresholds and how ib_write_bw is run."""
-    peer = peer_of(host, fabrics)
+    pairs = rail_peers(host, fabrics)
     rails = [{"iface": r["iface"], "hca": r.get("hca"), "address": f"{r['address']}/{r['prefix']}",
               "mtu": r.get("mtu"), "peer": peer, "peer_iface": p["iface"], "peer_hca": p.get("hca"),
-              "peer_address": p["address"], "peer_mtu": p.get("mtu")}
-             for r, p in zip(fabrics[host.name]["rails"], fabrics[peer]["rails"])]
+              "peer_address": p["address"], "peer_mtu": p.get("mtu")} for r, peer, p in pairs]
     versions = {}
-    for h in (host.name, peer):
+    for h in [host.name] + sorted({peer for _, peer, _ in pairs}):
         st = QUAL_STATE.read(host.exports, h) or {}
         versions[h] = {"driver": st.get("driver"), "firmware": st.get("firmware")}
     return {"rails": rails, "versions": versions, "floor_gbps": floor, "expected_gbps": expected,
@@ -229,10 +239,9 @@ FABRIC_QUALIFICATION: Export[Qualification] = Export("fabric_qualification", Qua
 
 
 def throughput_fact(args: Args, host: HostContext, fabrics: dict[str, Any]) -> RailThroughput:
-    """The measurement from this host to its ring peer, rail by rail (the peer's address, iface and HCA)."""
-    peer = fabrics[peer_of(host, fabrics)]
+    """The measurement from this host to each rail's peer, rail by rail (the peer's address, iface and HCA)."""
     rails = tuple((r["iface"], r.get("hca") or "", p["address"], p["iface"], p.get("hca") or "")
-                  for r, p in zip(fabrics[host.name]["rails"], peer["rails"]))
+                  for r, _, p in rail_peers(host, fabrics))
     return RailThroughput(rails, host.user, args.seconds, args.port, args.qps)
 
 
@@ -323,10 +332,9 @@ class FabricQualifyModule(Module):
         nccl = ib_hca_problems(named, facts.ib["devices"])
         if why is None:
             return self._standing(args, host, QUAL_STATE.read(host.exports, h)["record"], named, nccl)
-        peer = peer_of(host, fabrics)
         measured = facts.bw
         results = []
-        for r, p in zip(mine["rails"], fabrics[peer]["rails"]):
+        for r, peer, p in rail_peers(host, fabrics):
             m = measured.get(r["iface"]) or {"error": "no measurement came back"}
             results.append(judge_rail({**m, "iface": r["iface"], "hca": r.get("hca"), "peer": peer,
                                        "peer_addr": p["address"]}, floor=floor, expected=expected, mtu=r.get("mtu") or 9000))
@@ -341,8 +349,8 @@ class FabricQualifyModule(Module):
                "boot_id": state.get("boot_id")}
         fails = [r["problem"] for r in results if r["status"] == "degraded"] + [f"{h}: {p}" for p in nccl]
         warns = [r["problem"] for r in results if r["status"] in ("slow", "unmeasured")]
-        msg = "; ".join(f"{r['iface']} {r['gbps']:g} Gb/s to {peer}" if r["gbps"] is not None else f"{r['iface']} {r['status']}"
-                        for r in results) + f" (floor {floor:g}, expected {expected:g} Gb/s, ib_write_bw {args.seconds}s "
+        msg = "; ".join(f"{r['iface']} {r['gbps']:g} Gb/s to {r['peer']}" if r["gbps"] is not None
+                        else f"{r['iface']} {r['status']}" for r in results) + f" (floor {floor:g}, expected {expected:g} Gb/s, ib_write_bw {args.seconds}s "
         msg += f"{args.qps} QP); MTU {', '.join(str(r['mtu']) for r in results)}; measured: {why}"
         exports = FABRIC_QUALIFICATION({"ok": doc["ok"], "rails": results})
         changes = []

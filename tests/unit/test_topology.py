@@ -1,0 +1,286 @@
+"""The fabric's topology (issue 34): discovered from which peer each twin reaches, declared where the
+owner pins it, contradictions named by link; per-link addressing of a mesh and a ring; the mesh check
+and qualification following the links. On literal data: the lab's cabling (sparklab/state.py cables:
+each port 0 to the next host's port 1; MACs as sparklab/net.py mac gives them) and the output of
+FabricNeighbours as it reads it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkprov.facts import topology as t
+from sparkprov.facts.fabric import nccl_settings
+from sparkprov.modules import fabric as fab
+from sparkprov.modules import fabric_mesh as fm
+from sparkprov.modules import fabric_qualify as fq
+from sparkprov.modules.base import FactView, HostContext
+
+TWINS = {"p0": ("enp1s0f0np0", "enP2p1s0f0np0"), "p1": ("enp1s0f1np1", "enP2p1s0f1np1")}
+ALL = ("enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0")
+HCA = {"enp1s0f0np0": "rocep1s0f0", "enp1s0f1np1": "rocep1s0f1", "enP2p1s0f0np0": "roceP2p1s0f0",
+       "enP2p1s0f1np1": "roceP2p1s0f1"}
+
+
+def mac(host: str, iface: str) -> str:
+    """The lab's MAC of a host's twin (sparklab/net.py mac: index, place in FABRIC_IFACES)."""
+    index = int(host.removeprefix("spark"))
+    return f"4c:bb:47:{index:02x}:91:{('enp1s0f0np0', 'enp1s0f1np1', 'enP2p1s0f0np0', 'enP2p1s0f1np1').index(iface):02x}"
+
+
+def cabled(kind: str, n: int) -> dict[str, dict[str, dict]]:
+    """What every host's discovery finds on the lab's cabling of `kind` (the ring rule of
+    sparklab/state.py cables; a switch: every port-1 twin on one bridge per twin)."""
+    hosts = [f"spark{i}" for i in range(1, n + 1)]
+    found = {h: {i: {"mac": mac(h, i), "up": False, "hca": HCA[i], "neighbours": []} for i in ALL} for h in hosts}
+    if kind == "switch" or kind == "pair":
+        for h in hosts:
+            for i in TWINS["p1"]:
+                found[h][i].update(up=True, neighbours=sorted(mac(o, i) for o in hosts if o != h))
+        return found
+    for k, h in enumerate(hosts):
+        nxt = hosts[(k + 1) % n]
+        for a, b in zip(TWINS["p0"], TWINS["p1"]):
+            found[h][a].update(up=True, neighbours=[mac(nxt, b)])
+            found[nxt][b].update(up=True, neighbours=[mac(h, a)])
+    return found
+
+
+ORDER = {n: [f"spark{i}" for i in range(1, n + 1)] for n in (2, 3, 4, 6)}
+
+
+@pytest.mark.parametrize("kind, n", [("pair", 2), ("mesh", 3), ("ring", 4), ("ring", 6), ("switch", 4)])
+def test_the_kind_is_read_from_who_each_twin_reaches(kind, n):
+    topo = t.discover(cabled("ring" if kind == "mesh" else kind, n), ORDER[n])
+    assert topo["kind"] == kind and topo["problems"] == []
+    if kind in ("mesh", "ring"):
+        assert len(topo["cables"]) == n and len(topo["links"]) == 2 * n
+        # each cable twin pairs with the peer's twin of its PCIe domain
+        assert {"a": ["spark1", "enp1s0f0np0"], "b": ["spark2", "enp1s0f1np1"]} in topo["links"]
+        assert {"a": ["spark1", "p0"], "b": ["spark2", "p1"]} in topo["cables"]
+
+
+def test_a_real_port_answers_from_both_twins_and_still_is_one_peer():
+    """On a Spark both twins of the peer's port share the cable: an echo from one twin is answered by
+    both. Still one peer per port: the twin pairs with its own domain's."""
+    found = cabled("ring", 4)
+    for h, ifaces in found.items():
+        for i, d in ifaces.items():
+            d["neighbours"] = sorted({m for x in ifaces for m in found[h][x]["neighbours"]
+                                      if t.port_of(x) == t.port_of(i)})
+    topo = t.discover(found, ORDER[4])
+    assert topo["kind"] == "ring" and len(topo["links"]) == 8
+    assert {"a": ["spark1", "enP2p1s0f0np0"], "b": ["spark2", "enP2p1s0f1np1"]} in topo["links"]
+
+
+def test_ranks_follow_the_cabling_not_the_inventory():
+    # cabled spark1 -> spark3 -> spark2 -> spark4 -> spark1 (port 0 to the next one's port 1)
+    cab = [("spark1", "spark3"), ("spark3", "spark2"), ("spark2", "spark4"), ("spark4", "spark1")]
+    found = {h: {i: {"mac": mac(h, i), "up": False, "neighbours": []} for i in ALL} for h in ORDER[4]}
+    for a, b in cab:
+        for x, y in zip(TWINS["p0"], TWINS["p1"]):
+            found[a][x].update(up=True, neighbours=[mac(b, y)])
+            found[b][y].update(up=True, neighbours=[mac(a, x)])
+    topo = t.discover(found, ORDER[4])
+    assert topo["kind"] == "ring" and topo["order"] == ["spark1", "spark3", "spark2", "spark4"]
+
+
+def test_a_broken_ring_and_a_dark_fabric_say_why():
+    found = cabled("ring", 4)
+    for i in TWINS["p0"]:               # spark4's port 0 (to spark1) unplugged
+        found["spark4"][i].update(up=False, neighbours=[])
+    for i in TWINS["p1"]:
+        found["spark1"][i].update(up=False, neighbours=[])
+    topo = t.discover(found, ORDER[4])
+    assert topo["kind"] is None and "spark1, spark4 reach fewer peers than a mesh or ring needs" in topo["problems"][0]
+    dark = {h: {i: {**d, "neighbours": []} for i, d in ifs.items()} for h, ifs in cabled("ring", 4).items()}
+    topo = t.discover(dark, ORDER[4])
+    assert topo["kind"] is None and not topo["probed"] and "IPv6 off" in topo["problems"][0]
+
+
+def test_a_declaration_the_cabling_contradicts_names_the_link():
+    ring = t.discover(cabled("ring", 4), ORDER[4])
+    assert t.check_declared(ring, "ring", t.parse_links(["spark1:p0 spark2:p1", "spark2:p0 spark3:p1",
+                                                         "spark3:p0 spark4:p1", "spark4:p0 spark1:p1"])) == []
+    (line,) = t.check_declared(ring, "switch", None)
+    assert line == ("fabric_topology is switch but the cabling is a ring: spark1 enp1s0f0np0 reaches only "
+                    "spark2 enp1s0f1np1 (a point-to-point cable)")
+    wrong = t.check_declared(ring, None, t.parse_links(["spark1:p0 spark3:p1", "spark2:p0 spark4:p1",
+                                                        "spark3:p0 spark4:p0"]))
+    assert wrong[0] == "fabric_links declares spark1:p0 <-> spark3:p1, but spark1:p0 is cabled to spark2:p1"
+    assert "spark1:p0 <-> spark2:p1 is cabled but not in fabric_links" in wrong
+    switch = t.discover(cabled("switch", 4), ORDER[4])
+    (line,) = t.check_declared(switch, "ring", None)
+    assert line == "fabric_topology is ring but the cabling is a switch: spark1 enp1s0f1np1 reaches spark2, spark3, spark4 (a switch), not one peer"
+    # two hosts on a switch look like a pair: the same addressing, no contradiction
+    assert t.check_declared(t.discover(cabled("pair", 2), ORDER[2]), "switch", None) == []
+
+
+@pytest.mark.parametrize("value, says", [
+    ("donut", "is not one of pair, mesh, ring, switch"),
+])
+def test_fabric_topology_var(value, says):
+    assert says in t.check_var("fabric_topology", value)[0]
+
+
+@pytest.mark.parametrize("value, says", [
+    ("spark1:p0 spark2:p1", "must be a list"),
+    (["spark1:p0"], "two ends"),
+    (["spark1:p7 spark2:p1"], "'p7' is neither p0, p1 nor a ConnectX-7 twin"),
+    (["spark1:p0 spark1:p1"], "both ends on spark1"),
+    (["spark1:p0 spark2:p1", "spark1:enp1s0f0np0 spark3:p1"], "spark1:p0 is in two cables"),
+    (["spark1:p0 spark9:p1"], "spark9 is no host of the inventory"),
+])
+def test_fabric_links_var(value, says):
+    assert says in t.check_var("fabric_links", value, hosts=["spark1", "spark2", "spark3"])[0]
+    assert t.check_var("fabric_links", ["spark1:enp1s0f0np0 spark2:p1"], hosts=["spark1", "spark2"]) is None
+
+
+def test_the_inventory_refuses_a_bad_topology_var_at_its_line(tmp_path):
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.errors import InputError
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("hosts:\n  spark1: {address: 10.77.0.11}\n  spark2: {address: 10.77.0.12}\nvars:\n"
+                   "  fabric_topology: ring\n  fabric_links: [\"spark1:p0 spark3:p1\"]\n")
+    with pytest.raises(InputError) as e:
+        load_inventory(inv)
+    assert e.value.line() .startswith(f"{inv}:6:") and "spark3 is no host of the inventory" in e.value.line()
+
+
+# -- the fabric module: per link on a mesh and a ring ----------------------------------------------
+
+def net_state(host: str, found: dict) -> dict:
+    links = {i: {"mtu": 1500, "up": True, "admin_up": True, "carrier": d["up"], "mac": d["mac"], "ipv4": []}
+             for i, d in found[host].items()}
+    links["enP7s7"] = {"mtu": 1500, "up": True, "admin_up": True, "carrier": True, "mac": "x",
+                       "ipv4": [{"address": f"10.77.0.{10 + int(host[5:])}", "prefix": 24, "scope": "global"}]}
+    return {"ssh_server_addr": f"10.77.0.{10 + int(host[5:])}", "netplan": "/usr/sbin/netplan", "links": links,
+            "routes": [{"dst": "default", "dev": "enP7s7", "gateway": "10.77.0.1"},
+                       {"dst": "10.77.0.0/24", "dev": "enP7s7", "gateway": None}]}
+
+
+def ib(found: dict, host: str) -> dict:
+    return {"present": True, "devices": [{"hca": HCA[i], "port": 1, "iface": i, "up": d["up"]}
+                                         for i, d in found[host].items()]}
+
+
+def discovery_exports(found: dict, hosts: list[str]) -> dict:
+    out = {}
+    for h in hosts:
+        m = fab.FabricModule()
+        a = m.Args(phase="discover")
+        c = HostContext(h, {}, {"user": "nvidia", "home": "/home/nvidia"}, exports={}, play_hosts=hosts, check=False, become=False)
+        named = m.needs(a, c)
+        values = {"ib": ib(found, h), "net": net_state(h, found), "netplan": {"exists": False},
+                  "record": {"exists": False},
+                  "neighbours": {i: {"mac": d["mac"], "oper": "up" if d["up"] else "down",
+                                     "neighbours": d["neighbours"], "error": None} for i, d in found[h].items()}}
+        p = m.plan(a, m.view(a, FactView({f.key: values[n] for n, f in named.items()}, {}), c), c)
+        out[h] = p.exports
+    return out
+
+
+def configure(found: dict, hosts: list[str], host: str, vars: dict | None = None):
+    exports = discovery_exports(found, hosts)
+    m = fab.FabricModule()
+    a = m.Args()
+    c = HostContext(host, {"groups": {"sparks": hosts}, **(vars or {})}, {"user": "nvidia", "home": "/home/nvidia"},
+                    exports=exports, play_hosts=hosts, check=False, become=False)
+    named = m.needs(a, c)
+    values = {"ib": ib(found, host), "net": net_state(host, found), "netplan": {"exists": False},
+              "record": {"exists": False}}
+    return m.plan(a, m.view(a, FactView({f.key: values[n] for n, f in named.items()}, {}), c), c)
+
+
+def test_a_ring_is_addressed_per_link_both_ends_on_one_subnet():
+    found = cabled("ring", 4)
+    plans = {h: configure(found, ORDER[4], h) for h in ORDER[4]}
+    assert all(p.failed is None for p in plans.values()), [p.failed for p in plans.values()]
+    rails = {h: p.exports["fabric"]["rails"] for h, p in plans.items()}
+    s1 = {r["iface"]: r for r in rails["spark1"]}
+    assert len(s1) == 4 and s1["enp1s0f0np0"]["peer"] == "spark2" and s1["enp1s0f1np1"]["peer"] == "spark4"
+    # both ends of every link on its subnet, every link its own subnet
+    subnets = {}
+    for h, rs in rails.items():
+        for r in rs:
+            subnets.setdefault(r["subnet"], set()).add((h, r["iface"]))
+    assert len(subnets) == 8 and all(len(v) == 2 for v in subnets.values())
+    assert s1["enp1s0f0np0"]["subnet"] == "192.168.100.0/24" and s1["enp1s0f0np0"]["address"] == "192.168.100.11"
+    peer = {r["iface"]: r for r in rails["spark2"]}["enp1s0f1np1"]
+    assert peer["subnet"] == "192.168.100.0/24" and peer["address"] == "192.168.100.12"
+    # the record on the node, and NCCL's bootstrap on the management link, said
+    p1 = plans["spark1"]
+    topo = p1.exports["fabric"]["topology"]
+    assert topo["kind"] == "ring" and topo["order"] == ORDER[4] and topo["mgmt"] == {"iface": "enP7s7",
+                                                                                      "address": "10.77.0.11"}
+    assert any(t.TOPOLOGY_RECORD in c.summary for c in p1.changes)
+    f = p1.exports["fabric"]
+    assert f["node_ip"] == "10.77.0.11" and f["nccl_socket_ifname"] == "enP7s7"
+    assert f["nccl_ib_hca"] == "rocep1s0f0,rocep1s0f1,roceP2p1s0f0,roceP2p1s0f1" and "management" in f["bootstrap"]
+    assert p1.msg.startswith("ring (discovered): ")
+
+
+def test_a_mesh_reaches_both_others_and_a_switch_stays_per_rail():
+    found = cabled("ring", 3)
+    p = configure(found, ORDER[3], "spark3")
+    assert p.exports["fabric"]["topology"]["kind"] == "mesh"
+    assert {r["peer"] for r in p.exports["fabric"]["rails"]} == {"spark1", "spark2"}
+    sw = configure(cabled("switch", 4), ORDER[4], "spark2")
+    assert sw.failed is None and [r["subnet"] for r in sw.exports["fabric"]["rails"]] == ["192.168.100.0/24",
+                                                                                          "192.168.101.0/24"]
+    assert "peer" not in sw.exports["fabric"]["rails"][0] and sw.exports["fabric"]["node_ip"] == "192.168.100.12"
+
+
+def test_provision_refuses_a_declared_ring_on_a_switch_naming_the_link():
+    p = configure(cabled("switch", 4), ORDER[4], "spark1", {"fabric_topology": "ring"})
+    assert p.failed.startswith("spark1: fabric_topology is ring but the cabling is a switch: spark1 enp1s0f1np1 "
+                               "reaches spark2, spark3, spark4")
+    p = configure(cabled("ring", 4), ORDER[4], "spark1", {"fabric_links": ["spark1:p0 spark3:p1"]})
+    assert "fabric_links declares spark1:p0 <-> spark3:p1, but spark1:p0 is cabled to spark2:p1" in p.failed
+
+
+def test_per_rail_variables_are_refused_on_a_ring():
+    p = configure(cabled("ring", 4), ORDER[4], "spark1", {"fabric_subnets": ["10.0.0.0/24"]})
+    assert "fabric_subnets is per rail, and a ring is addressed per link" in p.failed
+
+
+def test_nccl_settings_of_a_pair_are_unchanged_by_a_pair_record():
+    rails = [{"iface": "enp1s0f1np1", "address": "192.168.100.11", "hca": "rocep1s0f1"}]
+    assert nccl_settings(rails, {"kind": "pair", "mgmt": {"iface": "enP7s7", "address": "10.77.0.11"}}) == \
+        nccl_settings(rails)
+
+
+# -- the mesh check and the qualification follow the links ----------------------------------------
+
+def fabrics_of(kind: str, n: int) -> dict:
+    found = cabled(kind, n)
+    return {h: {"fabric": configure(found, ORDER[n], h).exports["fabric"]} for h in ORDER[n]}
+
+
+def ctx(host: str, exports: dict, hosts: list[str]) -> HostContext:
+    return HostContext(host, {}, {"user": "nvidia", "home": "/home/nvidia"}, exports=exports, play_hosts=hosts,
+                       check=False, become=False)
+
+
+def test_the_mesh_check_pings_every_link_once_and_logs_in_only_to_cabled_peers():
+    exports = fabrics_of("ring", 4)
+    probes = {h: fm._probe(fm.Args(), ctx(h, exports, ORDER[4])) for h in ORDER[4]}
+    pings = [p for pr in probes.values() for p in pr.pings]
+    assert len(pings) == 8 and len(set(pings)) == 8     # 4 cables x 2 twins, each pinged once
+    # spark1 pings its links to spark2 (100.x) and to spark4 (it comes first in the ring)
+    assert ("192.168.100.11", "192.168.100.12") in probes["spark1"].pings
+    assert len(probes["spark1"].ssh_targets) == 2          # spark2 and spark4, never spark3
+    srcs = {a.rsplit(".", 1)[0] for a, _ in pings}
+    dsts = {b.rsplit(".", 1)[0] for _, b in pings}
+    assert srcs == dsts and len(srcs) == 8                 # each ping stays on its link's subnet
+
+
+def test_the_qualification_measures_every_link_both_directions():
+    exports = fabrics_of("ring", 4)
+    seen = []
+    for h in ORDER[4]:
+        bw = fq.throughput_fact(fq.Args(), ctx(h, exports, ORDER[4]), {k: v["fabric"] for k, v in exports.items()})
+        seen += [(h, iface, addr) for iface, _, addr, _, _ in bw.rails]
+    assert len(seen) == 16                                 # 8 links, each end sends
+    spark1 = [s for s in seen if s[0] == "spark1"]
+    assert ("spark1", "enp1s0f0np0", "192.168.100.12") in spark1
