@@ -330,12 +330,14 @@ def figures_of(recipe: ResolvedRecipe, catalog: Catalog) -> ModelFigures:
                         max_model_len=single.max_model_len, single=single, kv_source=source)
 
 
-def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
+def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog, topology: str | None = None,
+                  ring_size: int | None = None) -> Rules:
     """The layout rules of catalog/layout.py for `plan_layouts`: the executor a layout would run on
     (vLLM's own where the image has it, else Ray, which cluster-up bakes into a derived image), and
     why a layout is refused. Replicas of one Spark are one deployment with one API (native dp) where
     the image allows it, else single-Spark deployments behind the gateway; replicas of a larger
-    engine are always separate deployments behind the gateway."""
+    engine are always separate deployments behind the gateway. `topology`: the fabric's (a ring of
+    four or more refuses what it cannot carry: catalog/layout.py topology_problem)."""
     from sparkprov.catalog.layout import Layout, layout_of
     from sparkprov.errors import InputError
 
@@ -344,7 +346,7 @@ def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
 
     def refusal(layout: Layout) -> str | None:
         try:
-            layout_of(recipe, catalog, layout)
+            layout_of(recipe, catalog, layout, topology=topology, ring_size=ring_size)
         except InputError as exc:
             return exc.line()
         return None

@@ -19,8 +19,9 @@ from invoke import task
 from invoke.exceptions import Exit
 
 from sparkprov.cli.common import inventory_path, split_csv, user_errors
-from sparkprov.cli.options import hosts_option, int_option, positional, text_option
+from sparkprov.cli.options import choice_option, hosts_option, int_option, positional, text_option
 from sparkprov.errors import InputError
+from sparkprov.facts.topology import TOPOLOGIES
 from sparkprov.inputfiles import read_text_checked
 
 HELP = {
@@ -33,6 +34,8 @@ HELP = {
     "recipes": "a user recipe file merged over the catalog; repeat for several",
     "results": "bench results folder (default ~/.local/share/sparkprov/bench, where `invoke bench` stores them)",
     "json": "print one JSON document instead of the table",
+    "topology": "the fabric's topology: pair, mesh, ring or switch (default: the inventory's fabric_topology of the "
+                "first --hosts host, else none: every layout the catalog allows)",
 }
 DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
 MAX_BENCH_FILES = 5000  # a results folder larger than this is read in part (newest names first)
@@ -40,7 +43,8 @@ MAX_BENCH_BYTES = 4 * 2**20
 
 
 @task(help=HELP, iterable=["recipes"])
-def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False):
+def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, recipes=None, results=None, json=False,
+         topology=None):
     """Every layout of a model on the Sparks (tp x pp, replicas): memory per node, and the one to pick and why."""
     from sparkprov.catalog.layout_plan import catalog_rules, figures_of, latest_bench, pick, plan_layouts
     from sparkprov.catalog.load import load_catalog
@@ -48,6 +52,7 @@ def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, re
     with user_errors():
         positional("plan", "model", model)
         hosts = hosts_option("hosts", hosts)
+        topology = choice_option("topology", topology, TOPOLOGIES)
         sparks = int_option("sparks", sparks, 1, 64)
         concurrency = int_option("concurrency", concurrency, 1, 4096)
         given = results is not None
@@ -59,24 +64,25 @@ def plan(c, model, hosts=None, inventory=None, sparks=None, concurrency=None, re
             raise InputError("--sparks and --hosts both say how many Sparks", fix="give one of them")
         cat = load_catalog(list(recipes or []))
         recipe = cat.get(model)
-        fleet, where = _fleet(hosts, inventory, sparks or 2)
+        fleet, where, declared = _fleet(hosts, inventory, sparks or 2)
+        topology = topology or declared
         figures = figures_of(recipe, cat)
         concurrency = concurrency or _max_num_seqs(recipe) or 1
         counts = [len(fleet)] if hosts is not None else list(range(1, len(fleet) + 1))
         bench = latest_bench(_bench_records(results), recipe.alias)
-        plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat), concurrency=concurrency,
-                             bench=bench)
+        plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat, topology, len(fleet)),
+                             concurrency=concurrency, bench=bench)
         chosen = pick(plans, concurrency)
     if json:
         print(_json.dumps({"model": recipe.alias, "sparks": [s.name for s in fleet], "from": where,
-                          "concurrency": concurrency, "kv_source": figures.kv_source,
+                          "concurrency": concurrency, "kv_source": figures.kv_source, "topology": topology,
                           "layouts": [p.as_dict() for p in plans],
                           "pick": chosen.plan.as_dict() if chosen.plan else None, "why": chosen.why,
                           "rule": list(chosen.rule)}, indent=2))
         if chosen.plan is None:
             raise Exit(code=2)
         return
-    _print(recipe.alias, figures, fleet, where, concurrency, plans, chosen)
+    _print(recipe.alias, figures, fleet, where, concurrency, plans, chosen, topology)
 
 
 def _max_num_seqs(recipe) -> int | None:
@@ -93,7 +99,7 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
     from sparkprov.catalog.layout_plan import Spark
 
     if hosts is None:
-        return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read"
+        return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read", None
     from sparkprov.catalog.render import HostServeContext
     from sparkprov.data.inventory import load_inventory
 
@@ -106,7 +112,8 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
         ctx = HostServeContext.from_host_vars(name, inv.host_vars(name), home="/home/nvidia")
         fleet.append(Spark(name, host_gib=ctx.host_memory_gib, utilization_cap=ctx.utilization_cap,
                            other_services_gib=ctx.other_services_gib, min_headroom_gib=ctx.min_headroom_gib))
-    return fleet, f"inventory {inv.path} (host vars and the GB10 constants; no host contacted)"
+    return (fleet, f"inventory {inv.path} (host vars and the GB10 constants; no host contacted)",
+            inv.host_vars(names[0]).get("fabric_topology"))
 
 
 def _bench_records(results: str) -> list[dict]:
@@ -129,9 +136,10 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
+def _print(alias, figures, fleet, where, concurrency, plans, chosen, topology=None) -> None:
     bpt = figures.bytes_per_token
-    print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}")
+    print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}"
+          + (f"; fabric topology {topology}" if topology else ""))
     print(f"  util {figures.utilization:.2f}, weights {_num(figures.weights_gib, '.1f')} GiB at runtime size, KV "
           f"{_num(bpt and bpt / 1024, '.1f')} KiB/token on one GPU ({figures.kv_source}), --max-model-len "
           f"{_num(figures.max_model_len, ',')}, concurrency {concurrency}")

@@ -284,3 +284,94 @@ def test_the_qualification_measures_every_link_both_directions():
     assert len(seen) == 16                                 # 8 links, each end sends
     spark1 = [s for s in seen if s[0] == "spark1"]
     assert ("spark1", "enp1s0f0np0", "192.168.100.12") in spark1
+
+
+# -- layouts that fit the topology ------------------------------------------------------------------
+
+def test_a_ring_of_four_carries_tp_on_the_native_executor_only():
+    from sparkprov.catalog.layout import Layout, topology_problem
+
+    assert topology_problem(Layout(4, 1, 1, executor="native"), "ring") is None
+    why, fix = topology_problem(Layout(4, 1, 1, executor="ray"), "ring")
+    assert "runs vLLM's own executor only" in why and "cluster_topology.py" in why and fix == "--executor native"
+    for lay in (Layout(2, 2, 1, executor="native"), Layout(1, 1, 4, executor="native"), Layout(1, 4, 1, executor="native")):
+        why, fix = topology_problem(lay, "ring")
+        assert "tensor parallelism only (pp 1, dp 1)" in why and fix == "--tp 4 --pp 1 --dp 1"
+    assert "3 of a ring's 4 Sparks are a chain" in topology_problem(Layout(3, executor="native"), "ring", 4)[0]
+    # two neighbours of a ring, a mesh and a switch carry anything the catalog allows
+    assert topology_problem(Layout(1, 1, 2, executor="native"), "ring") is None
+    assert topology_problem(Layout(1, 1, 3, executor="native"), "mesh") is None
+    assert topology_problem(Layout(2, 2, 1, executor="ray"), "switch") is None
+
+
+def test_cluster_up_refuses_a_layout_the_declared_ring_cannot_carry_before_any_host(tmp_path):
+    from helpers import refused
+    from sparkprov.cli import cluster
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("defaults: {port: 9, connect_timeout: 1}\nhosts:\n"
+                   + "".join(f"  spark{i}: {{address: 127.0.0.1}}\n" for i in range(1, 5))
+                   + "vars:\n  fabric_topology: ring\n  fabric_links: [\"spark1:p0 spark2:p1\", \"spark2:p0 spark3:p1\", "
+                     "\"spark3:p0 spark4:p1\", \"spark4:p0 spark1:p1\"]\n")
+    msg = refused(lambda: cluster.cluster_up(None, model="lab-tiny", tp="2", pp="2", executor="native",
+                                             inventory=str(inv)))
+    assert "a ring of 4 Sparks carries tensor parallelism only" in msg and "fabric_topology in the inventory" in msg
+    msg = refused(lambda: cluster.cluster_up(None, model="lab-tiny", tp="1", dp="4", inventory=str(inv)))
+    assert "tensor parallelism only" in msg
+    msg = refused(lambda: cluster.cluster_up(None, model="lab-tiny", tp="1", dp="4", executor="native",
+                                             hosts="spark1,spark3,spark2,spark4", inventory=str(inv)))
+    assert "tensor parallelism only" in msg
+
+
+def test_ranks_out_of_ring_order_are_refused():
+    from sparkprov.catalog.layout import ring_order_problem
+
+    cables = t.parse_links(["spark1:p0 spark2:p1", "spark2:p0 spark3:p1", "spark3:p0 spark4:p1", "spark4:p0 spark1:p1"])
+    assert ring_order_problem(["spark1", "spark2", "spark3", "spark4"], cables) is None
+    assert "spark1 and spark3 share no cable" in ring_order_problem(["spark1", "spark3", "spark2", "spark4"], cables)
+
+
+def test_a_ring_and_a_mesh_render_their_nccl_settings_each_with_its_source():
+    from sparkprov.catalog.load import load_catalog
+    from sparkprov.catalog.render import HostServeContext, render_launch
+
+    cat = load_catalog()
+    r = cat.get("lab-tiny")
+
+    def env(topology):
+        ctx = HostServeContext(host="spark1", host_known=True, fabric_ifaces=["enP7s7"], node_ip="10.77.0.11",
+                               cluster_size=2, fabric_topology=topology, model_store="/home/nvidia/vllm",
+                               compile_cache="/home/nvidia/vllm-compile-cache", api_key_file=None)
+        return {e.name: e for e in render_launch(r, ctx, 2, catalog=cat).env}
+
+    ring, mesh, pair, none = env("ring"), env("mesh"), env("pair"), env(None)
+    assert {k: ring[k].value for k in ("NCCL_IB_SUBNET_AWARE_ROUTING", "NCCL_IB_MERGE_NICS", "NCCL_ALGO",
+                                       "NCCL_NET_PLUGIN")} == {"NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+                                                               "NCCL_IB_MERGE_NICS": "0", "NCCL_ALGO": "Ring",
+                                                               "NCCL_NET_PLUGIN": "none"}
+    assert "cluster_topology.py" in ring["NCCL_IB_SUBNET_AWARE_ROUTING"].source.where
+    assert "PR#3" in ring["NCCL_ALGO"].source.where
+    assert mesh["NCCL_IB_SUBNET_AWARE_ROUTING"].value == "1" and "NCCL_ALGO" not in mesh
+    assert set(pair) == set(none) and not any(k.startswith("NCCL_IB_SUBNET") for k in pair)
+
+
+def test_plan_takes_the_topology_into_account():
+    import json as _json
+    import contextlib
+    import io
+
+    from invoke import Context
+
+    from sparkprov.cli import plan as plan_cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan_cli.plan(Context(), "lab-tiny", sparks="4", topology="ring", json=True)
+    doc = _json.loads(out.getvalue())
+    by = {(x["tp"], x["pp"], x["dp"]): x for x in doc["layouts"]}
+    assert doc["topology"] == "ring" and "tensor parallelism only" in by[(2, 2, 1)]["refused"]
+    assert by[(2, 1, 1)]["refused"] is None and by[(1, 1, 4)]["mode"] == "replicas behind the gateway"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan_cli.plan(Context(), "lab-tiny", sparks="4", json=True)
+    assert _json.loads(out.getvalue())["topology"] is None
