@@ -152,7 +152,24 @@ def fabric_info(devices: list[dict[str, Any]], links: dict[str, dict[str, Any]],
             continue
         rails.append({"iface": dev["iface"], "address": glob[0]["address"], "prefix": glob[0]["prefix"],
                       "hca": dev["hca"], "mtu": link["mtu"], "up": link["up"]})
-    return {"rails": rails, **nccl_settings(rails, topology)}
+    out = {"rails": rails, **nccl_settings(rails, topology)}
+    if (topology or {}).get("kind") in ("mesh", "ring"):
+        out.update(links_of(rails, topology))
+    return out
+
+
+def links_of(rails: list[dict[str, Any]], topology: dict[str, Any]) -> dict[str, Any]:
+    """On a mesh or ring (the recorded topology): `reach`, peer -> this host's address on the first link
+    with it (where that peer sends to this host: each cable twin is its own subnet), and `order`, the
+    hosts in ring order (`host`: which of them this is, as provision recorded it)."""
+    mine = {r["iface"]: r["address"] for r in rails}
+    me = topology.get("host")
+    reach: dict[str, str] = {}
+    for ln in topology.get("links") or []:
+        for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
+            if end[0] == me and end[1] in mine:
+                reach.setdefault(other[0], mine[end[1]])
+    return {"reach": reach, "order": list(topology.get("order") or []), "host": me}
 
 
 def nccl_settings(rails: list[dict[str, Any]], topology: dict[str, Any] | None = None) -> dict[str, Any]:

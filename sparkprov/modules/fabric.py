@@ -428,7 +428,7 @@ class FabricModule(Module):
         rails_out = [{k: d[k] for k in keys} for d in desired]
         record = None
         if topo is not None:
-            record = {**topo, "mgmt": FABRIC_DISCOVERY.read(host.exports, h).get("mgmt")}
+            record = {**topo, "host": h, "mgmt": FABRIC_DISCOVERY.read(host.exports, h).get("mgmt")}
             changes += _record_change(facts, record)
         exports = FABRIC({"rails": rails_out, **nccl_settings(rails_out, record), "converged": not changes,
                           **({"topology": record} if record else {})})

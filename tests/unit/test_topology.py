@@ -375,3 +375,50 @@ def test_plan_takes_the_topology_into_account():
     with contextlib.redirect_stdout(out):
         plan_cli.plan(Context(), "lab-tiny", sparks="4", json=True)
     assert _json.loads(out.getvalue())["topology"] is None
+
+
+# -- staging over the topology -------------------------------------------------------------------
+
+def test_a_ring_stages_by_relaying_both_ways_round_it_over_its_links():
+    import subprocess
+
+    from sparkprov.modules import weights_download as wd
+    from sparkprov.modules.weights_store import routes_to
+    from sparkprov.staging import fanout
+    from sparkprov.staging.plan import Item
+
+    exports = fabrics_of("ring", 4)
+    order = ORDER[4]
+    it = Item(repo="org/m", revision="main", commit="c" * 40, path="model.safetensors", size=10, oid="b" * 40,
+              sha256="a" * 64)
+    # what each host's store play exports there: its address on the link to each cabled peer
+    for h in order:
+        f = exports[h]["fabric"]
+        reach = {}
+        for r in f["rails"]:
+            reach.setdefault(r["peer"], r["address"])
+        exports[h]["stage"] = {"ok": [] if h != "spark1" else [it.rel], "need": [it.rel] if h != "spark1" else [],
+                               "partial": [], "store": "/home/nvidia/vllm", "user": "nvidia", "fabric": None,
+                               "image": None, "reach": reach, "ring": order}
+    host = HostContext("spark1", {}, {"user": "nvidia", "home": "/home/nvidia"}, exports=exports, play_hosts=order,
+                       check=False, become=False)
+
+    class A:
+        hosts, local_hosts, addresses, ssh_options, source = order, [], {}, {}, "spark1"
+
+    assert wd.ring_chains(A, host) == [["spark2", "spark3"], ["spark4"]]
+    receivers, wants = wd.fan_out(A, host, [it.rel], [])
+    assert [r.name for r in receivers] == ["spark2", "spark3", "spark4"]
+    spark2 = receivers[0]
+    # spark1 reaches spark2 on their link; spark2 relays to spark3 at spark3's address on theirs
+    assert spark2.routes == [(exports["spark2"]["stage"]["reach"]["spark1"], fanout.SSH_BASE)]
+    assert spark2.relay == ((1, exports["spark3"]["stage"]["reach"]["spark2"]),)
+    assert receivers[1].routes == [] and receivers[2].relay == ()
+    # no host sends to one it shares no link with, and nothing falls back to the management network
+    assert routes_to(A, "spark1", "spark3", exports["spark3"]["stage"]) == []
+    start, feed, finish = fanout.pipeline("/home/nvidia/vllm", receivers, [it], wants, streams=2)
+    send = start.split("<<'SPARKPROV_SEND'\n", 1)[1].split("SPARKPROV_SEND", 1)[0]
+    assert subprocess.run(["sh", "-n"], input=send, text=True).returncode == 0
+    assert "0.0) QPUT=" in send and "tee" in send
+    queue = start.split("__sp_queue() {", 1)[1]
+    assert "'0 0 c'" in queue and "'2 0 c'" in queue and "'1 0 c'" not in queue   # spark3 only through spark2
