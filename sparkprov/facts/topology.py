@@ -53,6 +53,8 @@ FABRIC_VARS = {
 # ================================================================================================
 
 PORTS = ("p0", "p1")
+# The twins of a Spark's ConnectX-7 (two ports, two twins each): what discovery probes
+SPARK_TWINS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 _IFACE_PORT_RE = re.compile(r"f(\d)np\d+$")
 _END_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*):([A-Za-z0-9][A-Za-z0-9._@-]{0,14})$")
 
@@ -371,3 +373,34 @@ def link_subnets(links: list[dict[str, Any]], routed: list[str]) -> tuple[list[s
         return None, (f"{len(links)} fabric links need {len(links)} subnets; the pool 192.168.100-163.0/24 has "
                       f"{len(free)} free of the hosts' routes")
     return free[:len(links)], None
+
+
+def host_view(topo: dict[str, Any], host: str) -> dict[str, Any]:
+    """What one host's part of a topology is, for `invoke facts`: the kind, the ring order, and each of
+    its twins with the peer twin it reaches ("enp1s0f0np0": "spark2 enp1s0f1np1")."""
+    links = {}
+    for ln in topo.get("links") or []:
+        for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
+            if end[0] == host:
+                links[end[1]] = f"{other[0]} {other[1]}"
+    for where, peers in (topo.get("shared") or {}).items():
+        h, iface = where.split(" ", 1)
+        if h == host:
+            links[iface] = "switch: " + ", ".join(peers)
+    return {"kind": topo.get("kind") or "unknown", "order": topo.get("order"), "links": links,
+            **({"problems": topo["problems"]} if topo.get("problems") else {})}
+
+
+@dataclass(frozen=True)
+class TopologyRecord(Fact):
+    """The topology provision recorded on the node (TOPOLOGY_RECORD): {} when there is none."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return f"cat {quote(TOPOLOGY_RECORD)} 2>/dev/null; true"
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        try:
+            doc = json.loads(out) if out.strip() else {}
+        except ValueError:
+            return {}
+        return doc if isinstance(doc, dict) else {}

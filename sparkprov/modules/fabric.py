@@ -46,17 +46,13 @@ from pydantic import Field, field_validator
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.facts.files import PathState
 from sparkprov.facts.fabric import Ibdev2netdev, NetState, iface_order, nccl_settings
-from sparkprov.facts.topology import (PER_LINK, TOPOLOGY_RECORD, FabricNeighbours, check_declared,
+from sparkprov.facts.topology import (PER_LINK, SPARK_TWINS, TOPOLOGY_RECORD, FabricNeighbours, check_declared,
                                       declared_topology, discover, link_subnets, parse_links)
 from sparkprov.modules._provision import cluster_order, setting, write_file_script
 from sparkprov.transport.shell import cmd, quote
 
 DEFAULT_POOL = tuple(f"192.168.{n}.0/24" for n in range(100, 110))
 NETPLAN_FILE = "/etc/netplan/40-sparkprov-fabric.yaml"
-
-
-# The twins of a Spark's ConnectX-7 (two ports, two twins each): what discovery probes
-SPARK_TWINS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 
 
 class Args(ModuleArgs):

@@ -422,3 +422,19 @@ def test_a_ring_stages_by_relaying_both_ways_round_it_over_its_links():
     assert "0.0) QPUT=" in send and "tee" in send
     queue = start.split("__sp_queue() {", 1)[1]
     assert "'0 0 c'" in queue and "'2 0 c'" in queue and "'1 0 c'" not in queue   # spark3 only through spark2
+
+
+def test_invoke_facts_shows_each_hosts_links_and_the_kind():
+    from sparkprov.plays.facts import add_topology
+
+    found = cabled("ring", 4)
+    result = {h: {"ok": True, "errors": {}, "facts": {
+        "fabric": {"rails": []},
+        "neighbours": {i: {"mac": d["mac"], "oper": "up" if d["up"] else "down", "neighbours": d["neighbours"],
+                           "error": None} for i, d in found[h].items()}}} for h in ORDER[4]}
+    add_topology(result, ORDER[4])
+    view = result["spark1"]["facts"]["topology"]
+    assert "neighbours" not in result["spark1"]["facts"]
+    assert view["kind"] == "ring" and view["order"] == ORDER[4]
+    assert view["links"] == {"enp1s0f0np0": "spark2 enp1s0f1np1", "enP2p1s0f0np0": "spark2 enP2p1s0f1np1",
+                             "enp1s0f1np1": "spark4 enp1s0f0np0", "enP2p1s0f1np1": "spark4 enP2p1s0f0np0"}
