@@ -51,6 +51,7 @@ from pydantic import Field
 from sparkprov.facts.base import ShellCtx
 from sparkprov.facts.fabric import Ibdev2netdev, RdmaFirmware, firmware_summary
 from sparkprov.facts.hardware import BootId, NvidiaSmi
+from sparkprov.facts.topology import SPARK_TWINS
 from sparkprov.facts.rail import (EXPECTED_GBPS, MIN_GBPS, QUAL_PATH, QualificationRecord, RailThroughput,
                                   ib_hca_problems, judge_rail)
 from sparkprov.modules._provision import setting, write_file_script
@@ -240,9 +241,11 @@ FABRIC_QUALIFICATION: Export[Qualification] = Export("fabric_qualification", Qua
 
 def throughput_fact(args: Args, host: HostContext, fabrics: dict[str, Any]) -> RailThroughput:
     """The measurement from this host to each rail's peer, rail by rail (the peer's address, iface and HCA)."""
-    rails = tuple((r["iface"], r.get("hca") or "", p["address"], p["iface"], p.get("hca") or "")
-                  for r, _, p in rail_peers(host, fabrics))
-    return RailThroughput(rails, host.user, args.seconds, args.port, args.qps)
+    pairs = rail_peers(host, fabrics)
+    rails = tuple((r["iface"], r.get("hca") or "", p["address"], p["iface"], p.get("hca") or "") for r, _, p in pairs)
+    ports = tuple(args.port + SPARK_TWINS.index(p["iface"]) if p["iface"] in SPARK_TWINS else args.port + i
+                  for i, (r, _, p) in enumerate(pairs)) if any(r.get("peer") for r, _, _ in pairs) else ()
+    return RailThroughput(rails, host.user, args.seconds, args.port, args.qps, ports)
 
 
 def remeasure(args: Args, host: HostContext, fabrics: dict[str, Any]) -> dict[str, Any]:

@@ -438,3 +438,17 @@ def test_invoke_facts_shows_each_hosts_links_and_the_kind():
     assert view["kind"] == "ring" and view["order"] == ORDER[4]
     assert view["links"] == {"enp1s0f0np0": "spark2 enp1s0f1np1", "enP2p1s0f0np0": "spark2 enP2p1s0f1np1",
                              "enp1s0f1np1": "spark4 enp1s0f0np0", "enP2p1s0f1np1": "spark4 enP2p1s0f0np0"}
+
+
+def test_two_hosts_measuring_into_one_peer_never_ask_it_for_the_same_port():
+    """On a ring each host receives on four twins from two peers at once: each rail's server port is
+    its peer twin's (one link per twin), so the servers on a host never share a port."""
+    exports = fabrics_of("ring", 4)
+    into: dict[str, list[int]] = {}
+    for h in ORDER[4]:
+        bw = fq.throughput_fact(fq.Args(), ctx(h, exports, ORDER[4]), {k: v["fabric"] for k, v in exports.items()})
+        for (iface, _, addr, peer_iface, _), port in zip(bw.rails, bw.ports):
+            peer = next(p for p, v in exports.items() if any(r["address"] == addr for r in v["fabric"]["rails"]))
+            into.setdefault(peer, []).append(port)
+        assert f"-p {bw.ports[0]}" in bw.command(None)
+    assert all(len(ps) == 4 and len(set(ps)) == 4 for ps in into.values()), into
