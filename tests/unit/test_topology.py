@@ -452,3 +452,13 @@ def test_two_hosts_measuring_into_one_peer_never_ask_it_for_the_same_port():
             into.setdefault(peer, []).append(port)
         assert f"-p {bw.ports[0]}" in bw.command(None)
     assert all(len(ps) == 4 and len(set(ps)) == 4 for ps in into.values()), into
+
+
+def test_fabric_neighbours_reads_who_answered_on_each_twin(fixtures):
+    """Real output (tests/fixtures/topology/README.md): the cabled twin reaches the peer's MAC (its
+    own answer is no neighbour), the dark twin and the absent ones reach nobody."""
+    got = t.parse_neighbours((fixtures / "topology" / "fabric-neighbours.txt").read_text())
+    assert got["enp1s0f0np0"] == {"mac": "4c:bb:47:01:91:00", "oper": "up", "neighbours": ["4c:bb:47:02:91:01"],
+                                  "error": None}
+    assert got["enP2p1s0f0np0"]["neighbours"] == [] and got["enP2p1s0f0np0"]["oper"] == "down"
+    assert got["enp1s0f1np1"]["mac"] is None and got["enp1s0f1np1"]["neighbours"] == []
