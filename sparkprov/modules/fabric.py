@@ -37,9 +37,8 @@ hosts in a later play.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, TypedDict
-
-from typing import Literal
+import json
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
@@ -160,6 +159,7 @@ FABRIC: Export[Fabric] = Export("fabric", Fabric, "the host's fabric rails as co
 class Discovery(TypedDict):
     ifaces: dict[str, dict[str, Any]]   # twin -> {mac, up, hca, neighbours: [MAC], error}
     routed: list[str]                   # this host's routes on other interfaces (subnets a link must avoid)
+    recorded: list[dict[str, Any]]      # the links of this host that provision recorded before
     mgmt: dict[str, Any]                # {iface, address}: the management link the SSH session came in on
 
 
@@ -180,11 +180,18 @@ def _discovered(facts: FactView, host: HostContext) -> Plan:
     routed = sorted({r["dst"] for r in net["routes"] if r["dst"] not in (None, "default") and r["dev"] not in fabric})
     mgmt_if = next((i for i, link in net["links"].items() if any(a["address"] == net["ssh_server_addr"]
                                                                   for a in link["ipv4"])), None)
+    rec = facts.record
+    try:
+        recorded = json.loads(rec.get("content") or b"{}") if rec.get("exists") else {}
+    except ValueError:
+        recorded = {}
     seen = sum(len(d["neighbours"]) for d in ifaces.values())
     return Plan(msg=f"{sum(1 for d in ifaces.values() if d['up'])} twin(s) up, {seen} neighbour answer(s): "
                     + ", ".join(f"{i} {len(d['neighbours'])}" for i, d in sorted(ifaces.items())),
                 exports=FABRIC_DISCOVERY({"ifaces": ifaces, "routed": routed,
-                                          "mgmt": {"iface": mgmt_if, "address": net["ssh_server_addr"]}}))
+                                          "mgmt": {"iface": mgmt_if, "address": net["ssh_server_addr"]},
+                                          "recorded": [ln for ln in recorded.get("links") or []
+                                                       if host.name in (ln["a"][0], ln["b"][0])]}))
 
 
 def topology_of(host: HostContext) -> tuple[dict[str, Any] | None, list[str], list[str]]:
@@ -200,7 +207,8 @@ def topology_of(host: HostContext) -> tuple[dict[str, Any] | None, list[str], li
         cables = parse_links(raw) if raw is not None else None
     except ValueError as e:  # the inventory loader refuses it first; a playbook's vars may not
         return None, [f"fabric_links: {e}"], []
-    topo = discover({h: found[h]["ifaces"] for h in order}, order)
+    ifaces, kept = with_recorded_links(found, order)
+    topo = discover(ifaces, order)
     topo["source"] = "discovered"
     problems = check_declared(topo, kind, cables)
     notes: list[str] = []
@@ -221,7 +229,26 @@ def topology_of(host: HostContext) -> tuple[dict[str, Any] | None, list[str], li
                          f"as a {topo['kind']} (set fabric_topology and fabric_links to pin a mesh or ring)")
     elif kind:
         topo["source"] = "discovered, as declared"
+    notes += [f"{host.name}: {k}" for k in kept if k.startswith(host.name + " ")]
     return topo, [], notes
+
+
+def with_recorded_links(found: dict[str, Any], order: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """Every host's twins as discovery found them, where a twin that still has its carrier but heard
+    no answer this time keeps the peer its host recorded (a lost echo must not re-address a cable);
+    and a note for each twin so kept."""
+    out = {h: {i: dict(d) for i, d in found[h]["ifaces"].items()} for h in order}
+    kept = []
+    for h in order:
+        for ln in found[h].get("recorded") or []:
+            for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
+                mine, theirs = out[h].get(end[1]), (out.get(other[0]) or {}).get(other[1])
+                if end[0] != h or not mine or not theirs or mine.get("neighbours") or not mine.get("up"):
+                    continue
+                if theirs.get("mac"):
+                    mine["neighbours"] = [theirs["mac"]]
+                    kept.append(f"{h} {end[1]}: no answer from {other[0]} {other[1]} this time; its recorded link kept")
+    return out, kept
 
 
 def topo_why(found: dict[str, Any], h: str) -> str:
@@ -264,8 +291,6 @@ def per_link(args: Args, host: HostContext, topo: dict[str, Any], hca_of: dict[s
 def _record_change(facts: FactView, record: dict[str, Any]) -> list[Change]:
     """The topology as provision found it, on the node (root, 0644): what FabricInfo reads for the
     commands that bind NCCL and send over the fabric (cluster-up, stage-weights)."""
-    import json
-
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     pst = facts.record
     before = (pst.get("content") or b"").decode(errors="replace") if pst["exists"] else ""

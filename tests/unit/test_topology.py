@@ -462,3 +462,24 @@ def test_fabric_neighbours_reads_who_answered_on_each_twin(fixtures):
                                   "error": None}
     assert got["enP2p1s0f0np0"]["neighbours"] == [] and got["enP2p1s0f0np0"]["oper"] == "down"
     assert got["enp1s0f1np1"]["mac"] is None and got["enp1s0f1np1"]["neighbours"] == []
+
+
+def test_a_lost_echo_keeps_the_recorded_link_instead_of_re_addressing_the_cable():
+    found = cabled("ring", 4)
+    first = {h: configure(found, ORDER[4], h) for h in ORDER[4]}
+    record = first["spark1"].exports["fabric"]["topology"]
+    # the echoes on one cable twin went unanswered this time (carriers up): with the record, the ring stands
+    found["spark1"]["enp1s0f0np0"]["neighbours"] = []
+    found["spark2"]["enp1s0f1np1"]["neighbours"] = []
+    exports = discovery_exports(found, ORDER[4])
+    exports["spark1"]["fabric_discovery"]["recorded"] = [ln for ln in record["links"]
+                                                         if "spark1" in (ln["a"][0], ln["b"][0])]
+    c = HostContext("spark1", {"groups": {"sparks": ORDER[4]}}, {"user": "nvidia", "home": "/home/nvidia"},
+                    exports=exports, play_hosts=ORDER[4], check=False, become=False)
+    topo, problems, notes = fab.topology_of(c)
+    assert problems == [] and topo["kind"] == "ring" and topo["links"] == record["links"]
+    assert notes == ["spark1: spark1 enp1s0f0np0: no answer from spark2 enp1s0f1np1 this time; its recorded link kept"]
+    # without the record, that twin would have dropped out of the ring's links (and its addresses)
+    exports["spark1"]["fabric_discovery"]["recorded"] = []
+    topo, problems, _ = fab.topology_of(c)
+    assert len(topo["links"]) == len(record["links"]) - 1
