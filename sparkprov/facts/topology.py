@@ -28,7 +28,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sparkprov.facts.base import Fact, ShellCtx
 from sparkprov.transport.shell import cmd, quote
@@ -138,22 +138,27 @@ def check_var(name: str, value: Any, hosts: list[str] | None = None) -> tuple[st
 @dataclass(frozen=True)
 class FabricNeighbours(Fact):
     """Per interface: its MAC, operstate, and the link-layer addresses of whoever answers an IPv6
-    echo to all nodes of the link sent from it (`ping -6 -c 2 -i 0.2 -w 2 -I IFACE ff02::1`: the
+    echo to all nodes of the link sent from it (`ping -6 -i 0.2 -c 2 -w 2 -I IFACE ff02::1`: the
     first answers come within a millisecond, every answer to both echoes is read), looked up in the
     neighbour table (`ip -j -6 neigh show dev IFACE`). All interfaces at once. Writes nothing."""
 
     ifaces: tuple[str, ...]
+    # ping refuses a multicast echo more often than once a second to anyone but root ("multicast ping
+    # with too short interval"): as root the two echoes take 0.2 s, as another user 1 s
+    needs_root: ClassVar[bool] = True
 
     def command(self, sh: ShellCtx) -> str:
         if not self.ifaces:
             return ":"
-        lines = ['__fn=$(mktemp -d)', "trap 'rm -rf \"$__fn\"' EXIT"]
+        lines = ['__fn=$(mktemp -d)', "trap 'rm -rf \"$__fn\"' EXIT",
+                 'if [ "$(id -u)" = 0 ]; then __fn_i=0.2; else __fn_i=1; fi']
         for n, ifc in enumerate(self.ifaces):
             sys = quote(f"/sys/class/net/{ifc}")
-            ping = cmd("ping", "-6", "-n", "-c", 2, "-i", 0.2, "-w", 2, "-I", ifc, "ff02::1")
+            ping = cmd("ping", "-6", "-n", "-c", 2, "-w", 2, "-I", ifc, "ff02::1").replace(
+                "ping -6 -n", 'ping -6 -n -i "$__fn_i"', 1)
             lines.append(
                 f"{{ printf '@iface %s\\nmac=%s\\noper=%s\\n' {quote(ifc)} \"$(cat {sys}/address 2>/dev/null)\" "
-                f"\"$(cat {sys}/operstate 2>/dev/null)\"; echo @ping; {ping} 2>&1 | grep -E 'bytes from|rror|nreachable'; "
+                f"\"$(cat {sys}/operstate 2>/dev/null)\"; echo @ping; {ping} 2>&1 | grep -E 'bytes from|rror|nreachable|nterval|ermitted'; "
                 f"echo @neigh; {cmd('ip', '-j', '-6', 'neigh', 'show', 'dev', ifc)} 2>/dev/null; echo; "
                 f"}} > \"$__fn/{n:02d}\" 2>&1 &")
         lines += ["wait", 'cat "$__fn"/*']

@@ -15,7 +15,10 @@ def read_facts(inv: Inventory, targets: list[str], *, forks: int,
                accept_new_host_keys: bool = False) -> tuple[dict[str, dict[str, Any]], int]:
     """Per host {ok, facts, errors, ...} and the exit code: 0 when every fact was read, 4 when a host
     is unreachable, else 2."""
-    result = gather_facts(inv, targets, host_profile(), forks=forks, accept_new_host_keys=accept_new_host_keys)
+    profile = host_profile()
+    if len(targets) < 2:
+        profile.pop("neighbours")  # a topology takes two hosts' answers
+    result = gather_facts(inv, targets, profile, forks=forks, accept_new_host_keys=accept_new_host_keys)
     add_topology(result, targets)
     code = (0 if all(r["ok"] for r in result.values())
             else 4 if any(r.get("unreachable") for r in result.values()) else 2)
