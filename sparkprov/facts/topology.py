@@ -137,10 +137,11 @@ def check_var(name: str, value: Any, hosts: list[str] | None = None) -> tuple[st
 
 @dataclass(frozen=True)
 class FabricNeighbours(Fact):
-    """Per interface: its MAC, operstate, and the link-layer addresses of whoever answers an IPv6
-    echo to all nodes of the link sent from it (`ping -6 -i 0.2 -c 2 -w 2 -I IFACE ff02::1`: the
-    first answers come within a millisecond, every answer to both echoes is read), looked up in the
-    neighbour table (`ip -j -6 neigh show dev IFACE`). All interfaces at once. Writes nothing."""
+    """Per interface: its MAC, operstate and carrier, its own IPv6 link-local address (its identity
+    here), and who answers an IPv6 echo to all nodes of the link sent from it (`ping -6 -i 0.2 -c 2
+    -w 2 -I IFACE ff02::1`: the answers come within a millisecond; each answer's source address, and
+    its MAC where the neighbour table holds it). A twin without a carrier is not probed (ping would
+    wait out its deadline). All interfaces at once. Writes nothing."""
 
     ifaces: tuple[str, ...]
     # ping refuses a multicast echo more often than once a second to anyone but root ("multicast ping
@@ -157,11 +158,15 @@ class FabricNeighbours(Fact):
             ping = cmd("ping", "-6", "-n", "-c", 2, "-w", 2, "-I", ifc, "ff02::1").replace(
                 "ping -6 -n", 'ping -6 -n -i "$__fn_i"', 1)
             lines.append(
-                f"{{ printf '@iface %s\\nmac=%s\\noper=%s\\n' {quote(ifc)} \"$(cat {sys}/address 2>/dev/null)\" "
-                f"\"$(cat {sys}/operstate 2>/dev/null)\"; echo @ping; {ping} 2>&1 | grep -E 'bytes from|rror|nreachable|nterval|ermitted'; "
-                f"echo @neigh; {cmd('ip', '-j', '-6', 'neigh', 'show', 'dev', ifc)} 2>/dev/null; echo; "
+                f"{{ [ -e {sys} ] || exit 0; printf '@iface %s\\nmac=%s\\noper=%s\\ncarrier=%s\\n' {quote(ifc)} "
+                f"\"$(cat {sys}/address 2>/dev/null)\" \"$(cat {sys}/operstate 2>/dev/null)\" "
+                f"\"$(cat {sys}/carrier 2>/dev/null)\"; echo @ll; "
+                f"{cmd('ip', '-j', '-6', 'addr', 'show', 'dev', ifc, 'scope', 'link')} 2>/dev/null; echo; echo @ping; "
+                f"if [ \"$(cat {sys}/carrier 2>/dev/null)\" = 1 ]; then {ping} 2>&1 | "
+                "grep -E 'bytes from|rror|nreachable|nterval|ermitted'; "
+                f"echo @neigh; {cmd('ip', '-j', '-6', 'neigh', 'show', 'dev', ifc)} 2>/dev/null; echo; fi; "
                 f"}} > \"$__fn/{n:02d}\" 2>&1 &")
-        lines += ["wait", 'cat "$__fn"/*']
+        lines += ["wait", 'cat "$__fn"/* 2>/dev/null; true']
         return "\n".join(lines)
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, dict[str, Any]]:
@@ -171,8 +176,18 @@ class FabricNeighbours(Fact):
 _REPLY_RE = re.compile(r"bytes from ([0-9A-Fa-f:]+)(?:%[^:\s]+)?:")
 
 
+def _json(text: str) -> list:
+    try:
+        v = json.loads(text.strip() or "[]")
+    except ValueError:
+        return []
+    return v if isinstance(v, list) else []
+
+
 def parse_neighbours(out: str) -> dict[str, dict[str, Any]]:
-    """FabricNeighbours' output -> {iface: {mac, oper, neighbours: [MAC answering], error}}."""
+    """FabricNeighbours' output -> {iface: {mac, oper, id, answers: [addresses that answered, not its
+    own], neighbours: [their MACs the neighbour table holds], error}}. `id`: the twin's own link-local
+    address, what a peer's answers name it by."""
     res: dict[str, dict[str, Any]] = {}
     for block in re.split(r"(?m)^(?=@iface )", out):
         head, _, body = block.partition("\n")
@@ -180,18 +195,19 @@ def parse_neighbours(out: str) -> dict[str, dict[str, Any]]:
             continue
         iface = head.split(None, 1)[1].strip()
         meta, _, rest = body.partition("@ping\n")
+        meta, _, ll = meta.partition("@ll\n")
         ping, _, neigh = rest.partition("@neigh\n")
         kv = dict(ln.split("=", 1) for ln in meta.splitlines() if "=" in ln)
-        answered = {m.group(1).lower() for m in _REPLY_RE.finditer(ping)}
-        try:
-            table = json.loads(neigh.strip() or "[]")
-        except ValueError:
-            table = []
-        macs = sorted({(e.get("lladdr") or "").lower() for e in table if isinstance(e, dict)
+        own = [a["local"].lower() for link in _json(ll) if isinstance(link, dict)
+               for a in link.get("addr_info") or [] if a.get("family") == "inet6" and a.get("local")]
+        answered = {m.group(1).lower() for m in _REPLY_RE.finditer(ping)} - set(own)
+        macs = sorted({(e.get("lladdr") or "").lower() for e in _json(neigh) if isinstance(e, dict)
                        and (e.get("dst") or "").lower() in answered and e.get("lladdr")})
         error = next((ln.strip() for ln in ping.splitlines() if "bytes from" not in ln and ln.strip()), None)
         res[iface] = {"mac": (kv.get("mac") or "").strip().lower() or None, "oper": (kv.get("oper") or "").strip(),
-                      "neighbours": macs, "error": error if not macs else None}
+                      "carrier": (kv.get("carrier") or "").strip() == "1", "id": own[0] if own else None,
+                      "answers": sorted(answered), "neighbours": macs,
+                      "error": error if not (macs or answered) else None}
     return res
 
 
@@ -207,7 +223,9 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
     {kind, links: [{a: [host, iface], b: [host, iface]}], cables: [{a: [host, port], b: [host, port]}],
      order, shared: {host iface: [peer hosts]}, problems: [...], probed: bool}
     kind is pair, mesh, ring, switch, or None when the cabling is none of them (problems says why)."""
-    owner = {d["mac"]: (h, i) for h in order for i, d in (found.get(h) or {}).items() if d.get("mac")}
+    # a twin is known by its link-local address (the source of its answers) and by its MAC
+    owner = {k: (h, i) for h in order for i, d in (found.get(h) or {}).items()
+             for k in (d.get("mac"), d.get("id")) if k}
     links: dict[frozenset, tuple[tuple[str, str], tuple[str, str]]] = {}
     shared: dict[str, list[str]] = {}
     probed = False
@@ -215,9 +233,9 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
         for iface, d in sorted((found.get(h) or {}).items(), key=lambda kv: (domain_of(kv[0]), kv[0])):
             if not d.get("up"):
                 continue
-            if d.get("neighbours") is not None and d.get("probe", True):
-                probed = probed or bool(d.get("neighbours"))
-            ends = [owner[m] for m in d.get("neighbours") or [] if m in owner and owner[m][0] != h]
+            probed = probed or bool(d.get("neighbours") or d.get("answers"))
+            heard = list(d.get("neighbours") or []) + list(d.get("answers") or [])
+            ends = sorted({owner[m] for m in heard if m in owner and owner[m][0] != h})
             peers = sorted({p for p, _ in ends}, key=order.index)
             if len(peers) > 1:
                 shared[f"{h} {iface}"] = peers

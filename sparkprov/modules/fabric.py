@@ -172,9 +172,9 @@ def _discovered(facts: FactView, host: HostContext) -> Plan:
     ib, net, nb = facts.ib, facts.net, facts.neighbours
     up = {d["iface"]: d["up"] for d in ib["devices"]}
     hca = {d["iface"]: d["hca"] for d in ib["devices"]}
-    ifaces = {i: {"mac": d.get("mac") or (net["links"].get(i) or {}).get("mac"),
+    ifaces = {i: {"mac": d.get("mac") or (net["links"].get(i) or {}).get("mac"), "id": d.get("id"),
                   "up": up.get(i, d.get("oper") == "up"), "hca": hca.get(i), "neighbours": d["neighbours"],
-                  "error": d.get("error")}
+                  "answers": d.get("answers") or [], "error": d.get("error")}
               for i, d in nb.items() if i in net["links"]}
     fabric = set(ifaces)
     routed = sorted({r["dst"] for r in net["routes"] if r["dst"] not in (None, "default") and r["dev"] not in fabric})
@@ -185,9 +185,9 @@ def _discovered(facts: FactView, host: HostContext) -> Plan:
         recorded = json.loads(rec.get("content") or b"{}") if rec.get("exists") else {}
     except ValueError:
         recorded = {}
-    seen = sum(len(d["neighbours"]) for d in ifaces.values())
+    seen = sum(len(d["answers"]) or len(d["neighbours"]) for d in ifaces.values())
     return Plan(msg=f"{sum(1 for d in ifaces.values() if d['up'])} twin(s) up, {seen} neighbour answer(s): "
-                    + ", ".join(f"{i} {len(d['neighbours'])}" for i, d in sorted(ifaces.items())),
+                    + ", ".join(f"{i} {len(d['answers']) or len(d['neighbours'])}" for i, d in sorted(ifaces.items())),
                 exports=FABRIC_DISCOVERY({"ifaces": ifaces, "routed": routed,
                                           "mgmt": {"iface": mgmt_if, "address": net["ssh_server_addr"]},
                                           "recorded": [ln for ln in recorded.get("links") or []
@@ -243,10 +243,11 @@ def with_recorded_links(found: dict[str, Any], order: list[str]) -> tuple[dict[s
         for ln in found[h].get("recorded") or []:
             for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
                 mine, theirs = out[h].get(end[1]), (out.get(other[0]) or {}).get(other[1])
-                if end[0] != h or not mine or not theirs or mine.get("neighbours") or not mine.get("up"):
+                if (end[0] != h or not mine or not theirs or mine.get("neighbours") or mine.get("answers")
+                        or not mine.get("up")):
                     continue
-                if theirs.get("mac"):
-                    mine["neighbours"] = [theirs["mac"]]
+                if theirs.get("mac") or theirs.get("id"):
+                    mine["neighbours"] = [theirs.get("mac") or theirs["id"]]
                     kept.append(f"{h} {end[1]}: no answer from {other[0]} {other[1]} this time; its recorded link kept")
     return out, kept
 

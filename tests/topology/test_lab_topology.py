@@ -149,8 +149,9 @@ def test_a_three_spark_mesh(tmp_path):
     inv, names, _ = converge_twice("mesh", 3, tmp_path)
     check_links("mesh", 3, names, inv)
     (tmp_path / "bad").mkdir()
-    bad = inventory(tmp_path / "bad", names, '  fabric_links: ["spark1:p0 spark3:p1", "spark2:p0 spark3:p1", '
-                                             '"spark3:p0 spark2:p1"]\n')
+    # the ring the other way round: spark1's port 0 declared to spark3, cabled to spark2
+    bad = inventory(tmp_path / "bad", names, '  fabric_links: ["spark1:p0 spark3:p1", "spark3:p0 spark2:p1", '
+                                             '"spark2:p0 spark1:p1"]\n')
     report, out = provision(bad, tags={"fabric"})
     lines = failed(report)
     assert any("fabric_links declares spark1:p0 <-> spark3:p1, but spark1:p0 is cabled to spark2:p1" in x

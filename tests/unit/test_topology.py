@@ -458,10 +458,16 @@ def test_fabric_neighbours_reads_who_answered_on_each_twin(fixtures):
     """Real output (tests/fixtures/topology/README.md): the cabled twin reaches the peer's MAC (its
     own answer is no neighbour), the dark twin and the absent ones reach nobody."""
     got = t.parse_neighbours((fixtures / "topology" / "fabric-neighbours.txt").read_text())
-    assert got["enp1s0f0np0"] == {"mac": "4c:bb:47:01:91:00", "oper": "up", "neighbours": ["4c:bb:47:02:91:01"],
-                                  "error": None}
-    assert got["enP2p1s0f0np0"]["neighbours"] == [] and got["enP2p1s0f0np0"]["oper"] == "down"
-    assert got["enp1s0f1np1"]["mac"] is None and got["enp1s0f1np1"]["neighbours"] == []
+    assert got["enp1s0f0np0"] == {"mac": "4c:bb:47:01:91:00", "oper": "up", "carrier": True,
+                                  "id": "fe80::4ebb:47ff:fe01:9100", "answers": ["fe80::4ebb:47ff:fe02:9101"],
+                                  "neighbours": ["4c:bb:47:02:91:01"], "error": None}
+    assert got["enP2p1s0f0np0"]["answers"] == [] and got["enP2p1s0f0np0"]["carrier"] is False
+    assert set(got) == {"enp1s0f0np0", "enP2p1s0f0np0"}   # the absent twins print nothing
+    # a peer known by its link-local address alone (no neighbour entry, another address scheme) is found
+    found = {"a": {"enp1s0f0np0": {**got["enp1s0f0np0"], "neighbours": [], "up": True}},
+             "b": {"enp1s0f1np1": {"mac": None, "id": "fe80::4ebb:47ff:fe02:9101", "up": True, "answers": [],
+                                   "neighbours": []}}}
+    assert t.discover(found, ["a", "b"])["kind"] == "pair"
 
 
 def test_a_lost_echo_keeps_the_recorded_link_instead_of_re_addressing_the_cable():
