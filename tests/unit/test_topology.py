@@ -489,3 +489,21 @@ def test_a_lost_echo_keeps_the_recorded_link_instead_of_re_addressing_the_cable(
     exports["spark1"]["fabric_discovery"]["recorded"] = []
     topo, problems, _ = fab.topology_of(c)
     assert len(topo["links"]) == len(record["links"]) - 1
+
+
+def test_cluster_ups_preflight_refuses_what_the_recorded_ring_cannot_carry():
+    from sparkprov.modules.serve_preflight import topology_problems
+    from sparkprov.serving.deployment import Deployment
+
+    ring = {"topology": "ring", "order": ORDER[4]}
+    dep = Deployment(name="x", model="lab-tiny", hosts=ORDER[4], tp=2, pp=2, executor="native")
+    (line,) = topology_problems("spark1", ring, dep)
+    assert "a ring of 4 Sparks carries tensor parallelism only" in line and "the ring provision recorded" in line
+    dep = Deployment(name="x", model="lab-tiny", hosts=["spark1", "spark3", "spark2", "spark4"], tp=4,
+                     executor="native")
+    (line,) = topology_problems("spark1", ring, dep)
+    assert "spark1 and spark3 share no cable" in line and "--hosts spark1,spark2,spark3,spark4" in line
+    dep = Deployment(name="x", model="lab-tiny", hosts=["spark2", "spark1", "spark4", "spark3"], tp=4,
+                     executor="native")
+    assert topology_problems("spark1", ring, dep) == []       # the ring the other way round, from spark2
+    assert topology_problems("spark1", {"topology": "mesh"}, dep) == []
