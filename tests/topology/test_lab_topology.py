@@ -199,14 +199,15 @@ def test_a_four_spark_ring_and_staging_along_it(tmp_path):
     wipe = "rm -rf ~nvidia/vllm/hub/models--sparkprov-lab--lab-tiny ~nvidia/vllm/.sparkprov/staging"
     for h in names:
         sh(h, wipe)
+    stage(inv, "spark1")          # the downloader's image pulled once: not part of either figure
+    sh("spark1", wipe)
     one, _ = stage(inv, "spark1")
     for h in names:
         sh(h, wipe)
     before_mgmt, before_fab = mgmt_bytes(names), fabric_rx(names)
     ring, doc = stage(inv, ",".join(names))
     after_mgmt, after_fab = mgmt_bytes(names), fabric_rx(names)
-    summary = json.loads(doc)
-    size = summary.get("bytes") or 0
+    size = json.loads(doc)["stage"]["bytes"]
     mgmt = {h: after_mgmt[h] - before_mgmt[h] for h in names}
     fab = {h: after_fab[h] - before_fab[h] for h in names}
     print(f"\nstage lab-tiny ({size} B): spark1 alone {one:.1f} s, the ring {ring:.1f} s ({ring / one:.2f}x); "
