@@ -230,10 +230,10 @@ def cluster(inv: Path, *args: str) -> tuple[int, dict, str]:
     return r.returncode, doc, r.stdout[-3000:] + r.stderr[-2000:]
 
 
-def ask(endpoint: str, key: str) -> str:
+def ask(endpoint: str, model: str, key: str) -> str:
     import urllib.request
 
-    body = json.dumps({"model": "lab-tiny", "max_tokens": 16, "temperature": 0,
+    body = json.dumps({"model": model, "max_tokens": 16, "temperature": 0,
                        "messages": [{"role": "user", "content": "What is 12*17?"}]}).encode()
     req = urllib.request.Request(endpoint + "/chat/completions", data=body,
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
@@ -248,7 +248,7 @@ def serve_and_ask(inv: Path, name: str, *args: str) -> float:
     assert rc == 0, out
     d = doc["cluster"]["deployments"][name]
     host, path = d["api_key_file"].split(":", 1)
-    answer = ask(d["endpoint"], sh(host, f"cat {path}").strip())
+    answer = ask(d["endpoint"], d["model"], sh(host, f"cat {path}").strip())
     print(f"\n{name} ({' '.join(args)}): up in {took:.0f} s, answered {answer!r}")
     assert "204" in answer
     subprocess.run([INVOKE, "cluster-down", "--inventory", str(inv)], cwd=REPO_ROOT, capture_output=True, timeout=600)
