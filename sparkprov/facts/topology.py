@@ -259,7 +259,12 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
            "shared": shared, "problems": [], "probed": probed or bool(shared), "order": list(order), "kind": None}
     n = len(order)
     if shared:
+        # a switch: a twin that heard one peer this time is on it too (the others did not answer in
+        # time); the record keeps which twins are on it, never who answered (that varies run to run)
         out["kind"] = "switch"
+        out["on_switch"] = sorted(set(shared) | {f"{e[0]} {e[1]}" for ln in out["links"] for e in (ln["a"], ln["b"])},
+                                  key=lambda k: (order.index(k.split(" ")[0]), k))
+        out["links"], out["cables"] = [], []
         return out
     if not links:
         out["problems"].append("no interface of any host reached a peer" if out["probed"] else
@@ -406,6 +411,10 @@ def host_view(topo: dict[str, Any], host: str) -> dict[str, Any]:
         for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
             if end[0] == host:
                 links[end[1]] = f"{other[0]} {other[1]}"
+    for where in topo.get("on_switch") or []:
+        h, iface = where.split(" ", 1)
+        if h == host:
+            links[iface] = "switch"
     for where, peers in (topo.get("shared") or {}).items():
         h, iface = where.split(" ", 1)
         if h == host:

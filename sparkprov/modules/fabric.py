@@ -451,6 +451,8 @@ class FabricModule(Module):
         record = None
         if topo is not None:
             record = {**topo, "host": h, "mgmt": FABRIC_DISCOVERY.read(host.exports, h).get("mgmt")}
+            if topo.get("kind") == "switch":
+                record["shared"] = {}  # who answered varies from run to run; on_switch says which twins are on it
             changes += _record_change(facts, record)
         exports = FABRIC({"rails": rails_out, **nccl_settings(rails_out, record), "converged": not changes,
                           **({"topology": record} if record else {})})

@@ -109,10 +109,13 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
         return (f'S=$1; f={f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {size_check}\n')
     (idx, nxt, addr, nxt_need), rest = chain[0], chain[1:]
     inner = relay_put(it, size_check, rest, nxt_need)
-    ssh = " ".join(quote(w) for w in SSH_BASE + [f"{nxt.user}@{addr}", f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}"])
+    # one connection per hop for all the files it relays (the first file's makes it; ~ expands in ssh)
+    ssh = " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
+                                                 "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
+                                                 f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}"])
     keep = f'mkdir -p "$(dirname "$f")" && head -c {int(it.size)} | tee "$H/p" > "$f"' if need else \
         f'head -c {int(it.size)} > "$H/p"'
-    return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"\n'
+    return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
             f'{ssh} < "$H/p" > "$H/o" 2>"$H/e" & hp=$!\n'
             f'{keep}; kr=$?\nwait $hp; hr=$?\n'
             # the next one's own check, then the hops it reported, each naming its receiver
