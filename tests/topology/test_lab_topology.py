@@ -45,14 +45,14 @@ def sh(host: str, script: str) -> str:
     return labhosts.nsexec(host, ["sh", "-c", script], check=False).stdout
 
 
-def inventory(d: Path, names: list[str], extra: str = "") -> Path:
+def inventory(d: Path, names: list[str], extra: str = "", hub: str | None = None) -> Path:
     inv = d / "inventory.yaml"
     inv.write_text("defaults:\n  user: nvidia\n"
                    f"  ssh_key: {state.key_path()}\n  known_hosts: {state.known_hosts_path()}\n"
                    f"  become_password_file: {state.password_path()}\n  connect_timeout: 10\n"
                    "hosts:\n" + "".join(f"  {n}: {{address: {state.host_address(int(n[5:]))}}}\n" for n in names)
                    + f"groups:\n  sparks: [{', '.join(names)}]\nvars:\n" + state.lab_vars_yaml()
-                   + f"  hf_endpoint: {state.LabRecord.load().hub_url or f'http://{state.BRIDGE_IP}:{state.HUB_PORT}'}\n"
+                   + f"  hf_endpoint: {hub or state.LabRecord.load().hub_url or f'http://{state.BRIDGE_IP}:{state.HUB_PORT}'}\n"
                    + extra)
     return inv
 
@@ -216,6 +216,52 @@ def test_a_four_spark_ring_and_staging_along_it(tmp_path):
         assert fab[h] >= size, (h, fab)              # the weights came in over the fabric
         assert mgmt[h] < max(size // 4, 1), (h, mgmt)  # and not over the management link
     assert ring <= 1.3 * one, (ring, one)
+
+
+def test_a_ring_stages_a_model_in_about_one_download(tmp_path):
+    """The relay on a model whose transfer is what takes the time: 128 MiB from a hub throttled to 40 MB/s
+    (a home link, as bench/stage_weights.py measures a pair), to spark1 alone, then to the whole ring.
+    lab-tiny (5.5 MB, above) is all fixed costs: four hosts' plays against one host's."""
+    from sparklab.hub import RepoSpec, ensure_generated, start_in_thread
+    from sparklab.hub.manage import default_root
+
+    rec = state.LabRecord.load()
+    if rec.topology != "ring" or len(rec.hosts) != 4:
+        inv, names, _ = converge_twice("ring", 4, tmp_path, light=False)
+    names = sorted(state.LabRecord.load().hosts, key=lambda h: int(h[5:]))
+    repo = ensure_generated(RepoSpec("topology/ring-128", num_shards=4, total_size=128 * 1024 * 1024), default_root())
+    server = start_in_thread([repo], bind=state.BRIDGE_IP, port=0, throttle_bps=40_000_000)
+    try:
+        (tmp_path / "big").mkdir(exist_ok=True)
+        inv_path = inventory(tmp_path / "big", names, hub=server.url)
+
+        def run(hosts: str) -> float:
+            t0 = time.monotonic()
+            r = subprocess.run([INVOKE, "stage-weights", "topology/ring-128", "--inventory", str(inv_path), "--hosts",
+                                hosts, "--image", "vllm/vllm-openai:cu130-nightly", "--json"],
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=900)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            return time.monotonic() - t0
+
+        wipe = "rm -rf ~nvidia/vllm/hub/models--topology--ring-128 ~nvidia/vllm/.sparkprov/staging"
+        for h in names:
+            sh(h, wipe)
+        run("spark1")                 # the downloader's image pulled once
+        sh("spark1", wipe)
+        one = run("spark1")
+        for h in names:
+            sh(h, wipe)
+        before = mgmt_bytes(names)
+        ring = run(",".join(names))
+        after = mgmt_bytes(names)
+        mgmt = {h: after[h] - before[h] for h in names}
+        print(f"\nstage topology/ring-128 (128 MiB, hub at 40 MB/s): spark1 alone {one:.1f} s, the ring {ring:.1f} s "
+              f"({ring / one:.2f}x); management bytes {mgmt}")
+        assert all(mgmt[h] < 8 * 1024 * 1024 for h in names[1:]), mgmt
+        assert ring <= 1.3 * one, (ring, one)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # -- serving on the real engine (the lab's vllm-cpu image), last: heavy on two cores -------------------
