@@ -6,12 +6,17 @@ reports is the cabling; a declaration the cabling contradicts is refused naming 
 stage-weights lab-tiny reaches every node over the fabric links only (the management links' byte
 counters carry no weights) by relaying along the ring.
 
-Not in the default 2-host suite (it rebuilds the lab three times): run it alone, under the lab lock,
+Then the real engine (the lab's vllm-cpu image): the 4-ring serves lab-tiny at tp 4 and refuses tp 2 x pp 2
+at the preflight from the ring it recorded; the 3-mesh serves it at dp 3; both answer the smoke question.
+
+Not in the default 2-host suite (it rebuilds the lab four times): run it alone, under the lab lock,
 
     /work/bin/lablock .venv/bin/python -m pytest -q -p no:cacheprovider -s tests/topology -m topology
 
-Light hosts (no dockerd) for mesh and switch; the ring has dockerd for the download on its source.
-The lab is left down at the end."""
+Measured on the 2-core machine, 2026-11-28 (lab up and down included): the mesh 45 s, the switch 17 s,
+the ring with lab-tiny's staging 79 s, the ring serving tp 4 199 s, the mesh (rebuilt with dockerd)
+serving dp 3 285 s: 10 min 53 s in all; the 128 MiB staging on the ring about 3 min more. Light hosts
+(no dockerd) for the first mesh and the switch. The lab is left down at the end."""
 # Engine: none: no model is served in this module.
 
 from __future__ import annotations
@@ -215,7 +220,9 @@ def test_a_four_spark_ring_and_staging_along_it(tmp_path):
     for h in names[1:]:
         assert fab[h] >= size, (h, fab)              # the weights came in over the fabric
         assert mgmt[h] < max(size // 4, 1), (h, mgmt)  # and not over the management link
-    assert ring <= 1.3 * one, (ring, one)
+    # the time: 5.5 MB is all fixed costs (four hosts' store and publish plays against one host's:
+    # 2.8 s against 1.7 s measured, 1.63x); the relay's own cost is measured on 128 MiB below
+    assert ring <= 2.5 * one, (ring, one)
 
 
 def test_a_ring_stages_a_model_in_about_one_download(tmp_path):
