@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from .state import (BRIDGE, BRIDGE_IP, DARK_IFACES, FABRIC_IFACES, MGMT_IFACE, PREFIX,
-                    RAIL_BRIDGES, RAIL_IFACES)
+from .state import (BRIDGE, BRIDGE_IP, DARK_IFACES, FABRIC_IFACES, MGMT_IFACE, PORT_TWINS, PREFIX,
+                    RAIL_BRIDGES, RAIL_IFACES, cables, default_topology)
 
 
 def ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -94,13 +94,34 @@ def ensure_mgmt(name: str, index: int, address: str) -> bool:
     return changed
 
 
-def ensure_fabric(hosts: list[tuple[str, int]]) -> bool:
-    """Create the four ConnectX-7 twins on every host. Only the f1np1 twins are cabled:
-    two hosts get point-to-point veths, more hosts a switch bridge per rail."""
+def _cable(a: tuple[str, int], b: tuple[str, int], ifa: str, ifb: str, tag: str) -> None:
+    """One twin of a cable: a veth between host a's `ifa` and host b's `ifb` (MTU 1500, up: a fresh
+    Spark's), made in the two namespaces at once; whatever had those names goes first."""
+    (na, ia), (nb, ib) = a, b
+    for n, ifc in ((na, ifa), (nb, ifb)):
+        if ifc in links(n):
+            ip("link", "del", ifc, ns=n)
+    ip("link", "add", "name", f"sltmp{tag}a", "netns", na, "type", "veth", "peer",
+       "name", f"sltmp{tag}b", "netns", nb)
+    for n, i, tmp, ifc in ((na, ia, f"sltmp{tag}a", ifa), (nb, ib, f"sltmp{tag}b", ifb)):
+        ip("link", "set", tmp, "name", ifc, "address", mac(i, FABRIC_IFACES.index(ifc)), ns=n)
+        ip("link", "set", ifc, "mtu", "1500", "up", ns=n)
+
+
+def ensure_fabric(hosts: list[tuple[str, int]], topology: str | None = None) -> bool:
+    """Create the four ConnectX-7 twins on every host, cabled as `topology` says (sparklab/state.py;
+    default: a pair at two hosts, a switch above). pair: both port-1 twins point to point; switch:
+    a bridge per port-1 twin; mesh and ring: a veth per twin of every cable, point to point.
+    Twins no cable reaches stay dark (admin up, no carrier)."""
+    topology = topology or default_topology(len(hosts))
     changed = False
+    plugged = {(hosts[i - 1][0], ifc) for end in cables(topology, len(hosts)) for i, port in end
+               for ifc in PORT_TWINS[port]}
     for name, index in hosts:
         have = links(name)
         for port, ifname in enumerate(DARK_IFACES):
+            if (name, ifname) in plugged:
+                continue
             if ifname not in have:
                 peer = peer_name(index, f"d{port}")
                 if peer in links():
@@ -112,23 +133,22 @@ def ensure_fabric(hosts: list[tuple[str, int]]) -> bool:
                    ns=name)
                 ip("link", "set", ifname, "up", ns=name)
                 changed = True
-    if len(hosts) == 2:
+    if topology == "p2p":
         (a, ia), (b, ib) = hosts
         for rail, ifname in RAIL_IFACES.items():
-            ha, hb = links(a), links(b)
-            if ifname in ha and ifname in hb:
+            if ifname in links(a) and ifname in links(b):
                 continue
-            for n in (a, b):
-                if ifname in links(n):
-                    ip("link", "del", ifname, ns=n)
-            ip("link", "add", "name", f"sltmp{rail}a", "netns", a, "type", "veth", "peer",
-               "name", f"sltmp{rail}b", "netns", b)
-            for n, i, tmp in ((a, ia, f"sltmp{rail}a"), (b, ib, f"sltmp{rail}b")):
-                ip("link", "set", tmp, "name", ifname, "address",
-                   mac(i, FABRIC_IFACES.index(ifname)), ns=n)
-                ip("link", "set", ifname, "mtu", "1500", "up", ns=n)
+            _cable((a, ia), (b, ib), ifname, ifname, str(rail))
             changed = True
-    elif len(hosts) > 2:
+    elif topology in ("mesh", "ring"):
+        for (i, pi), (j, pj) in cables(topology, len(hosts)):
+            a, b = hosts[i - 1], hosts[j - 1]
+            for twin, (ifa, ifb) in enumerate(zip(PORT_TWINS[pi], PORT_TWINS[pj])):
+                if ifa in links(a[0]) and ifb in links(b[0]):
+                    continue
+                _cable(a, b, ifa, ifb, f"{i}{twin}")
+                changed = True
+    elif topology == "switch":
         for rail, ifname in RAIL_IFACES.items():
             br = RAIL_BRIDGES[rail]
             changed |= ensure_bridge(br, mtu=9000)

@@ -36,8 +36,46 @@ PREFIX = 24
 RAIL_BRIDGES = {1: "sparklab-r1", 2: "sparklab-r2"}
 # Fabric interface names of a DGX Spark's ConnectX-7 (two ports, two twins each).
 FABRIC_IFACES = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
-RAIL_IFACES = {1: "enp1s0f1np1", 2: "enP2p1s0f1np1"}  # the cabled twins
-DARK_IFACES = ("enp1s0f0np0", "enP2p1s0f0np0")        # present, no carrier
+RAIL_IFACES = {1: "enp1s0f1np1", 2: "enP2p1s0f1np1"}  # the cabled twins (pair, switch)
+DARK_IFACES = ("enp1s0f0np0", "enP2p1s0f0np0")        # present, no carrier (pair, switch)
+# A Spark's two QSFP ports, each seen twice (one twin per PCIe domain, gb10-outputs.md)
+PORT_TWINS = {0: ("enp1s0f0np0", "enP2p1s0f0np0"), 1: ("enp1s0f1np1", "enP2p1s0f1np1")}
+
+# How the lab cables its hosts (`invoke lab.up --topology`):
+# - pair: two hosts, one cable between their ports 1 (the lab's record says "p2p", as before);
+# - switch: every host's port 1 on a switch: a bridge per twin (rail);
+# - mesh: three hosts, each cabled to both others (a Spark has two ports: three is a full mesh);
+# - ring: four or more hosts, each port 0 to the next host's port 1 (the cabling of
+#   eugr/spark-vllm-docker's NETWORKING.md and sparkrun#157), the last back to the first.
+# Mesh and ring cables are point-to-point: a veth per twin between the two hosts' ports (never a
+# bridge), so a host reaches only its cabled neighbours on them, as on Sparks.
+LAB_TOPOLOGIES = ("pair", "mesh", "ring", "switch")
+
+
+def default_topology(n_hosts: int) -> str:
+    """What `lab.up --hosts N` without --topology cables (as it always did): a pair at 2, a switch above."""
+    return "p2p" if n_hosts == 2 else ("switch" if n_hosts > 2 else "none")
+
+
+def topology_record(topology: str | None, n_hosts: int) -> str:
+    """The lab record's name for a requested topology (pair is "p2p"), checked against the host
+    count; ValueError with the reason when they do not fit."""
+    if topology is None:
+        return default_topology(n_hosts)
+    need = {"pair": (2, 2, "two hosts"), "mesh": (3, 3, "three hosts (a Spark has two ports)"),
+            "ring": (4, 200, "four hosts or more (three cabled in a ring are a mesh)"),
+            "switch": (2, 200, "two hosts or more")}[topology]
+    if not need[0] <= n_hosts <= need[1]:
+        raise ValueError(f"--topology {topology} needs {need[2]}, not {n_hosts}")
+    return "p2p" if topology == "pair" else topology
+
+
+def cables(topology: str, n_hosts: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The point-to-point cables of a mesh or ring: ((host index, port), (host index, port)), hosts
+    numbered from 1; each host's port 0 goes to the next host's port 1. [] for other topologies."""
+    if topology not in ("mesh", "ring"):
+        return []
+    return [((i, 0), (i % n_hosts + 1, 1)) for i in range(1, n_hosts + 1)]
 MGMT_IFACE = "enP7s7"                                  # the Spark's onboard 10 GbE
 # The lab's rails are veth pairs, not 200G ConnectX-7 links: fabric qualification's floor and expected
 # figure (inventory vars of modules/fabric_qualify.py) for what they carry, written into every lab
@@ -98,7 +136,7 @@ class HostRecord:
 @dataclass
 class LabRecord:
     hosts: dict[str, HostRecord] = field(default_factory=dict)
-    topology: str = ""          # "p2p" (two hosts) or "switch" (more)
+    topology: str = ""          # "p2p" (a pair), "switch", "mesh" or "ring" (LAB_TOPOLOGIES)
     registry_url: str = ""
     hub_url: str = ""
 

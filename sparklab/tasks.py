@@ -6,27 +6,38 @@ import json
 from invoke import Collection, task
 
 from sparkprov.cli.common import user_errors
-from sparkprov.options import choice_option, int_option, text_option
+from sparkprov.options import OptionError, choice_option, int_option, text_option
 from sparklab import faults as _faults
 from sparklab import up as _up
+from sparklab.state import LAB_TOPOLOGIES, topology_record
 
 
 @task(help={"hosts": "number of simulated Sparks (2: point-to-point fabric cables; "
-                     "more: one switch bridge per rail)",
+                     "more: one switch bridge per rail, unless --topology says otherwise)",
+            "topology": "how the fabric is cabled: pair (2 hosts), mesh (3: each to both others), ring "
+                        "(4 or more: port 0 to the next host's port 1), switch (a bridge per rail); "
+                        "mesh and ring cables are point to point (a veth per twin). Default: pair at 2 "
+                        "hosts, switch above",
             "images": "build (cached) and push the lab images to the lab registry "
                       "(--no-images skips it)",
             "ollama": "also start the Ollama stand-in (a model loaded, ~200 MB held) "
                       "on every host",
             "light": "light hosts: no dockerd (and no images pushed), for scale runs of "
                      "many hosts; a host already running dockerd keeps it"})
-def up(c, hosts=None, images=True, ollama=False, light=False):
+def up(c, hosts=None, images=True, ollama=False, light=False, topology=None):
     """Bring the lab up (idempotent): namespaces, links, sshd, users, stand-ins, dockerd,
     registry; writes /run/sparkprov-lab/inventory.yaml."""
     # hosts defaults to None so that Invoke passes the text through to our parser (an int
     # default makes Invoke cast it itself, with a traceback for `--hosts abc`)
     with user_errors():
         n = int_option("hosts", hosts, 1, 250, default=2)  # addresses 10.77.0.11.. stay in the /24
-    _up.up(n, images=images, ollama=ollama, light=light)
+        topology = choice_option("topology", topology, LAB_TOPOLOGIES)
+        if topology is not None:
+            try:
+                topology_record(topology, n)
+            except ValueError as e:
+                raise OptionError(str(e), fix="--hosts 2 for a pair, 3 for a mesh, 4 or more for a ring") from None
+    _up.up(n, images=images, ollama=ollama, light=light, topology=topology)
 
 
 @task(help={"purge": "also delete the build caches (/var/cache/sparkprov-lab, shared by every checkout)"})

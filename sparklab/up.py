@@ -79,15 +79,17 @@ def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
 
 
 def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
-       quiet: bool = False, light: bool = False, hub: bool = True) -> UpResult:
+       quiet: bool = False, light: bool = False, hub: bool = True, topology: str | None = None) -> UpResult:
     """Bring up (or keep) a lab of n_hosts simulated Sparks. Idempotent.
 
     images: every image of image.lab_images() built (cached) and pushed; hub: the lab hub started
     (its lab-tiny is trained with the real vLLM's image layer). Both run beside the hosts' setup
-    (cold: minutes of one core; the hosts: seconds of the other). light: hosts without dockerd (for
-    scale runs: many hosts on a small machine). Nothing is pushed to the registry (images is
-    ignored), no dockerd is started or waited for; a host that already runs one keeps it.
-    Everything else (sshd, users, stand-ins, fabric) is made."""
+    (cold: minutes of one core; the hosts: seconds of the other). topology: how the fabric is cabled
+    (state.LAB_TOPOLOGIES: pair, mesh, ring, switch); None: a pair at two hosts, a switch above (as
+    always); another topology than the lab's rebuilds it. light: hosts without dockerd (for scale
+    runs: many hosts on a small machine). Nothing is pushed to the registry (images is ignored), no
+    dockerd is started or waited for; a host that already runs one keeps it. Everything else (sshd,
+    users, stand-ins, fabric) is made."""
     require_root()
     if n_hosts < 1 or n_hosts > 200:
         raise hosts.LabError("hosts must be between 1 and 200")
@@ -96,7 +98,10 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
     changed: list[str] = []
     with state.lab_lock():
         rec = LabRecord.load()
-        topology = "p2p" if n_hosts == 2 else ("switch" if n_hosts > 2 else "none")
+        try:
+            topology = state.topology_record(topology, n_hosts)
+        except ValueError as e:
+            raise hosts.LabError(str(e)) from None
         if rec.hosts and (len(rec.hosts) != n_hosts or rec.topology != topology):
             say(f"lab has {len(rec.hosts)} host(s); rebuilding with {n_hosts}")
             down(purge=False, quiet=quiet)
@@ -126,7 +131,7 @@ def up(n_hosts: int = 2, *, images: bool = True, ollama: bool = False,
                 hosts.start_anchor(h)
                 rec.save()
                 changed.append(f"{name}: namespaces (anchor pid {h.anchor_pid})")
-        if net.ensure_fabric([(n, rec.hosts[n].index) for n in names]):
+        if net.ensure_fabric([(n, rec.hosts[n].index) for n in names], topology):
             changed.append(f"fabric ({topology})")
 
         # shared services on the bridge

@@ -361,6 +361,27 @@ class Special(Kind):
         return {"type": "string"}
 
 
+@dataclass(frozen=True)
+class Owned(Kind):
+    """A value whose shape is checked here (`shape`) and whose whole rule lives with the code that
+    owns it (the fabric's cabling: facts/topology.py check_var); the inventory loader applies the
+    owner's `rule` at the value's line, in the owner's words."""
+
+    rule: str = ""
+    shape: Kind | None = None
+
+    def check(self, v: Any) -> Any:
+        return v if self.shape is None else self.shape.check(v)
+
+    def json_schema(self) -> dict[str, Any]:
+        return {} if self.shape is None else self.shape.json_schema()
+
+
+# The fabric's cablings (issue 34): facts/topology.py discovers one of these, `invoke plan --topology`
+# and the inventory's fabric_topology name one
+TOPOLOGIES = ("pair", "mesh", "ring", "switch")
+_ONE_TOPOLOGY = "one of " + ", ".join(TOPOLOGIES)
+
 IMAGE = Special("an image reference, registry/repo[:tag][@sha256:...]", "image")
 URL = Special("an http(s) URL, e.g. https://huggingface.co", "url")
 INVENTORY_HOST = Special("the name of a host of this inventory", "host")
@@ -443,6 +464,20 @@ _DECLARED: list[Var] = [
         "this host's ADDRESS/PREFIX on each rail"),
     Var("fabric_host_id", number(1, 254, whole=True), None, "none: 10 + the host's position in the inventory",
         (PROVISION,), "this host's number in each rail's subnet"),
+    # the fabric's topology (issue 34; facts/topology.py): discovered by provision; an owner may pin it,
+    # and a declaration the cabling contradicts is refused naming the link
+    Var("fabric_topology", Text(_ONE_TOPOLOGY, "|".join(TOPOLOGIES), _ONE_TOPOLOGY, 16), None,
+        "none: discovered by provision (which port reaches which peer's)", (PROVISION, CLUSTER, PLAN),
+        "the cabling as the owner pins it"),
+    Var("fabric_links", Owned("a list of cables, each \"HOST:PORT HOST:PORT\" with PORT p0, p1 or a ConnectX-7 "
+                              "interface (e.g. \"spark1:p0 spark2:p1\")", "fabric",
+                              Strings("", None, "a one-line cable")), None,
+        "none: discovered by provision", (PROVISION,), "the cables as the owner pins them"),
+    Var("fabric_requalify", FLAG, False, "sparkprov: measure only when something the figure depends on changed",
+        (PROVISION,), "true: measure the rails on this run whatever the record says"),
+    Var("fabric_qualify_max_age_hours", number(0, 100000, lo_open=True, unit="hours"), 168.0,
+        "sparkprov: a week; a record older than this is measured again", (PROVISION,),
+        "hours after which a qualification is measured again"),
     # Under this a rail fails: half the lower healthy figure (92.57 / 2). The degraded links seen on
     # Sparks are far under it: 13.23 Gb/s (8-QP ib_write_bw) and 12.86 Gb/s (TCP) on a 200G link
     # that ethtool called healthy (NVIDIA/dgx-spark-playbooks PR#108, whose own check flags 8-25 Gb/s;

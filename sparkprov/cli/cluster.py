@@ -232,15 +232,18 @@ def print_status(st) -> None:
 
     con = Console(highlight=False, width=160)
     hosts = Table(title="hosts")
-    for col in ("host", "MemAvailable", "swap used", "GPU temp", "GPU power"):
-        hosts.add_column(col)
+    for col in ("host", "MemAvailable", "swap used", "GPU temp", "GPU power", "fabric"):
+        hosts.add_column(col, overflow="fold")
     for host, h in st.items():
         m = h["host"]
         gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else ""  # noqa: E731
+        topo = m.get("fabric_topology") or {}
         hosts.add_row(host, (gib(m.get("mem_available")) + f" of {gib(m.get('mem_total'))}") if m.get("mem_total") else "",
                       gib(m.get("swap_used")) if m.get("swap_total") else "no swap",
                       f"{m['temperature_c']:g} C" if m.get("temperature_c") is not None else "n/a",
-                      f"{m['power_w']:g} W" if m.get("power_w") is not None else "n/a")
+                      f"{m['power_w']:g} W" if m.get("power_w") is not None else "n/a",
+                      (f"{topo['kind']}: " + ", ".join(f"{i} -> {p}" for i, p in topo.get("links", {}).items())
+                       if topo else ""))
     con.print(hosts)
     t = Table(title="sparkprov serving status")
     for col in ("host", "container", "deployment", "role", "state", "ray", "health", "models", "KV cache", "requests",

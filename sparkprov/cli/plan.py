@@ -20,8 +20,9 @@ from invoke.exceptions import Exit
 
 from sparkprov.cli.command import command
 from sparkprov.cli.common import inventory_path, split_csv, user_errors
+from sparkprov import inventory_vars as iv
 from sparkprov.errors import InputError
-from sparkprov.options import Excludes, Files, Flag, Hosts, Int, Needs, Text, common, option
+from sparkprov.options import Choice, Excludes, Files, Flag, Hosts, Int, Needs, Text, common, option
 
 DEFAULT_RESULTS = "~/.local/share/sparkprov/bench"
 KV_SOURCES = {"measured": "as a note measured it", "layers": "from the layers' kinds, a full-length request's share",
@@ -41,6 +42,9 @@ class PlanOptions:
     results: str | None = option("bench results folder (default ~/.local/share/sparkprov/bench, where `invoke "
                                  "bench` stores them)", Text())
     json: bool = option("print one JSON document instead of the table", Flag())
+    topology: str | None = option("the fabric's topology: pair, mesh, ring or switch (default: the inventory's "
+                                  "fabric_topology of the first --hosts host, else none: every layout the catalog "
+                                  "allows)", Choice(iv.TOPOLOGIES))
 
     RULES = (Excludes("sparks", "hosts", "both say how many Sparks"),
              Needs("inventory", lambda o: o.hosts is not None, "--hosts", "the inventory is read only for their vars"))
@@ -59,24 +63,25 @@ def plan(c, o: PlanOptions):
                              f"(default {DEFAULT_RESULTS})")
         cat = load_catalog(o.recipes)
         recipe = cat.get(o.model)
-        fleet, where = _fleet(o.hosts, o.inventory, o.sparks or 2)
+        fleet, where, declared = _fleet(o.hosts, o.inventory, o.sparks or 2)
+        topology = o.topology or declared
         figures = figures_of(recipe, cat)
         concurrency = o.concurrency or _max_num_seqs(recipe) or 1
         counts = [len(fleet)] if o.hosts is not None else list(range(1, len(fleet) + 1))
         bench = latest_bench(_bench_records(results), recipe.alias)
-        plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat), concurrency=concurrency,
-                             bench=bench)
+        plans = plan_layouts(figures, fleet, counts=counts, rules=catalog_rules(recipe, cat, topology, len(fleet)),
+                             concurrency=concurrency, bench=bench)
         chosen = pick(plans, concurrency)
     if o.json:
         print(_json.dumps({"model": recipe.alias, "sparks": [s.name for s in fleet], "from": where,
-                          "concurrency": concurrency, "kv_source": figures.kv_source,
+                          "concurrency": concurrency, "kv_source": figures.kv_source, "topology": topology,
                           "layouts": [p.as_dict() for p in plans],
                           "pick": chosen.plan.as_dict() if chosen.plan else None, "why": chosen.why,
                           "rule": list(chosen.rule)}, indent=2))
         if chosen.plan is None:
             raise Exit(code=2)
         return
-    _print(recipe.alias, figures, fleet, where, concurrency, plans, chosen)
+    _print(recipe.alias, figures, fleet, where, concurrency, plans, chosen, topology)
 
 
 def _max_num_seqs(recipe) -> int | None:
@@ -93,7 +98,7 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
     from sparkprov.catalog.layout_plan import Spark
 
     if hosts is None:
-        return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read"
+        return [Spark(f"spark{i + 1}") for i in range(count)], "GB10 constants (catalog/memory.py), no inventory read", None
     from sparkprov.catalog.render import HostServeContext
     from sparkprov.data.inventory import load_inventory
 
@@ -106,7 +111,8 @@ def _fleet(hosts: str | None, inventory: str | None, count: int):
         ctx = HostServeContext.from_host_vars(name, inv.host_vars(name), home="/home/nvidia")
         fleet.append(Spark(name, host_gib=ctx.host_memory_gib, utilization_cap=ctx.utilization_cap,
                            other_services_gib=ctx.other_services_gib, min_headroom_gib=ctx.min_headroom_gib))
-    return fleet, f"inventory {inv.path} (host vars and the GB10 constants; no host contacted)"
+    return (fleet, f"inventory {inv.path} (host vars and the GB10 constants; no host contacted)",
+            iv.value(inv.host_vars(names[0]), "fabric_topology"))
 
 
 def _bench_records(results: str) -> list[dict]:
@@ -127,9 +133,10 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def _print(alias, figures, fleet, where, concurrency, plans, chosen) -> None:
+def _print(alias, figures, fleet, where, concurrency, plans, chosen, topology=None) -> None:
     bpt = figures.bytes_per_token
-    print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}")
+    print(f"{alias} on {', '.join(s.name for s in fleet)}: memory from {where}"
+          + (f"; fabric topology {topology}" if topology else ""))
     print(f"  util {figures.utilization:.2f}, weights {_num(figures.weights_gib, '.1f')} GiB at runtime size, KV "
           f"{_num(bpt and bpt / 1024, '.1f')} KiB/token on one Spark ({KV_SOURCES[figures.kv_source]}), "
           f"--max-model-len {_num(figures.max_model_len, ',')}, concurrency {concurrency}")

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sparkprov.errors import InputError
+from sparkprov.facts.topology import check_var as check_fabric_var
 from sparkprov.hosts import Host, Inventory, close_match
 from sparkprov.imageref import IMAGE_RE
 from sparkprov.inventory_vars import valid_address
@@ -135,6 +136,10 @@ def _check_vars(model: InventoryFile, pos: Positions) -> None:
                 if not IMAGE_RE.match(value):
                     raise pos.error(where, f"{name}: {value!r} is not an image reference",
                                     fix="e.g. ghcr.io/berriai/litellm:main-stable (registry/repo[:tag][@sha256:...])")
+            elif rule == "fabric":  # the fabric's topology (issue 34): its rule is facts/topology.py's
+                bad = check_fabric_var(name, value, hosts=hosts)
+                if bad:
+                    raise pos.error(where, bad[0], fix=bad[1])
             elif rule == "host" and value not in hosts:
                 close = close_match(value, hosts)
                 raise pos.error(where, f"{name}: {value!r} is not a host of this inventory",

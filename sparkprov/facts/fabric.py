@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.facts.topology import TOPOLOGY_RECORD
 from sparkprov.transport.shell import cmd, quote
 
 def parse_rdma_firmware(text: str) -> dict[str, str]:
@@ -137,8 +138,10 @@ def parse_net_state(out: str) -> dict[str, Any]:
             "links": parse_ip_addr(m.group(3).strip()), "routes": parse_ip_route(m.group(4).strip())}
 
 
-def fabric_info(devices: list[dict[str, Any]], links: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The FabricInfo contract from ibdev2netdev devices and parsed `ip -j addr`."""
+def fabric_info(devices: list[dict[str, Any]], links: dict[str, dict[str, Any]],
+                topology: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The FabricInfo contract from ibdev2netdev devices and parsed `ip -j addr` (and the topology
+    provision recorded, facts/topology.py TOPOLOGY_RECORD)."""
     rails = []
     for dev in sorted(devices, key=lambda d: iface_order(d["iface"])):
         link = links.get(dev["iface"])
@@ -149,11 +152,42 @@ def fabric_info(devices: list[dict[str, Any]], links: dict[str, dict[str, Any]])
             continue
         rails.append({"iface": dev["iface"], "address": glob[0]["address"], "prefix": glob[0]["prefix"],
                       "hca": dev["hca"], "mtu": link["mtu"], "up": link["up"]})
-    return {"rails": rails, **nccl_settings(rails)}
+    out = {"rails": rails, **nccl_settings(rails, topology)}
+    if (topology or {}).get("kind") in ("mesh", "ring"):
+        out.update(links_of(rails, topology))
+    return out
 
 
-def nccl_settings(rails: list[dict[str, Any]]) -> dict[str, Any]:
-    """NCCL/Gloo/UCX bindings for a host's rails (G32): sockets on the first rail, RoCE on all."""
+def links_of(rails: list[dict[str, Any]], topology: dict[str, Any]) -> dict[str, Any]:
+    """On a mesh or ring (the recorded topology): `reach`, peer -> this host's address on the first link
+    with it (where that peer sends to this host: each cable twin is its own subnet), and `order`, the
+    hosts in ring order (`host`: which of them this is, as provision recorded it)."""
+    mine = {r["iface"]: r["address"] for r in rails}
+    me = topology.get("host")
+    reach: dict[str, str] = {}
+    for ln in topology.get("links") or []:
+        for end, other in ((ln["a"], ln["b"]), (ln["b"], ln["a"])):
+            if end[0] == me and end[1] in mine:
+                reach.setdefault(other[0], mine[end[1]])
+    return {"reach": reach, "order": list(topology.get("order") or []), "host": me}
+
+
+def nccl_settings(rails: list[dict[str, Any]], topology: dict[str, Any] | None = None) -> dict[str, Any]:
+    """NCCL/Gloo/UCX bindings for a host's rails (G32): sockets on the first rail, RoCE on all.
+
+    On a mesh or a ring (the topology provision recorded) no one fabric subnet reaches every rank:
+    each cable twin is its own. The sockets (NCCL's bootstrap, Gloo, vLLM's rendezvous) then go over
+    the management link the SSH session came in on, the way the owners' rings run (eugr/
+    spark-vllm-docker#252: the management interface as NCCL_SOCKET_IFNAME; LLMKube PR#1816: "the
+    management IP as the bootstrap plane"), and NCCL's data over RoCE on every twin; `bootstrap` says so."""
+    kind = (topology or {}).get("kind")
+    mgmt = (topology or {}).get("mgmt") or {}
+    if kind in ("mesh", "ring") and mgmt.get("address") and mgmt.get("iface"):
+        return {"node_ip": mgmt["address"], "nccl_socket_ifname": mgmt["iface"], "gloo_socket_ifname": mgmt["iface"],
+                "ucx_net_devices": mgmt["iface"],
+                "nccl_ib_hca": ",".join(r["hca"] for r in rails if r.get("hca")) or None,
+                "topology": kind, "bootstrap": f"management ({mgmt['iface']} {mgmt['address']}): a {kind} has no "
+                                               "fabric subnet every rank reaches"}
     first = rails[0] if rails else None
     return {"node_ip": first["address"] if first else None,
             "nccl_socket_ifname": first["iface"] if first else None,
@@ -168,12 +202,18 @@ class FabricInfo(Fact):
 
     def command(self, sh: ShellCtx) -> str:
         return ("if command -v ibdev2netdev >/dev/null 2>&1; then ibdev2netdev; else echo @absent; fi\n"
-                "echo @addr; ip -j addr show")
+                "echo @addr; ip -j addr show\n"
+                f"echo @topology; cat {quote(TOPOLOGY_RECORD)} 2>/dev/null; true")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
-        ib, _, addr = out.partition("@addr\n")
+        ib, _, rest = out.partition("@addr\n")
+        addr, _, topo = rest.partition("@topology\n")
         devices = [] if ib.strip() == "@absent" else parse_ibdev2netdev(ib)
-        return fabric_info(devices, parse_ip_addr(addr.strip()))
+        try:
+            topology = json.loads(topo) if topo.strip() else None
+        except ValueError:
+            topology = None
+        return fabric_info(devices, parse_ip_addr(addr.strip()), topology if isinstance(topology, dict) else None)
 
 
 def parse_ping(text: str) -> dict[str, Any]:

@@ -198,6 +198,20 @@ class KernelCmdline(Fact):
         return parse_cmdline(out)
 
 
+@dataclass(frozen=True)
+class BootId(Fact):
+    """This boot's id (/proc/sys/kernel/random/boot_id, new at every boot): what a record made in an
+    earlier boot is told apart by (the fabric qualification, the node guard's boot marker)."""
+
+    def command(self, sh: ShellCtx) -> str:
+        return "cat /proc/sys/kernel/random/boot_id"
+
+    def parse(self, out: str, err: str, rc: int) -> str:
+        if rc != 0 or not out.strip():
+            raise FactError(err.strip() or "cannot read /proc/sys/kernel/random/boot_id")
+        return out.strip()
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA toolkit (G36)
 # ---------------------------------------------------------------------------------------------

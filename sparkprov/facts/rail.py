@@ -88,13 +88,17 @@ class RailThroughput(Fact):
     seconds: int = 3
     port: int = 18515     # perftest's default port
     qps: int = 1
+    # per rail, the port its server listens on (default: port + the rail's index). A mesh or ring
+    # gives each rail port + the peer twin's place among a Spark's four: a twin has one link, so no
+    # two hosts measuring into the same peer at once ask it for the same port
+    ports: tuple[int, ...] = ()
 
     def command(self, sh: ShellCtx) -> str:
         lines = ['__rq=$(mktemp -d)', "trap 'rm -rf \"$__rq\"' EXIT",
                  "command -v ib_write_bw >/dev/null 2>&1 && __rq_tool=1 || __rq_tool=0"]
         wait_s = self.seconds + 30   # the server waits for the client (ssh and its start) and the test
         for i, (iface, hca, addr, peer_iface, peer_hca) in enumerate(self.rails):
-            port = self.port + i
+            port = self.ports[i] if i < len(self.ports) else self.port + i
             bw = ("-d", None, "-p", port, "-F", "--report_gbits", "-D", self.seconds, "-q", self.qps)
             remote = (f"printf 'peer_mtu=%s\\n' \"$(cat {quote('/sys/class/net/' + peer_iface + '/mtu')} 2>/dev/null)\"; "
                       "command -v ib_write_bw >/dev/null 2>&1 || { echo @no-tool; exit 0; }; "

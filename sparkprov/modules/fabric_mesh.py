@@ -61,10 +61,42 @@ def proof_key(host: HostContext, targets: list[str]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def per_link(fabrics: dict, host: HostContext) -> list[tuple[dict, str, dict]] | None:
+    """On a mesh or a ring (the fabric module's rails name their link's peer): (this host's rail,
+    the peer, the peer's rail on that link) for every link this host is an end of. None otherwise."""
+    mine = fabrics[host.name]["rails"]
+    if not any(r.get("peer") for r in mine):
+        return None
+    out = []
+    for r in mine:
+        other = next((p for p in (fabrics.get(r.get("peer")) or {}).get("rails") or []
+                      if p["iface"] == r.get("peer_iface")), None)
+        if other is not None:
+            out.append((r, r["peer"], other))
+    return out
+
+
+def first_end(host: HostContext, fabrics: dict, peer: str) -> bool:
+    """Whether this host, not the peer, pings their links (the earlier of the two in ring order)."""
+    names = ring(host, fabrics)
+    return names.index(host.name) < names.index(peer)
+
+
 def _probe(args: Args, host: HostContext) -> MeshProbe | None:
     fabrics, mine = play_fabric(host)
     if not mine or len(fabrics) < 2 or _pending(args, host):
         return None
+    links = per_link(fabrics, host)
+    if links is not None:
+        # every link pinged once, by its earlier end, from its address on the link; one login per
+        # cabled peer over a link between them (a ring's other hosts share no link with this one)
+        pings = [(r["address"], p["address"]) for r, peer, p in links if first_end(host, fabrics, peer)]
+        firsts: dict[str, str] = {}
+        for _, peer, p in links:
+            firsts.setdefault(peer, p["address"])
+        targets = list(firsts.values()) if args.ssh else []
+        key = proof_key(host, targets) if targets and args.ssh is True else ""
+        return MeshProbe(tuple(pings), args.size, host.user, tuple(targets), key)
     pings, targets = [], []
     names = ring(host, fabrics)
     me = names.index(host.name)
@@ -140,7 +172,8 @@ class FabricMeshModule(Module):
         if len(fabrics) < 2:
             return Plan.skip("single host: no peer to verify", exports=NCCL(nccl))
         problems = []
-        for i, rail in enumerate(mine["rails"]):
+        links = per_link(fabrics, host)
+        for i, rail in enumerate(mine["rails"] if links is None else []):
             for peer, fab in sorted(fabrics.items()):
                 if i >= len(fab["rails"]):
                     problems.append(f"{peer} has {len(fab['rails'])} rail(s), {h} has {len(mine['rails'])}")
@@ -169,6 +202,8 @@ class FabricMeshModule(Module):
         if problems:
             return Plan.fail("; ".join(problems) + ". Fix: MTU 9000 and addresses on both ends (rerun provision), "
                              "check the QSFP cable")
+        if links is not None:
+            return self._links_verified(args, host, fabrics, links, facts.fact("probe"), probe, nccl)
         n_peers = len(fabrics) - 1
         proven = probe.get("ssh_proven")
         ssh_note = ("" if not args.ssh else f"; ssh to {n_peers} peer(s) proven by an earlier round, nothing changed since"
@@ -182,12 +217,42 @@ class FabricMeshModule(Module):
         msg = (f"{len(probe['ping'])} jumbo path(s) ({args.size} B, DF) to {checked} peer(s){others} on "
                f"{len(mine['rails'])} rail(s)" + loss_note + ssh_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
         exports = {**NCCL(nccl), **FABRIC_VERIFIED(True)}
-        mesh = facts.fact("probe")
-        if mesh.proof_key and not proven and probe["ssh"]:
-            record = host.path(PROOF_RECORD)
-            return Plan([Change(f"record the SSH mesh proof ({len(probe['ssh'])} peer(s)) in {record}",
-                                write_file_script(record, mesh.proof_key.encode(), mode="0644"),
-                                touches=[mesh], become=False,
-                                predicts=[(mesh, {**probe, "ssh": {}, "ssh_proven": True})])],
-                        msg=msg, exports=exports)
-        return Plan(msg=msg, exports=exports)
+        return _verified(host, facts.fact("probe"), probe, msg, exports)
+
+    def _links_verified(self, args: Args, host: HostContext, fabrics: dict, links: list, mesh: MeshProbe,
+                        probe: dict, nccl: Nccl) -> Plan:
+        """A mesh or ring whose pings and logins passed: what was checked, the peers that share no link
+        with this host (nothing reaches them over the fabric, and nothing is sent to them over the
+        management network instead), and the SSH proof to record."""
+        h = host.name
+        cabled = sorted({peer for _, peer, _ in links}, key=ring(host, fabrics).index)
+        by = sorted({peer for _, peer, _ in links if not first_end(host, fabrics, peer)})
+        far = [p for p in ring(host, fabrics) if p != h and p not in cabled]
+        proven = probe.get("ssh_proven")
+        ssh_note = ("" if not args.ssh else f"; ssh to {len(cabled)} cabled peer(s) proven by an earlier round, nothing "
+                    "changed since" if proven else f"; ssh to {len(probe['ssh'])} cabled peer(s) over their links")
+        far_note = (f"; no link to {', '.join(far)} (a {(mine_topology(fabrics, h) or 'ring')} reaches its cabled "
+                    "neighbours only: nothing goes to them over the fabric, nor over the management network in its "
+                    "place)" if far else "")
+        msg = (f"{len(probe['ping'])} jumbo link(s) ({args.size} B, DF) to {', '.join(cabled)}"
+               + (f" ({', '.join(by)} check{'s' if len(by) == 1 else ''} theirs to {h})" if by else "")
+               + ssh_note + far_note + f"; NCCL_SOCKET_IFNAME={nccl['NCCL_SOCKET_IFNAME']} NCCL_IB_HCA={nccl['NCCL_IB_HCA']}")
+        exports = {**NCCL(nccl), **FABRIC_VERIFIED(True)}
+        return _verified(host, mesh, probe, msg, exports)
+
+
+def _verified(host: HostContext, mesh: MeshProbe, probe: dict, msg: str, exports: dict) -> Plan:
+    """The mesh passed: record the SSH proof where a login round just ran under a key."""
+    if mesh.proof_key and not probe.get("ssh_proven") and probe["ssh"]:
+        record = host.path(PROOF_RECORD)
+        return Plan([Change(f"record the SSH mesh proof ({len(probe['ssh'])} peer(s)) in {record}",
+                            write_file_script(record, mesh.proof_key.encode(), mode="0644"),
+                            touches=[mesh], become=False,
+                            predicts=[(mesh, {**probe, "ssh": {}, "ssh_proven": True})])],
+                    msg=msg, exports=exports)
+    return Plan(msg=msg, exports=exports)
+
+
+def mine_topology(fabrics: dict, h: str) -> str | None:
+    return ((fabrics.get(h) or {}).get("topology") or {}).get("kind")
+

@@ -108,6 +108,7 @@ class ServePreflight(Module):
                                              "to use the provisioned rail")
             if problem:
                 fails.append(problem)
+            fails += topology_problems(h, facts.fabric, dep)
             bad = degraded(h, facts.qualification)
             if bad and args.force_degraded_fabric:
                 warns += [f"{b} (started anyway: --force-degraded-fabric)" for b in bad]
@@ -185,3 +186,25 @@ class ServePreflight(Module):
         if total:
             notes.append(f"memory {gib(avail)} available for {gib(int(need))}")
         return []
+
+
+def topology_problems(h: str, fabric: dict | None, dep) -> list[str]:
+    """What the fabric's topology as provision recorded it on this node cannot carry of the layout
+    (catalog/layout.py topology_problem: a ring of four or more, tp on the native executor only), and
+    ranks that do not follow the ring. [] elsewhere."""
+    from sparkprov.catalog.layout import ring_order_problem, topology_problem
+
+    fab = fabric or {}
+    if fab.get("topology") != "ring":
+        return []
+    order = fab.get("order") or []
+    bad = topology_problem(dep.layout, "ring", len(order) or None)
+    if bad:
+        return [f"{h}: {dep.layout.describe()}: {bad[0]} (the ring provision recorded: {', '.join(order)}) "
+                f"(fix: {bad[1]})"]
+    if dep.nodes > 2 and len(order) == dep.nodes:
+        cables = [((a, ""), (b, "")) for a, b in zip(order, order[1:] + order[:1])]
+        problem = ring_order_problem(list(dep.hosts), cables)
+        if problem:
+            return [f"{h}: {problem} (fix: --hosts {','.join(order)})"]
+    return []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.guard import GuardState, guard_summary
+from sparkprov.facts.topology import TopologyRecord, host_view
 from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
@@ -37,14 +38,16 @@ class ServeStatus(Module):
 
     def needs(self, args: Args, host: HostContext):
         return {"status": ServingStatus(), "mem": MemInfo(), "sensors": GpuSensors(),
-                "guard": GuardState(**guard.paths())}
+                "guard": GuardState(**guard.paths()), "topology": TopologyRecord()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         mem = facts.mem
         st = {**facts.status, "host": {
             "mem_total": mem.get("MemTotal"), "mem_available": mem.get("MemAvailable"),
             "swap_total": mem.get("SwapTotal"), "swap_used": (mem.get("SwapTotal") or 0) - (mem.get("SwapFree") or 0),
-            **facts.sensors, "guard": guard_summary(facts.guard)}}
+            **facts.sensors, "guard": guard_summary(facts.guard),
+            # the fabric's topology as provision recorded it (facts/topology.py): kind and this host's links
+            "fabric_topology": host_view(facts.topology, host.name) if facts.topology else None}}
         if not st["access"]:
             return Plan.fail(f"{host.name}: {docker_problem(st['error'], host.name, host.user)}",
                              exports=SERVING_STATUS(st))

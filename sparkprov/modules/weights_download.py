@@ -37,6 +37,22 @@ def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[
     it downloads now or holds already that the receiver lacks."""
     mine = set(held) | {i.rel for i in todo}
     receivers, wants = [], {}
+    chains = ring_chains(args, host)
+    if chains:
+        # a ring: to each neighbour, which relays to the next (staging/fanout.py relay_put)
+        for chain in chains:
+            if not any(rel in mine for r in chain for rel in (STAGE.read(host.exports, r) or {}).get("need") or []):
+                continue
+            first = len(receivers)
+            for k, r in enumerate(chain):
+                ex = STAGE.read(host.exports, r)
+                wants[r] = [rel for rel in ex.get("need") or [] if rel in mine]
+                relay = tuple((first + j, STAGE.read(host.exports, chain[j])["reach"][chain[j - 1]])
+                              for j in range(1, len(chain))) if k == 0 else ()
+                receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"),
+                                                 routes_to(args, host.name, r, ex) if k == 0 else [],
+                                                 partial=frozenset(ex.get("partial") or ()), relay=relay))
+        return receivers, wants
     for r in args.hosts:
         ex = STAGE.read(host.exports, r)
         if r == host.name or not ex:
@@ -48,6 +64,25 @@ def fan_out(args, host: HostContext, held: list[str], todo: list) -> tuple[list[
         receivers.append(fanout.Receiver(r, ex.get("user") or "nvidia", ex.get("store"), routes_to(args, host.name, r, ex),
                                          partial=frozenset(ex.get("partial") or ())))
     return receivers, wants
+
+
+def ring_chains(args, host: HostContext) -> list[list[str]]:
+    """On a ring whose every host stages: the two ways round it from the source, each host in turn
+    reached over its link with the one before (the first over its link with the source), halves of
+    the ring each. [] otherwise (a pair, a switch, a mesh: every host is the source's neighbour)."""
+    order = (STAGE.read(host.exports, host.name) or {}).get("ring")
+    if not order or host.name not in order or host.name in args.local_hosts:
+        return []
+    staged = {r: STAGE.read(host.exports, r) for r in order}
+    if any(not staged[r] or r not in args.hosts for r in order):
+        return []
+    k, n = order.index(host.name), len(order)
+    ways = [[order[(k + j) % n] for j in range(1, n // 2 + 1)], [order[(k - j) % n] for j in range(1, n - n // 2)]]
+    for way in ways:
+        for prev, r in zip([host.name] + way, way):
+            if not (staged[r].get("reach") or {}).get(prev):
+                return []
+    return [w for w in ways if w]
 
 
 def download_job(args, store: str, todo: list, refs: dict[str, str], *, in_turn: bool) -> dict:

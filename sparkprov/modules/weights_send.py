@@ -66,7 +66,8 @@ class WeightsSend(Module):
             for rel in ex.get("need") or []:
                 if rel in done.get(r, ()):
                     continue
-                senders = [h for h in have.get(rel, []) if h != r]
+                # a holder with a way to it (a mesh or ring: a link between the two)
+                senders = [h for h in have.get(rel, []) if h != r and routes_to(args, h, r, ex)]
                 if senders and senders[0] == host.name:
                     jobs.setdefault(r, []).append(by_rel[rel])
         if not jobs:

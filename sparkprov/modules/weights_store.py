@@ -29,8 +29,10 @@ class StageHost(TypedDict):
     partial: list[str]   # ... of which a partial is on disk (rsync resumes it)
     store: str
     user: str
-    fabric: str | None   # the address peers send to
+    fabric: str | None   # the address peers send to (None on a mesh or ring: `reach`)
     image: str | None
+    reach: dict[str, str] | None   # a mesh or ring: peer -> this host's address on the link with it
+    ring: list[str] | None         # a ring: its hosts in order (the source relays along it)
 
 
 # The stage plays' values, declared here for all three weights_* modules (weights_download and
@@ -59,6 +61,11 @@ def items_of(args) -> list[Item]:
 def routes_to(args, sender: str, receiver: str, export: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """Where `sender` sends to `receiver` (whose store play exported `export`), best first, with
     the ssh argv for each: for the download's pipelined fan-out and for the send play alike."""
+    reach = export.get("reach")
+    if reach is not None and sender not in args.local_hosts:
+        # a mesh or ring: over the link between the two, or not at all (no fallback to the management
+        # network: a ring's hosts that share no link are reached by relaying, staging/fanout.py)
+        return [(reach[sender], fanout.SSH_BASE)] if reach.get(sender) else []
     return fanout.routes(sender, receiver, fabric=export.get("fabric"), address=args.addresses.get(receiver, receiver),
                          local_hosts=args.local_hosts, ssh_options=args.ssh_options.get(receiver, []))
 
@@ -89,13 +96,16 @@ class WeightsStore(Module):
         sf = facts.store
         rehashing = args.rehash and args.phase == "check"
         hp = plan_host(host.name, items_of(args), sf, rehash=rehashing)
-        fabric = iv.value(host.vars, "fabric_address") or (facts.fabric or {}).get("node_ip") or None
+        fab = facts.fabric or {}
+        reach = fab.get("reach")
+        fabric = iv.value(host.vars, "fabric_address") or (None if reach is not None else fab.get("node_ip")) or None
         exports = STAGE({"ok": sorted(r for r, f in hp.files.items() if f.status in (Status.OK, Status.UNVERIFIED,
                                                                                      Status.STAGED)),
                          "need": sorted(f.item.rel for f in hp.to_fetch),
                          "partial": sorted(f.item.rel for f in hp.to_fetch if f.have),  # resumed by rsync
                          "store": sf.store, "user": sf.user,
-                         "fabric": fabric, "image": sf.image})
+                         "fabric": fabric, "image": sf.image, "reach": reach,
+                         "ring": fab.get("order") if fab.get("topology") == "ring" else None})
         if args.phase == "check":
             problem = check_disk(hp, sf.store)
             if problem:

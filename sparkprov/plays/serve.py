@@ -59,7 +59,7 @@ def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, n
     out = []
     for d in select(pb, tp=tp, hosts=inv.resolve(hosts, what="--hosts") if hosts else None, names=names):
         d = d.model_copy(update={"recipe_files": files, **({"executor": executor} if executor else {})})
-        d.check(cat)
+        d.check(cat, inv.host_vars(d.hosts[0]) if d.hosts else None)
         check_override_flags(d, cat.get(d.model), cat, str(default_cache_dir()))
         out.append(d)
     return out

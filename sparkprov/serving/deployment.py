@@ -170,18 +170,31 @@ class Deployment(BaseModel):
                     f"Spark, G35), hosts gives {len(self.hosts)}: {', '.join(self.hosts)}")
         return None
 
-    def check(self, catalog: Catalog) -> None:
+    def check(self, catalog: Catalog, host_vars: dict[str, Any] | None = None) -> None:
         """The alias is in the catalog, the layout one its recipe runs, and the hosts carry it (an
-        InputError at the deployment's place)."""
-        from sparkprov.catalog.layout import layout_of
+        InputError at the deployment's place). `host_vars`: rank 0's inventory vars, whose declared
+        fabric_topology and fabric_links the layout must fit (a ring: tp only, ranks along it)."""
+        from sparkprov.catalog.layout import layout_of, ring_order_problem, topology_problem
 
+        topology = (host_vars or {}).get("fabric_topology") if self.cluster else None
+        links = (host_vars or {}).get("fabric_links")
+        size = len(links) if topology == "ring" and isinstance(links, list) else None
         try:
             layout_of(catalog.get(self.model), catalog, self.layout)
         except InputError as exc:
             raise self.error(exc.message, fix=exc.fix) from None
+        bad = topology_problem(self.layout, topology, size)
+        if bad:
+            raise self.error(f"{self.layout.describe()}: {bad[0]} (fabric_topology in the inventory)", fix=bad[1])
         problem = self.hosts_problem()
         if problem:
             raise self.error(problem, fix=f"give {self.nodes} hosts, the first is rank 0")
+        if topology == "ring" and links and self.nodes > 2:
+            from sparkprov.facts.topology import parse_links
+
+            problem = ring_order_problem(self.hosts, parse_links(links))
+            if problem:
+                raise self.error(problem + " (fabric_links in the inventory)", fix="list the hosts in ring order")
 
     def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
         """An error at the deployment's place in its playbook (or at one of its overrides)."""
@@ -312,7 +325,7 @@ def command_line_deployment(inv: Inventory, model: str, *, tp: int, pp: int, dp:
                    recipe_files=recipe_files, where=("--model", None, None))
     if d.cluster and not hosts:
         d.hosts = chosen[:d.nodes]  # rank 0 first, as the inventory lists them
-    d.check(load_catalog(recipe_files))
+    d.check(load_catalog(recipe_files), inv.host_vars(d.hosts[0]) if d.hosts else None)
     return d
 
 

@@ -473,7 +473,8 @@ def requalified_record(record: dict, measured: dict[str, dict], *, now: float, b
         rails.append(judge_rail({**m, **{k: old.get(k) for k in ("iface", "hca", "peer", "peer_addr")}},
                                 floor=floor, expected=expected, mtu=mtus.get(old["iface"]) or RAIL_MTU))
     return {**record, "rails": rails, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            "measured_by": f"the node guard, after boot {boot_id}",
+            "measured_by": f"the node guard, after boot {boot_id}", "boot_id": boot_id,
+            "reason": f"boot {boot_id}: the node guard measures after every boot",
             "ok": not record.get("nccl_problems") and all(r["status"] != "degraded" for r in rails)}
 
 

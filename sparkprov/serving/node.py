@@ -81,6 +81,8 @@ def launch(dep: Deployment, host: str, host_vars: dict[str, Any], home: str, fab
             extra["ib_hcas"] = fabric["nccl_ib_hca"].split(",")
         if "fabric_ip" not in host_vars and fabric.get("node_ip"):
             extra["node_ip"] = fabric["node_ip"]
+        if "fabric_topology" not in host_vars and fabric.get("topology"):
+            extra["fabric_topology"] = fabric["topology"]
     if "driver_version" not in host_vars and (smi or {}).get("driver_version"):
         extra["driver_version"] = smi["driver_version"]
     for var in ("model_store", "compile_cache"):
@@ -209,6 +211,9 @@ def rail_problem(host: str, fabric: dict | None, node_ip: str | None, peers_fix:
     if not rails:
         return (f"{host}: no fabric rail with an IPv4 address (ConnectX-7 twins Up in ibdev2netdev): NCCL and "
                 f"the executor would use the management LAN (G32) (fix: invoke provision --hosts {host} --tags fabric)"), None
+    if (fabric or {}).get("bootstrap") and node_ip == fabric.get("node_ip"):
+        # a mesh or ring: the sockets go over the management link (facts/fabric.py nccl_settings)
+        return None, "management"
     rail = next((r for r in rails if r.get("address") == node_ip), None)
     if rail is None:
         return (f"{host}: fabric address {node_ip} (VLLM_HOST_IP) is not on any rail of {host} "

@@ -20,6 +20,14 @@ the download too and nothing is left to hash at the end:
 At most `streams` jobs run at once (xargs -P); each receiver's jobs share one SSH connection
 (ControlMaster), so a file costs a channel, not a handshake.
 
+On a ring (each Spark cabled to two neighbours only) the source sends to its two neighbours, and
+each receiver relays: the bytes it receives go through `tee` into its own staging file and, over
+the link to the next Spark of the ring, to that Spark's same put, which relays on in turn, so every
+Spark receives while the one before it receives, and a ring stages in about one download (issue 34;
+eugr/spark-vllm-docker#176: copies on a ring that fell back to the management network). A Spark
+that does not need a file still relays it; each hop's check comes back up the chain as a `@hop`
+line and is reported for that hop.
+
 What the pipeline delivered (sent and verified on the receiver) is reported on stdout as
 
     @sent<TAB>RECEIVER<TAB>ITEM<TAB>RSYNC_RC<TAB>VERIFY<TAB>ERROR
@@ -86,6 +94,36 @@ class Receiver:
     store: str                               # absolute, as the receiver resolved it
     routes: list[tuple[str, list[str]]]      # (address, ssh argv), best first
     partial: frozenset[str] = frozenset()    # rels it holds part of: those resume by rsync
+    # a ring: the receivers this one relays to, in order, each with the address the one before it
+    # reaches it at (their link's); indexes into the pipeline's receivers
+    relay: tuple[tuple[int, str], ...] = ()
+
+
+def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, bool]], need: bool) -> str:
+    """The receiver's side of a one-channel put that relays (see the module docstring), as the shell
+    run with the store as $1 after FUNCS: the bytes from stdin into staging (when `need`) and, through
+    tee, to the next receiver of `chain` ((index, receiver, its address, whether it needs the item)),
+    whose own put relays on; then this one's check, and the next ones' checks as `@hop` lines."""
+    f = f'"$S/.sparkprov/staging/"{quote(it.rel)}'
+    if not chain:
+        return (f'S=$1; f={f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {size_check}\n')
+    (idx, nxt, addr, nxt_need), rest = chain[0], chain[1:]
+    inner = relay_put(it, size_check, rest, nxt_need)
+    # one connection per hop for all the files it relays (the first file's makes it; ~ expands in ssh)
+    ssh = " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
+                                                 "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
+                                                 f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}"])
+    keep = f'mkdir -p "$(dirname "$f")" && head -c {int(it.size)} | tee "$H/p" > "$f"' if need else \
+        f'head -c {int(it.size)} > "$H/p"'
+    return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
+            f'{ssh} < "$H/p" > "$H/o" 2>"$H/e" & hp=$!\n'
+            f'{keep}; kr=$?\nwait $hp; hr=$?\n'
+            # the next one's own check, then the hops it reported, each naming its receiver
+            f"awk -F '\\t' -v i={idx} -v rc=$hr '$1 == \"R\" {{print \"@hop\\t\" i \"\\t\" rc \"\\t\" $0; next}} "
+            f"$1 == \"@hop\" {{print}}' \"$H/o\"\n"
+            f'[ -s "$H/o" ] || printf \'@hop\\t%s\\t%s\\tR\\t%s\\tlost\\t\\n\' {idx} "$hr" {quote(it.rel)}\n'
+            f'rm -rf "$H"\n'
+            + (f'[ $kr = 0 ] && {size_check}\n' if need else f"printf 'R\\t%s\\trelayed\\t\\n' {quote(it.rel)}\n"))
 
 
 def _rsync_dest(user: str, address: str, store: str) -> str:
@@ -105,11 +143,16 @@ esac
 case $i in
 @ITEMS@
 esac
+case "$r.$i" in
+@RELAYS@
+esac
 # the one-channel put: SSH_ARGV DEST from FILE (the receiver writes, hashes and publishes it);
 # sets rc (ssh's: 255 when the connection failed) and v (the check's verdict)
 __sp_put() {
   v=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$3" 2>"$T/e.$r.$i")
   rc=$?
+  # a ring: what the receivers after this one reported (relay_put's @hop lines), as theirs
+  printf '%s\n' "$v" | awk -F '\t' -v i="$i" '$1 == "@hop" {printf "@sent\t%s\t%s\t%s\t%s\trelayed\n", $2, i, $3, $6}'
   v=$(printf '%s\n' "$v" | awk -F '\t' '$1 == "R" {print $3; exit}')
   if [ $rc = 0 ]; then [ -n "$v" ] || v=lost; else v=none; fi
 }
@@ -167,8 +210,15 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     by_item: dict[int, list[str]] = {}
     after: dict[int, list[str]] = {}
     streamed: dict[int, list[str]] = {}
+    relayed = {i for rec in receivers for i, _ in rec.relay}
+    # a receiver that relays gets every file one after it needs (it relays what it does not need)
+    carries = {rec.name: list(dict.fromkeys(wants.get(rec.name, []) + [rel for i, _ in rec.relay
+                                                                         for rel in wants.get(receivers[i].name, [])]))
+               for rec in receivers}
     for r, rec in enumerate(receivers):
-        for rel in wants.get(rec.name, []):
+        if r in relayed:
+            continue  # reached through the receiver before it
+        for rel in carries[rec.name]:
             n = index[rel]
             mode = "r" if rel in rec.partial else "c"
             by_item.setdefault(n, []).append(f"{r} {n} {mode}")
@@ -184,19 +234,32 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         # QDEST: the store as the receiver's shell reads it (quoted for that shell)
         routes_case.append(f"{r}) QDEST={quote(quote(rec.store))}; "
                            f"set -- {' '.join(quote(w) for w in words)};;")
+    checks: dict[int, str] = {}
     for n in sorted(by_item):
         it = items[n]
         check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
                                                  it.link or "", it.link_target or ""))
+        checks[n] = check
         # the receiver's side of the one-channel put (after FUNCS, with the store as $1): the
         # bytes from stdin into staging, then the check that hashes and publishes them
         put = (f'S=$1; f="$S/.sparkprov/staging/"{quote(it.rel)}; mkdir -p "$(dirname "$f")" && '
                f'head -c {int(it.size)} > "$f" && {check}\n')
         items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)}; "
                           f"QPUT={quote(quote(put))};;")
+    relays_case = []
+    for r, rec in enumerate(receivers):
+        for n in sorted(by_item) if rec.relay else ():
+            it = items[n]
+            chain = [(i, receivers[i], addr, it.rel in wants.get(receivers[i].name, [])) for i, addr in rec.relay]
+            while chain and not chain[-1][3]:
+                chain.pop()  # nobody further on needs it
+            if chain:
+                put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []))
+                relays_case.append(f"{r}.{n}) QPUT={quote(quote(put))};;")
     # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
     send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
-        "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case))
+        "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case)).replace(
+        "@RELAYS@", "\n".join(relays_case))
     start = "\n".join([
         f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
         f'cat > "$T/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
@@ -253,6 +316,8 @@ def parse_sent(out: str, receivers: list[Receiver], items: list[Item]) -> tuple[
             continue
         if b[3] == "0" and b[4] == "ok":
             delivered.setdefault(rec.name, []).append(it.rel)
+        elif b[4] == "relayed":
+            continue  # a receiver that relayed a file it does not need
         elif rec.name not in errors:
             why = f"send exit status {b[3]}" if b[3] != "0" else f"its hash check said {b[4]}"
             errors[rec.name] = f"{it.path} to {rec.name}: {why}" + (f": {b[5]}" if len(b) > 5 and b[5] else "")

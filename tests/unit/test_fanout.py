@@ -198,3 +198,40 @@ def test_a_file_the_receiver_lacks_goes_on_one_channel_and_a_partial_one_by_rsyn
         assert (dst / blobs[n].rel).read_bytes() == (src / blobs[n].rel).read_bytes()
     assert not (tmp_path / "pwned").exists() and not staged.exists()
     assert blobs[2].rel in (dst / ".sparkprov" / "verified").read_text()
+
+
+def test_a_ring_relay_puts_the_bytes_on_every_hop_as_they_pass(tmp_path):
+    """relay_put run by a real shell: the first receiver keeps the file and tees it on to the next,
+    which does the same; each hashes and publishes its copy, and the hops' checks come back up the
+    chain as @hop lines. `ssh` is a stand-in that runs the remote command here (the lab runs it over
+    real links: tests/lab/test_topology.py); one hop needs no file and only relays it."""
+    from sparkprov.staging.verify import FUNCS
+
+    data = os.urandom(300_000)
+    it = item("model-00001.safetensors", size=len(data), sha=hashlib.sha256(data).hexdigest())
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "ssh").write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
+    (bin_ / "ssh").chmod(0o755)
+    stores = [tmp_path / f"store{i}" for i in range(4)]
+    recs = [fanout.Receiver(f"spark{i + 2}", "nvidia", str(s), []) for i, s in enumerate(stores)]
+    check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest, "", ""))
+    # spark2 keeps and relays to spark3, which only relays (it holds the file) to spark4, which keeps it
+    chain = [(1, recs[1], "192.168.101.13", False), (2, recs[2], "192.168.102.14", True)]
+    put = fanout.relay_put(it, check, chain, True)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", FUNCS + put, "sh", str(stores[0])], input=data, capture_output=True, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.decode().splitlines()
+    assert sorted(ln.split("\t")[:6] for ln in lines if ln.startswith("@hop")) == [
+        ["@hop", "1", "0", "R", it.rel, "relayed"], ["@hop", "2", "0", "R", it.rel, "ok"]]
+    assert lines[-1].startswith(f"R\t{it.rel}\tok")
+    for s in (stores[0], stores[2]):
+        published = s / it.rel
+        assert published.read_bytes() == data, s
+    assert not (stores[1] / it.rel).exists() and not (stores[1] / ".sparkprov" / "staging" / it.rel).exists()
+    # the source reads each hop's verdict as that receiver's
+    sent = "".join(f"@sent\t{ln.split(chr(9))[1]}\t0\t0\t{ln.split(chr(9))[5]}\trelayed\n"
+                   for ln in lines if ln.startswith("@hop"))
+    delivered, errors = fanout.parse_sent(sent + "@sent\t0\t0\t0\tok\t\n", recs, [it])
+    assert delivered == {"spark2": [it.rel], "spark4": [it.rel]} and errors == {}

@@ -241,3 +241,19 @@ def test_plan_allows_every_shape_cluster_up_accepts(capsys, tmp_path):
         for a, tp, pp, dp in accepted:
             if a == alias:
                 assert rows[(tp, pp, dp)]["refused"] is None, (alias, tp, pp, dp, rows[(tp, pp, dp)]["refused"])
+
+
+@pytest.mark.parametrize("tag, flagged", [("v0.32.0", False), ("v0.33.0", True)])
+def test_lint_flags_ray_compiled_graph_variables_on_an_image_on_vllm_0_33(tmp_path, tag, flagged):
+    """vLLM 0.33 removed VLLM_USE_RAY_COMPILED_DAG_*: lint reads 0.33's recorded set for an image on
+    0.33 and flags them there; on 0.32 they are still variables of its vLLM."""
+    p = tmp_path / "user.yaml"
+    p.write_text(user("qwen3.6-35b-a3b-ngc", f"image: vllm/vllm-openai:{tag}\n"
+                                             "env: {VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE: nccl}\n"))
+    cat = load_catalog([p])
+    launch = render_launch(cat.get("broken"), HostServeContext(), 1, catalog=cat)
+    found = [x for x in lint_launch(launch, catalog=cat, only=["G4"]) if "VLLM_USE_RAY" in x.message]
+    if flagged:
+        assert f"vllm/vllm-openai:{tag} (vLLM 0.33.0; recorded set: vllm-0.33)" in one(found, ERROR).message
+    else:
+        assert found == []

