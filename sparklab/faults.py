@@ -153,7 +153,7 @@ def reset_mtu(host: str, iface: str = "enp1s0f1np1", mtu: int = 1500) -> str:
     return f"{host}: {iface} mtu {mtu}"
 
 
-# -- the node guard's faults (sparkprov/serving/guard.py), each as a Spark shows it ------------------
+# -- the node guard's faults (sparkprov/node/guard.py), each as a Spark shows it ------------------
 
 PRESSURE_MEMINFO = "/var/lib/sparklab/meminfo-pressure"   # inside the host
 # What a Spark near exhaustion showed: 2.3 GiB available of 119 GiB (1.9%), 965 MiB free, swap in
@@ -171,7 +171,7 @@ NVRM_RECORD = "3,{seq},81033194223,-;" + NVRM_LINE
 
 def pressure_meminfo(real: str) -> str:
     """The host's /proc/meminfo with MemAvailable and MemFree at what a Spark near exhaustion showed."""
-    from sparkprov.serving.guard import parse_meminfo
+    from sparkprov.node.readings import parse_meminfo
 
     total = parse_meminfo(real)["MemTotal"] // 1024
     want = {"MemAvailable": int(total * PRESSURE_AVAILABLE), "MemFree": int(total * PRESSURE_FREE)}

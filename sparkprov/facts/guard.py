@@ -1,6 +1,6 @@
 """The node guard as a host shows it (read-only): installed, running, its last sample, what it
-holds stopped, its breaker, its latest events (sparkprov/serving/guard.py writes them; this reads
-them); and `guard_summary`, the pure judgement `status` and `invoke guard` print and exit on."""
+holds stopped, whether it stood down, its latest events (sparkprov/node/guard.py writes them; this
+reads them); and `guard_summary`, the pure judgement `status` and `invoke guard` print and exit on."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts.base import SYSTEMD_IS_INIT, Fact, FactError, ShellCtx
+from sparkprov.node.guard import COMMAND_MARK
 from sparkprov.transport.shell import quote
 
 EVENTS_READ = 50   # the journal's last lines a gather brings back
-# A guard whose last sample is older than this is not running, whatever its pid says: one sample
-# waits at most for each container's token (2 x liveness timeout) and a docker stop (20 s).
+# A guard whose last sample is older than this is not running, whatever its pid says: it writes its
+# state every few seconds, and one sample waits at most for a docker stop (20 s).
 STALE_AFTER_S = 120
 
 
@@ -21,7 +22,7 @@ STALE_AFTER_S = 120
 class GuardState(Fact):
     """The guard's pid (alive or not), how it is started (systemd or at boot), its state file and
     the end of its journal, and the node's clock (ages are the node's, not the control machine's).
-    The paths are the guard program's (sparkprov/serving/guard.py: `GuardState(**guard.paths())`)."""
+    The paths are the guard program's (sparkprov/node/guard.py: `GuardState(**guard.paths())`)."""
 
     program: str
     pidfile: str
@@ -34,8 +35,8 @@ class GuardState(Fact):
             f"[ -f {quote(self.program)} ] && echo installed=1 || echo installed=0",
             f"if {SYSTEMD_IS_INIT}; then echo systemd=1; else echo systemd=0; fi",
             f"pid=$(cat {quote(self.pidfile)} 2>/dev/null || true)",
-            'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q guard.py; '
-            'then echo "running=$pid"; else echo running=; fi',
+            'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q -e guard.py -e '
+            f'{quote(COMMAND_MARK)}; then echo "running=$pid"; else echo running=; fi',
             "echo @state",
             f"cat {quote(self.state)} 2>/dev/null; echo",
             "echo @events",
@@ -68,21 +69,24 @@ def parse_guard_state(out: str) -> dict[str, Any]:
 
 
 def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
-    """One host's guard, judged: running, its last readings, what it holds, its events, and the
-    problems that make `status` exit 2 (installed but not running, or an action that stands:
-    containers held stopped, the breaker open). A host without the guard is shown, not failed."""
+    """One host's guard, judged: running, its last readings, what it holds, whether it stood down, its
+    events, and the problems that make `status` exit 2 (installed but not running, or an action that
+    stands: containers held stopped, the guard stood down, a degraded rail). A host without the
+    guard is shown, not failed."""
     state = fact.get("state") or {}
     sample = state.get("sample") or {}
     age = fact["now"] - sample["t"] if sample.get("t") else None
     running = fact.get("pid") is not None and age is not None and age <= STALE_AFTER_S
     mem = sample.get("mem") or {}
+    events = fact.get("events") or []
     problems: list[str] = []
     if fact.get("installed") and not running:
         problems.append("the guard is not running" + (f" (last sample {age:.0f}s ago)" if age is not None else "")
                         + ": invoke provision starts it")
     held = state.get("held") or {}
     for name, h in sorted(held.items()):
-        cause = next((e for e in reversed(fact.get("events") or []) if name in (e.get("action") or "")), None)
+        cause = next((e for e in reversed(events) if name in (e.get("action") or "")
+                      and e.get("kind") not in ("restart", "stand-down")), None)
         problems.append(f"the guard stopped {name} ({h.get('kind')})"
                         + (f": {cause['reading']} (threshold {cause['threshold']})" if cause else ""))
     for r in sample.get("rails") or []:
@@ -91,16 +95,20 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
             problems.append(f"rail {r.get('iface')} to {r.get('peer')} degraded at its last qualification ({fig}, floor "
                             f"{r.get('floor_gbps') or 0:g} Gb/s): multi-node starts refused until it qualifies "
                             "(invoke guard --events says why and the fix)")
-    if state.get("breaker"):
-        problems.append(f"crash-loop breaker open: {state['breaker']}; the guard will not restart "
-                        "(fix the cause, then invoke cluster-up)")
+    down = state.get("stood_down")
+    if down:
+        problems.append(f"the guard stood down: {down.get('why')}; it restarts nothing until `invoke guard --resume` "
+                        "(or cluster-up), once the cause is fixed")
+    nvrm = [e for e in events if e.get("kind") == "nvrm-memory"]
     return {"installed": bool(fact.get("installed")), "running": running, "pid": fact.get("pid"),
             "started_by": "systemd" if fact.get("systemd") else "boot",
             "last_sample_age_s": round(age, 1) if age is not None else None,
-            "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
-            "mem_floor": state.get("mem_floor_bytes"), "gpu": sample.get("gpu") or {},
-            "held": held, "breaker": state.get("breaker"), "events": fact.get("events") or [],
-            "acted": bool(held or state.get("breaker")), "problems": problems}
+            "mem_free": mem.get("MemFree"), "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
+            "mem_floor": state.get("mem_floor_bytes"), "hugeblocks": sample.get("hugeblocks"),
+            "gpu": sample.get("gpu") or {}, "phase": (state.get("guard") or {}).get("phase"),
+            "nvrm_lines": sum(int(e.get("count") or 1) for e in nvrm),
+            "held": held, "stood_down": down, "events": events,
+            "acted": bool(held or down), "problems": problems}
 
 
 def describe(host: str, s: dict[str, Any]) -> str:
@@ -110,9 +118,12 @@ def describe(host: str, s: dict[str, Any]) -> str:
     gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else "?"  # noqa: E731
     head = (f"guard on {host}: " + (f"running (pid {s['pid']}, {s['started_by']}), last sample "
                                     f"{s['last_sample_age_s']:.0f}s ago" if s["running"] else "NOT RUNNING")
-            + f"; MemAvailable {gib(s.get('mem_available'))} (floor {gib(s.get('mem_floor'))})")
+            + f"; MemFree {gib(s.get('mem_free'))} (floor {gib(s.get('mem_floor'))}), MemAvailable "
+            f"{gib(s.get('mem_available'))}")
     temp = (s.get("gpu") or {}).get("temperature_c")
     head += f", GPU {temp:g} C" if temp is not None else ""
+    if s.get("nvrm_lines"):
+        head += f"; {s['nvrm_lines']} NVRM memory line(s) recorded (not acted on)"
     head += f"; {len(s.get('events') or [])} event(s) in its journal"
     return head + "".join(f"\n  {p}" for p in s["problems"])
 

@@ -28,7 +28,7 @@ from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.fleet import read_fleet
 from sparkprov.serving import monitor as mon
 from sparkprov.serving import prometheus as prom
-from sparkprov.serving.guard import DEFAULTS as GUARD_DEFAULTS
+from sparkprov.node.settings import DEFAULTS as GUARD_DEFAULTS
 
 WHERE = ("monitor", None, None)
 
