@@ -69,6 +69,9 @@ INTERNAL = {
     "boot_id": "/proc/sys/kernel/random/boot_id", "boot_marker": BOOT_MARKER,
 }
 STATE_EVERY_S = 5          # the state file (what `invoke status` reads) at least this often
+# Without NVML each GPU reading is two nvidia-smi processes: at most this often (a Spark's driver has
+# NVML; the lab's stand-in nvidia-smi is a Python script, about 40 ms of CPU each).
+NVIDIA_SMI_EVERY_S = 60
 RAILS_EVERY_S = 30         # the qualification record, for /metrics
 
 
@@ -250,7 +253,8 @@ class Guard:
         cfg = self.cfg
         if now - self.docker_t >= float(cfg["docker_every_s"]):
             self._refresh_docker(now)
-        if now - self.gpu_t >= float(cfg["gpu_every_s"]):
+        gpu_every = float(cfg["gpu_every_s"]) if self.nvml else max(float(cfg["gpu_every_s"]), NVIDIA_SMI_EVERY_S)
+        if now - self.gpu_t >= gpu_every:
             self._refresh_gpu(now)
         if now - self.rails_t >= RAILS_EVERY_S:
             self.rails, self.rails_t = rq.parse_qualification(_read(cfg["qualification"])), now

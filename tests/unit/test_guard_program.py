@@ -340,6 +340,36 @@ def test_kernel_log_reads_only_what_was_appended_after_it_opened(tmp_path):
     assert g.KernelLog(str(tmp_path / "absent")).read() == []
 
 
+def test_the_lab_stand_ins_read_to_the_guard_as_the_sparks_they_replay():
+    """sparklab/replay.py: what the lab's hosts read (a healthy Spark at rest), a load's page-cache
+    flood at its bottom (vllm#54200: MemFree 2.5 GiB, MemAvailable over 22 GiB), and exhaustion
+    (memory-pressure): the guard's own decisions on each."""
+    from sparklab import faults, replay
+    from sparkprov.node import decide as d
+
+    def decide(meminfo: str, buddy: str, n: int = 1):
+        state, out = d.new_state(), []
+        for t in range(n):
+            state, actions, events = d.decide(state, {"t": t, "mem": r.parse_meminfo(meminfo), "page_size": 4096,
+                                                      "buddy": r.parse_buddyinfo(buddy), "containers": [
+                                                          {"name": "x", "status": "running", "port": None,
+                                                           "started": 0, "labels": {}}]}, {**DEFAULTS})
+            out.append(actions)
+        return out
+
+    base = r.parse_meminfo(replay.BASELINE[replay.MEMINFO])
+    assert round(base["MemTotal"] / 2**30, 2) == 121.69 and round(base["MemFree"] / 2**30, 1) == 101.5
+    assert decide(replay.BASELINE[replay.MEMINFO], replay.BASELINE[replay.BUDDYINFO], 5) == [[]] * 5
+    flood = replay.meminfo_text(2.5, 19.8)
+    assert decide(flood, replay.BUDDY_FLOODED)[0] == [{"do": "reclaim", "drop": True, "compact": True}]
+    assert decide(replay.BASELINE[replay.MEMINFO], replay.BUDDY_FRAGMENTED)[0] == [
+        {"do": "reclaim", "drop": False, "compact": True}]
+    pressed = faults.pressure_meminfo(replay.BASELINE[replay.MEMINFO])
+    out = decide(pressed, replay.BUDDY_FRESH, 3)
+    assert out[2][-1] == {"do": "stop", "names": ["x"], "grace_s": 20}
+    assert "mount --bind /run/sparklab/proc-meminfo /proc/meminfo" in replay.stand_in_lines()
+
+
 def test_lab_memory_pressure_meminfo_is_a_spark_near_exhaustion():
     from sparklab.faults import pressure_meminfo
 
