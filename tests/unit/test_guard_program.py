@@ -136,6 +136,18 @@ def test_nvml_loads_only_where_the_library_is():
     assert r.Nvml.load("libnvidia-ml-absent.so.1") is None
 
 
+def test_nvml_and_nvidia_smi_agree_on_a_real_driver():
+    """tests/fixtures/nvml/h200-nvml.json: the guard's NVML binding run on an H200 (its README): the
+    per-process device memory it read equals what nvidia-smi printed, parsed by the guard's fallback,
+    and 512 MiB allocated moved it by exactly 512 MiB. No docker cgroup there: no container."""
+    from pathlib import Path
+
+    cap = json.loads((Path(__file__).parents[1] / "fixtures" / "nvml" / "h200-nvml.json").read_text())
+    assert [p for p in r.parse_compute_apps(cap["nvidia_smi_apps"]) if p["pid"] == cap["pid"]] == cap["after_512_mib"]
+    assert cap["after_512_mib"][0]["used_bytes"] - cap["with_context"][0]["used_bytes"] == 512 * r.MIB
+    assert r.container_of(cap["cgroup"]) is None and cap["sensors"]["clock_max_sm_mhz"] == 1980.0
+
+
 def test_docker_inspect_summarized():
     # GET /containers/ID/json of docker 20.10 (the lab's), the fields the guard keeps
     doc = {"Id": "ab" * 32, "Name": "/sparkprov-nat-rank0", "RestartCount": 2,
