@@ -58,6 +58,7 @@ def guard(c, hosts=None, inventory=None, limit=None, forks=None, events=False, r
                 print(guard_facts.describe(h, guards[h]) if h in guards else f"guard on {h}: UNREACHABLE")
             report.recap()
         finish(report.exit_code())
+        return
     listed = guard_facts.fleet_events(guards)
     if json:
         print(_json.dumps({"ok": code == 0, "guards": guards, **({"events": listed} if events else {})}, indent=2,

@@ -100,6 +100,9 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"the guard stood down: {down.get('why')}; it restarts nothing until `invoke guard --resume` "
                         "(or cluster-up), once the cause is fixed")
     nvrm = [e for e in events if e.get("kind") == "nvrm-memory"]
+    budget = state.get("budget") or {}
+    window_s = float(budget.get("window_h") or 0) * 3600
+    restarts = [t for t in (state.get("guard") or {}).get("restarts") or [] if not window_s or fact["now"] - t <= window_s]
     return {"installed": bool(fact.get("installed")), "running": running, "pid": fact.get("pid"),
             "started_by": "systemd" if fact.get("systemd") else "boot",
             "last_sample_age_s": round(age, 1) if age is not None else None,
@@ -107,6 +110,7 @@ def guard_summary(fact: dict[str, Any]) -> dict[str, Any]:
             "mem_floor": state.get("mem_floor_bytes"), "hugeblocks": sample.get("hugeblocks"),
             "gpu": sample.get("gpu") or {}, "phase": (state.get("guard") or {}).get("phase"),
             "nvrm_lines": sum(int(e.get("count") or 1) for e in nvrm),
+            "restarts": len(restarts), "restart_budget": budget.get("restarts"), "restart_window_h": budget.get("window_h"),
             "held": held, "stood_down": down, "events": events,
             "acted": bool(held or down), "problems": problems}
 
@@ -124,6 +128,8 @@ def describe(host: str, s: dict[str, Any]) -> str:
     head += f", GPU {temp:g} C" if temp is not None else ""
     if s.get("nvrm_lines"):
         head += f"; {s['nvrm_lines']} NVRM memory line(s) recorded (not acted on)"
+    if s.get("restarts"):
+        head += f"; {s['restarts']} of {s.get('restart_budget')} restarts in {s.get('restart_window_h'):g} h"
     head += f"; {len(s.get('events') or [])} event(s) in its journal"
     return head + "".join(f"\n  {p}" for p in s["problems"])
 
