@@ -236,7 +236,7 @@ def start_guard(name: str) -> bool:
     """init's part for the node guard where provision installed it (sparkprov/modules/guard.py): a
     host without systemd starts it at boot, after dockerd, with the command the module runs."""
     from sparkprov.modules.guard import start_script
-    from sparkprov.serving.guard import CONFIG_PATH
+    from sparkprov.node.guard import CONFIG_PATH
 
     if nsexec(name, ["test", "-f", CONFIG_PATH], check=False).returncode != 0:
         return False

@@ -1,4 +1,7 @@
-"""Faults to inject into the lab (and to clear again)."""
+"""Faults to inject into the lab (and to clear again). The node guard's are replays of what Spark
+owners measured (gb10-field-timelines.md), each with its source in its docstring, the benign ones
+(NVRM noise, a page-cache flood a cache drop saves, fragmentation compaction mends) beside the
+failures (memory exhausted, a stalled engine that freezes its host, a restart storm)."""
 from __future__ import annotations
 
 import json
@@ -153,9 +156,8 @@ def reset_mtu(host: str, iface: str = "enp1s0f1np1", mtu: int = 1500) -> str:
     return f"{host}: {iface} mtu {mtu}"
 
 
-# -- the node guard's faults (sparkprov/serving/guard.py), each as a Spark shows it ------------------
+# -- the node guard's faults (sparkprov/node/guard.py), each as a Spark shows it ------------------
 
-PRESSURE_MEMINFO = "/var/lib/sparklab/meminfo-pressure"   # inside the host
 # What a Spark near exhaustion showed: 2.3 GiB available of 119 GiB (1.9%), 965 MiB free, swap in
 # use (gb10-failure-outputs.md §3.3, Surfer11May/DwemerA4Skyrim3_AI_Spark latest_errors.md).
 PRESSURE_AVAILABLE = 2.3 / 119
@@ -169,11 +171,14 @@ NVRM_LINE = ("NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO
 NVRM_RECORD = "3,{seq},81033194223,-;" + NVRM_LINE
 
 
+def parse_meminfo_text(text: str) -> dict[str, int]:
+    from sparkprov.node.readings import parse_meminfo
+    return parse_meminfo(text)
+
+
 def pressure_meminfo(real: str) -> str:
     """The host's /proc/meminfo with MemAvailable and MemFree at what a Spark near exhaustion showed."""
-    from sparkprov.serving.guard import parse_meminfo
-
-    total = parse_meminfo(real)["MemTotal"] // 1024
+    total = parse_meminfo_text(real)["MemTotal"] // 1024
     want = {"MemAvailable": int(total * PRESSURE_AVAILABLE), "MemFree": int(total * PRESSURE_FREE)}
     out = []
     for line in real.splitlines():
@@ -182,28 +187,22 @@ def pressure_meminfo(real: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _meminfo_mounted(host: str) -> bool:
-    return _mounted(host, "/proc/meminfo")
-
-
 def memory_pressure(host: str) -> str:
-    """The guard's view of MemAvailable falls: a file bind-mounted over /proc/meminfo in the host's own
-    mount namespace (containers keep theirs; the engine is not starved, only the host reads low)."""
+    """Memory exhausted, as a Spark near exhaustion showed it: the host's /proc/meminfo (its stand-in,
+    sparklab/replay.py; containers keep theirs: the engine is not starved, only the host reads low)
+    reads MemAvailable 1.9% and MemFree 0.8% of MemTotal, with nothing a cache drop could give back."""
+    from . import replay
     _record(host)
-    if not _meminfo_mounted(host):
-        write_file(host, PRESSURE_MEMINFO, pressure_meminfo(nsexec(host, ["cat", "/proc/meminfo"]).stdout))
-        nsexec(host, ["mount", "--bind", PRESSURE_MEMINFO, "/proc/meminfo"])
-    avail = nsexec(host, ["grep", "MemAvailable", "/proc/meminfo"]).stdout.split()
-    return f"{host}: /proc/meminfo reads MemAvailable {int(avail[1]) / 2**20:.2f} GiB"
+    replay.mount_over(host, replay.MEMINFO, pressure_meminfo(replay.BASELINE[replay.MEMINFO]))
+    m = parse_meminfo_text(nsexec(host, ["cat", "/proc/meminfo"]).stdout)
+    return f"{host}: /proc/meminfo reads MemFree {m['MemFree'] / 2**30:.2f} GiB, MemAvailable {m['MemAvailable'] / 2**30:.2f} GiB"
 
 
 def clear_memory_pressure(host: str) -> str:
+    from . import replay
     _record(host)
-    if not _meminfo_mounted(host):
-        return f"{host}: no memory pressure to clear"
-    while _meminfo_mounted(host):
-        nsexec(host, ["umount", "/proc/meminfo"])
-    return f"{host}: /proc/meminfo is the kernel's again"
+    replay.restore(host, replay.MEMINFO)
+    return f"{host}: /proc/meminfo reads a healthy Spark's again"
 
 
 def nvrm(host: str) -> str:
@@ -212,6 +211,17 @@ def nvrm(host: str) -> str:
     seq = int(time.time())
     nsexec(host, ["sh", "-c", "cat >> /dev/kmsg"], input=NVRM_RECORD.format(seq=seq) + "\n")
     return f"{host}: kernel log: {NVRM_LINE}"
+
+
+def nvrm_noise(host: str, count: int = 16, seconds: float = 1.0) -> str:
+    """NV_ERR_NO_MEMORY lines as healthy Sparks log them (the guard records them, stops nothing):
+    vllm-project/vllm#56824: 16 lines in one second at rest on a host that served on (the default),
+    and one per engine start that reached KV sizing; vllm#54200: 75 lines within one start that went
+    on (count 75 over a start's seconds). The line is the one owners logged, verbatim."""
+    _record(host)
+    from .replay import NVRM_LINE, write_kmsg
+    write_kmsg(host, [NVRM_LINE] * count, seconds)
+    return f"{host}: kernel log: {count} x {NVRM_LINE[:40]}... over {seconds:g}s"
 
 
 def clear_nvrm(host: str) -> str:
@@ -281,6 +291,100 @@ def clear_hang(host: str) -> str:
             f"{host}: no stopped EngineCore left (the guard's docker stop ended it)")
 
 
+def _replay_said(doc: dict) -> str:
+    said = [f"{doc.get('drops', 0)} cache drop(s) and {doc.get('compactions', 0)} compaction(s) answered"]
+    if doc.get("lowest_free_gib") is not None:
+        said.append(f"lowest MemFree {doc['lowest_free_gib']:g} GiB")
+    for s in doc.get("stalls") or []:
+        gone = s.get("engine_gone_after_s")
+        said.append(f"engine core {', '.join(map(str, s['stopped']))} stopped with {s.get('running') or 0:g} running: "
+                    + (f"gone {gone:g}s later" if gone is not None else "still there"))
+    if doc.get("froze"):
+        said.append(f"FROZE: {doc['froze']['why']}")
+    return "; ".join(said)
+
+
+def page_cache_flood(host: str, seconds: float = 60.0) -> str:
+    """A load's page-cache flood, as a Spark shows it (sparklab/replay.py page_cache_flood: vllm#54200's
+    collapse, MemAvailable over 22 GiB throughout); a cache drop saves it, nothing else does."""
+    from . import replay
+    replay.start("page-cache-flood", host, seconds=seconds)
+    return f"{host}: /proc/meminfo and /proc/buddyinfo replay a load's page-cache flood for {seconds:g}s"
+
+
+def clear_page_cache_flood(host: str) -> str:
+    from . import replay
+    doc = replay.stop("page-cache-flood", host, restore_files=(replay.MEMINFO, replay.BUDDYINFO))
+    return f"{host}: page-cache flood cleared ({_replay_said(doc)})"
+
+
+def no_hugeblocks(host: str, stuck: bool = False) -> str:
+    """No free block of 4 MiB or more (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks#23's serving nodes); a
+    compaction brings them back, unless `stuck` (FujitsuPolycom/sparkring#173)."""
+    from . import replay
+    replay.start("no-hugeblocks", host, stuck=stuck)
+    return f"{host}: /proc/buddyinfo shows no free block of 4 MiB or more" + (" (compaction will not help)" if stuck else "")
+
+
+def clear_no_hugeblocks(host: str) -> str:
+    from . import replay
+    doc = replay.stop("no-hugeblocks", host, restore_files=(replay.BUDDYINFO,))
+    return f"{host}: buddyinfo is the kernel's again ({_replay_said(doc)})"
+
+
+def stall(host: str) -> str:
+    """The engine stalls while requests run (NVIDIA/open-gpu-kernel-modules#1358): requests kept
+    running against the host's real engine, its core SIGSTOPped (its counters on /metrics stop,
+    /health stays 200); 5 s later, unless something stopped the engine, the host freezes (its sshd
+    and its guard stopped) until `clear-stall`."""
+    from . import replay
+    replay.start("stall", host)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        doc = replay.read_record(host, "stall")
+        if doc.get("stalls"):
+            s = doc["stalls"][0]
+            return (f"{host}: EngineCore stopped (SIGSTOP) with {s.get('running') or 0:g} request(s) running: "
+                    f"pid {', '.join(map(str, s['stopped']))}")
+        if doc.get("ended"):
+            break
+        time.sleep(0.2)
+    replay.stop("stall", host)
+    raise LabError(f"{host}: no engine serving requests to stall (is a deployment serving on {host}?)")
+
+
+def clear_stall(host: str) -> str:
+    from . import replay
+    doc = replay.stop("stall", host)
+    for s in doc.get("stalls") or []:
+        for pid in s["stopped"]:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    return f"{host}: stall cleared ({_replay_said(doc)})"
+
+
+def restart_storm(host: str) -> str:
+    """eugr/spark-vllm-docker#257: an engine that fails again after every restart: the stall above,
+    each time the host's engine serves again, until `clear-restart-storm`."""
+    from . import replay
+    replay.start("restart-storm", host)
+    return f"{host}: the engine stalls each time it serves again"
+
+
+def clear_restart_storm(host: str) -> str:
+    from . import replay
+    doc = replay.stop("restart-storm", host)
+    for s in doc.get("stalls") or []:
+        for pid in s["stopped"]:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    return f"{host}: restart storm cleared after {len(doc.get('stalls') or [])} stall(s) ({_replay_said(doc)})"
+
+
 # The kernel an NVIDIA system update brought, after which NCCL failed at start on two Sparks
 # (eugr/spark-vllm-docker#392; sparkprov/modules/drift.py KNOWN_BAD); the host reports it from
 # /proc/sys/kernel/osrelease (what `uname -r` says), a file bind-mounted over it in its mount namespace.
@@ -327,6 +431,15 @@ ACTIONS = {
     "clear-nvrm": lambda h, **k: clear_nvrm(h),
     "hang": lambda h, **k: hang(h),
     "clear-hang": lambda h, **k: clear_hang(h),
+    "nvrm-noise": lambda h, count=16, seconds=1.0, **k: nvrm_noise(h, count, seconds),
+    "page-cache-flood": lambda h, seconds=60.0, **k: page_cache_flood(h, seconds),
+    "clear-page-cache-flood": lambda h, **k: clear_page_cache_flood(h),
+    "no-hugeblocks": lambda h, stuck=False, **k: no_hugeblocks(h, stuck),
+    "clear-no-hugeblocks": lambda h, **k: clear_no_hugeblocks(h),
+    "stall": lambda h, **k: stall(h),
+    "clear-stall": lambda h, **k: clear_stall(h),
+    "restart-storm": lambda h, **k: restart_storm(h),
+    "clear-restart-storm": lambda h, **k: clear_restart_storm(h),
     "rail-slow": lambda h, iface, **k: rail_slow(h, iface),
     "clear-rail-slow": lambda h, iface, **k: clear_rail_slow(h, iface),
     "kernel-update": lambda h, **k: kernel_update(h),
@@ -343,8 +456,10 @@ def reboot(host: str, down_seconds: float = 2.0) -> str:
 
 
 def apply(action: str, host: str, *, iface: str = "enp1s0f1np1", rate: str = "100mbit",
-          delay: str | None = None, mtu: int = 1500) -> str:
-    """Run one fault action by name (see ACTIONS); returns what it did."""
+          delay: str | None = None, mtu: int = 1500, **more) -> str:
+    """Run one fault action by name (see ACTIONS); returns what it did. `more`: count, seconds,
+    stuck (the replays')."""
     if action not in ACTIONS:
         raise LabError(f"unknown fault {action!r}; one of {', '.join(sorted(ACTIONS))}")
-    return ACTIONS[action](host, iface=iface, rate=rate, delay=delay, mtu=mtu)
+    return ACTIONS[action](host, iface=iface, rate=rate, delay=delay, mtu=mtu,
+                           **{k: v for k, v in more.items() if v is not None})

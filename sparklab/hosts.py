@@ -197,6 +197,11 @@ def _anchor_script(name: str, hdir: Path) -> str:
     lines.append(f"mount --bind {q(str(hdir / 'docker'))} /var/lib/docker")
     for d in BINDS:
         lines.append(f"mount --bind {q(str(hdir / 'fs' / _slug(d)))} {d}")
+    # the host's memory figures and the kernel's reclaim knobs are files of its own (replays change and
+    # answer them: sparklab/replay.py), so a node guard in the lab reads a Spark's memory, not the shared
+    # machine's, and never drops the machine's caches
+    from .replay import stand_in_lines
+    lines += stand_in_lines()
     lines += ["echo READY", "exec sleep infinity </dev/null >/dev/null 2>&1"]
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,7 @@ import json
 from invoke import Collection, task
 
 from sparkprov.cli.common import user_errors
-from sparkprov.options import OptionError, choice_option, int_option, text_option
+from sparkprov.options import OptionError, choice_option, float_option, int_option, text_option
 from sparklab import faults as _faults
 from sparklab import up as _up
 from sparklab.state import LAB_TOPOLOGIES, topology_record
@@ -77,14 +77,22 @@ def status(c, json_=False):
                      "reset-mtu, rail-slow, clear-rail-slow: one of the cabled rails); default enp1s0f1np1",
             "rate": "slow-link: rate limit, tc syntax (default 100mbit)",
             "delay": "slow-link: added delay, e.g. 20ms (needs the netem qdisc)",
-            "mtu": "reset-mtu: the MTU to set (default 1500)"})
-def fault(c, action, host, iface="enp1s0f1np1", rate="100mbit", delay="", mtu=None):
+            "mtu": "reset-mtu: the MTU to set (default 1500)",
+            "count": "nvrm-noise: how many NVRM lines (default 16: vllm#56824's burst; 75: #54200's start)",
+            "seconds": "nvrm-noise: over how many seconds (default 1); page-cache-flood: how long the load "
+                       "streams (default 60)",
+            "stuck": "no-hugeblocks: compaction brings no block back (sparkring#173)"})
+def fault(c, action, host, iface="enp1s0f1np1", rate="100mbit", delay="", mtu=None, count=None, seconds=None,
+          stuck=False):
     """Inject or clear a fault on one host."""
     with user_errors():
         action = choice_option("action", action, sorted(_faults.ACTIONS))
         host = text_option("host", host)
         mtu = int_option("mtu", mtu, 68, 65535, default=1500)  # 68: the smallest MTU IPv4 allows
-    print(_faults.apply(action, host, iface=iface, rate=rate, delay=delay or None, mtu=mtu))
+        count = int_option("count", count, 1, 10000)
+        seconds = float_option("seconds", seconds, 0, 3600)
+    print(_faults.apply(action, host, iface=iface, rate=rate, delay=delay or None, mtu=mtu, count=count,
+                        seconds=seconds, stuck=bool(stuck) or None))
 
 
 ns = Collection("lab")

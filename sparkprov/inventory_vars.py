@@ -13,7 +13,7 @@ play variable or an extra var of the wrong type is refused in the same words.
 
 This module sits below every layer (.importlinter): data, engine, modules, serving, staging,
 catalog and the plays import it, and it imports nothing of sparkprov but the node guard's own
-table (`guard_variables`). The README's list of variables is generated from it (`invoke schema`).
+table of settings (`guard_variables`: sparkprov/node/settings.py). The README's list of variables is generated from it (`invoke schema`).
 """
 
 from __future__ import annotations
@@ -540,39 +540,34 @@ _DECLARED: list[Var] = [
 
 # -- the node guard's settings: guard_<key> -----------------------------------------------------------
 
-# What each guard setting accepts and does. The defaults (each with its source) are the guard's
-# own table, sparkprov/serving/guard.py DEFAULTS: the program on the node falls back to them.
-_GUARD_SETTINGS: dict[str, tuple[Kind, str]] = {
-    "interval_s": (number(1, 300, unit="seconds"), "seconds between samples"),
-    "mem_floor_pct": (number(0, 100, lo_open=True, hi_open=True, unit="percent of MemTotal"),
-                      "MemAvailable floor"),
-    "mem_samples": (number(1, 100, whole=True), "samples in a row under the floor before acting"),
-    "mem_clear_factor": (number(1, 10), "restart once MemAvailable is this many times the floor"),
-    "mem_clear_samples": (number(1, 100, whole=True), "samples in a row above that before restarting"),
-    "liveness_timeout_s": (number(1, 600, unit="seconds"), "one generated token must come within this"),
-    "liveness_failures": (number(1, 100, whole=True), "liveness failures in a row that make an engine hung"),
-    "restart_after_s": (number(0, 86400, unit="seconds"), "seconds after a stop before starting again"),
-    "breaker_restarts": (number(1, 1000, whole=True), "restarts within the window that open the crash-loop breaker"),
-    "breaker_window_s": (number(60, 7 * 86400, unit="seconds"), "the crash-loop breaker's window"),
-    "fatal_xids": (WholeNumbers("a list of Xid codes (whole numbers from 1 to 1000)", 1, 1000),
-                   "Xid codes that stop serving"),
-    "port": (PORT, "the guard's /metrics port (loopback and fabric)"),
-    "fabric_ifaces": (IFACES, "the interfaces whose addresses /metrics listens on"),
-    "act": (FLAG, "false: record breaches, stop nothing"),
-    "meminfo": (Text("an absolute path", r"/.*", "an absolute path", 4096), "where MemAvailable is read"),
-    "kernel_log": (Text("an absolute path", r"/.*", "an absolute path", 4096), "the kernel log read for NVRM and Xid"),
-    "nvidia_smi": (Text("a command name or path", r".+", "a command name or path", 4096), "the nvidia-smi to run"),
-}
+# Each guard setting is a row of the node guard's own table (sparkprov/node/settings.py: type, bounds,
+# default, the default's source), which the program on the node reads too.
+_GUARD_UNITS = {"_s": "seconds", "_h": "hours", "_gib": "GiB", "_mib": "MiB"}
+
+
+def _guard_kind(name: str, kind: str, lo: float | None, hi: float | None) -> Kind:
+    """The declaration's kind for a setting of the node guard's table (sparkprov/node/settings.py),
+    its unit said as its name's suffix says it."""
+    if name == "port":
+        return PORT
+    if kind in ("float", "int"):
+        unit = next((u for suffix, u in _GUARD_UNITS.items() if name.endswith(suffix)), "")
+        return number(lo, hi, whole=kind == "int", unit=unit)
+    if kind == "list[int]":
+        return WholeNumbers(f"a list of whole numbers from {lo:g} to {hi:g}", int(lo or 0), int(hi or 0))
+    return {"bool": FLAG, "path": Text("an absolute path", r"/.*", "an absolute path", 4096),
+            "str": Text("a command name or path", r"[^\s].*", "a command name or path", 4096),
+            "list[str]": IFACES}[kind]
 
 
 def guard_variables() -> list[Var]:
-    """`guard_<key>` for every setting of the node guard's table: what it accepts, its default
-    and the source of that default (the comments beside the guard's DEFAULTS). The one place the
-    guard's settings become inventory variables."""
-    from sparkprov.serving.guard import DEFAULTS
+    """`guard_<name>` for every setting of the node guard's table (sparkprov/node/settings.py, which
+    the node reads too): its bounds, default and the default's source are the table's. The one place
+    the guard's settings become inventory variables."""
+    from sparkprov.node.settings import SETTINGS
 
-    return [Var(f"guard_{key}", kind, DEFAULTS[key], f"sparkprov/serving/guard.py DEFAULTS[{key!r}]", (GUARD,), doc)
-            for key, (kind, doc) in _GUARD_SETTINGS.items()]
+    return [Var(f"guard_{name}", _guard_kind(name, kind, lo, hi), default, "sparkprov/node/settings.py", (GUARD,), source)
+            for name, kind, lo, hi, default, source in SETTINGS]
 
 
 GUARD_PREFIX = "guard_"

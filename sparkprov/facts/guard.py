@@ -1,6 +1,6 @@
 """The node guard as a host shows it (read-only): installed, running, its last sample, what it
-holds stopped, its breaker, its latest events (sparkprov/serving/guard.py writes them; this reads
-them); and `guard_summary`, the pure judgement `status` and `invoke guard` print and exit on."""
+holds stopped, whether it stood down, its latest events (sparkprov/node/guard.py writes them; this
+reads them); and `guard_summary`, the pure judgement `status` and `invoke guard` print and exit on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from sparkprov.facts.base import SYSTEMD_IS_INIT, Fact, FactError, ShellCtx
 from sparkprov.inputfiles import Stored, shape_problem
+from sparkprov.node.guard import COMMAND_MARK
 from sparkprov.transport.shell import quote
 
 EVENTS_READ = 50   # the journal's last lines a gather brings back
@@ -21,7 +22,7 @@ STATE_BYTES = 1 * 2**20
 EVENTS_BYTES = 256 * 2**10
 
 
-# What the guard program writes (serving/guard.py write_state, _event), as it must read back.
+# What the guard program writes (node/guard.py write_state, its journal), as it must read back.
 
 
 class RailReading(Stored):
@@ -39,6 +40,7 @@ class GpuReading(Stored):
 class Sample(Stored):
     t: float | None = None
     mem: dict[str, float] = {}
+    hugeblocks: int | None = None
     gpu: GpuReading = GpuReading()
     rails: list[RailReading] = []
 
@@ -47,11 +49,27 @@ class HeldContainer(Stored):
     kind: str | None = None
 
 
+class StandDown(Stored):
+    why: str | None = None
+
+
+class Budget(Stored):
+    restarts: int | None = None
+    window_h: float | None = None
+
+
+class GuardPhase(Stored):
+    phase: str | None = None
+    restarts: list[float] = []
+
+
 class StateFile(Stored):
     sample: Sample | None = None
     mem_floor_bytes: float | None = None
     held: dict[str, HeldContainer] = {}
-    breaker: str | None = None
+    stood_down: StandDown | None = None
+    guard: GuardPhase = GuardPhase()
+    budget: Budget = Budget()
 
 
 class Event(Stored):
@@ -60,8 +78,8 @@ class Event(Stored):
     kind: str | None = None
     action: str | None = None
     fix: str | None = None
-# A guard whose last sample is older than this is not running, whatever its pid says: one sample
-# waits at most for each container's token (2 x liveness timeout) and a docker stop (20 s).
+# A guard whose last sample is older than this is not running, whatever its pid says: it writes its
+# state every few seconds, and one sample waits at most for a docker stop (20 s).
 STALE_AFTER_S = 120
 
 
@@ -69,7 +87,7 @@ STALE_AFTER_S = 120
 class GuardState(Fact):
     """The guard's pid (alive or not), how it is started (systemd or at boot), its state file and
     the end of its journal, and the node's clock (ages are the node's, not the control machine's).
-    The paths are the guard program's (sparkprov/serving/guard.py: `GuardState(**guard.paths())`)."""
+    The paths are the guard program's (sparkprov/node/guard.py: `GuardState(**guard.paths())`)."""
 
     program: str
     pidfile: str
@@ -82,8 +100,8 @@ class GuardState(Fact):
             f"[ -f {quote(self.program)} ] && echo installed=1 || echo installed=0",
             f"if {SYSTEMD_IS_INIT}; then echo systemd=1; else echo systemd=0; fi",
             f"pid=$(cat {quote(self.pidfile)} 2>/dev/null || true)",
-            'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q guard.py; '
-            'then echo "running=$pid"; else echo running=; fi',
+            'if [ -n "$pid" ] && tr "\\000" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -q -e guard.py -e '
+            f'{quote(COMMAND_MARK)}; then echo "running=$pid"; else echo running=; fi',
             "echo @state",
             f"[ -f {quote(self.state)} ] && head -c {STATE_BYTES} {quote(self.state)} 2>/dev/null; echo",
             "echo @events",
@@ -143,33 +161,44 @@ class GuardSummary(TypedDict):
     pid: int | None
     started_by: str                 # systemd | boot
     last_sample_age_s: float | None
+    mem_free: int | None
     mem_available: int | None
     mem_total: int | None
-    mem_floor: int | None
+    mem_floor: int | None           # the MemFree floor under which it drops caches and compacts
+    hugeblocks: int | None          # free blocks of hugeblock_mib or more
     gpu: dict[str, Any]             # its last GPU readings
+    phase: str | None               # what it watches for now (a load, serving)
+    nvrm_lines: int                 # NVRM memory lines in its journal's end (recorded, never acted on)
+    restarts: int                   # its restarts within restart_window_h
+    restart_budget: int | None
+    restart_window_h: float | None
     held: dict[str, Any]            # container -> why the guard holds it stopped
-    breaker: str | None             # the crash-loop breaker, open
+    stood_down: dict[str, Any] | None  # why it restarts nothing until --resume
     events: list[dict[str, Any]]    # the end of its journal
-    acted: bool                     # an action of it stands (held, or the breaker open)
+    acted: bool                     # an action of it stands (held, or stood down)
     problems: list[str]             # what makes status exit 2
+    unread: list[str]               # what of its files did not fit (skipped, named)
 
 
 def guard_summary(fact: dict[str, Any]) -> GuardSummary:
-    """One host's guard, judged: running, its last readings, what it holds, its events, and the
-    problems that make `status` exit 2 (installed but not running, or an action that stands:
-    containers held stopped, the breaker open). A host without the guard is shown, not failed."""
+    """One host's guard, judged: running, its last readings, what it holds, whether it stood down, its
+    events, and the problems that make `status` exit 2 (installed but not running, or an action that
+    stands: containers held stopped, the guard stood down, a degraded rail). A host without the
+    guard is shown, not failed."""
     state = fact.get("state") or {}
     sample = state.get("sample") or {}
     age = fact["now"] - sample["t"] if sample.get("t") else None
     running = fact.get("pid") is not None and age is not None and age <= STALE_AFTER_S
     mem = sample.get("mem") or {}
+    events = fact.get("events") or []
     problems: list[str] = []
     if fact.get("installed") and not running:
         problems.append("the guard is not running" + (f" (last sample {age:.0f}s ago)" if age is not None else "")
                         + ": invoke provision starts it")
     held = state.get("held") or {}
     for name, h in sorted(held.items()):
-        cause = next((e for e in reversed(fact.get("events") or []) if name in (e.get("action") or "")), None)
+        cause = next((e for e in reversed(events) if name in (e.get("action") or "")
+                      and e.get("kind") not in ("restart", "stand-down")), None)
         problems.append(f"the guard stopped {name} ({h.get('kind')})"
                         + (f": {cause['reading']} (threshold {cause['threshold']})" if cause else ""))
     for r in sample.get("rails") or []:
@@ -178,16 +207,24 @@ def guard_summary(fact: dict[str, Any]) -> GuardSummary:
             problems.append(f"rail {r.get('iface')} to {r.get('peer')} degraded at its last qualification ({fig}, floor "
                             f"{r.get('floor_gbps') or 0:g} Gb/s): multi-node starts refused until it qualifies "
                             "(invoke guard --events says why and the fix)")
-    if state.get("breaker"):
-        problems.append(f"crash-loop breaker open: {state['breaker']}; the guard will not restart "
-                        "(fix the cause, then invoke cluster-up)")
+    down = state.get("stood_down")
+    if down:
+        problems.append(f"the guard stood down: {down.get('why')}; it restarts nothing until `invoke guard --resume` "
+                        "(or cluster-up), once the cause is fixed")
+    nvrm = [e for e in events if e.get("kind") == "nvrm-memory"]
+    budget = state.get("budget") or {}
+    window_s = float(budget.get("window_h") or 0) * 3600
+    restarts = [t for t in (state.get("guard") or {}).get("restarts") or [] if not window_s or fact["now"] - t <= window_s]
     return {"installed": bool(fact.get("installed")), "running": running, "pid": fact.get("pid"),
             "started_by": "systemd" if fact.get("systemd") else "boot",
             "last_sample_age_s": round(age, 1) if age is not None else None,
-            "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
-            "mem_floor": state.get("mem_floor_bytes"), "gpu": sample.get("gpu") or {},
-            "held": held, "breaker": state.get("breaker"), "events": fact.get("events") or [],
-            "acted": bool(held or state.get("breaker")), "problems": problems, "unread": fact.get("unread") or []}
+            "mem_free": mem.get("MemFree"), "mem_available": mem.get("MemAvailable"), "mem_total": mem.get("MemTotal"),
+            "mem_floor": state.get("mem_floor_bytes"), "hugeblocks": sample.get("hugeblocks"),
+            "gpu": sample.get("gpu") or {}, "phase": (state.get("guard") or {}).get("phase"),
+            "nvrm_lines": sum(int(e.get("count") or 1) for e in nvrm),
+            "restarts": len(restarts), "restart_budget": budget.get("restarts"), "restart_window_h": budget.get("window_h"),
+            "held": held, "stood_down": down, "events": events,
+            "acted": bool(held or down), "problems": problems, "unread": fact.get("unread") or []}
 
 
 def describe(host: str, s: GuardSummary) -> str:
@@ -197,9 +234,14 @@ def describe(host: str, s: GuardSummary) -> str:
     gib = lambda n: f"{n / 2**30:.1f} GiB" if n is not None else "?"  # noqa: E731
     head = (f"guard on {host}: " + (f"running (pid {s['pid']}, {s['started_by']}), last sample "
                                     f"{s['last_sample_age_s']:.0f}s ago" if s["running"] else "NOT RUNNING")
-            + f"; MemAvailable {gib(s.get('mem_available'))} (floor {gib(s.get('mem_floor'))})")
+            + f"; MemFree {gib(s.get('mem_free'))} (floor {gib(s.get('mem_floor'))}), MemAvailable "
+            f"{gib(s.get('mem_available'))}")
     temp = (s.get("gpu") or {}).get("temperature_c")
     head += f", GPU {temp:g} C" if temp is not None else ""
+    if s.get("nvrm_lines"):
+        head += f"; {s['nvrm_lines']} NVRM memory line(s) recorded (not acted on)"
+    if s.get("restarts"):
+        head += f"; {s['restarts']} of {s.get('restart_budget')} restarts in {s.get('restart_window_h'):g} h"
     head += f"; {len(s.get('events') or [])} event(s) in its journal"
     return head + "".join(f"\n  {p}" for p in s["problems"] + (s.get("unread") or []))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkprov.facts.base import Fact, FactError, ShellCtx
+from sparkprov.node import readings as node_readings
 from sparkprov.transport.shell import quote
 
 # ---------------------------------------------------------------------------------------------
@@ -123,12 +124,8 @@ def parse_nvidia_smi(out: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo -> bytes per field (MemTotal, MemAvailable, Cached, ...)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        m = re.fullmatch(r"(\S+):\s+(\d+)(?:\s+kB)?", line.strip())
-        if m:
-            out[m.group(1)] = int(m.group(2)) * (1024 if line.strip().endswith("kB") else 1)
+    """/proc/meminfo -> bytes per field (MemTotal, MemAvailable, Cached, ...): the node guard's parser."""
+    out = node_readings.parse_meminfo(text)
     if "MemTotal" not in out:
         raise ValueError("no MemTotal in /proc/meminfo")
     return out

@@ -6,9 +6,10 @@ node guard make from it.
   guide measures the link with) against the peer's address on that rail: its server started on
   the peer over the mesh SSH, the client run here; and both ends' MTU. Nothing is written on
   either host: the server exits after its one test.
-- `parse_ib_write_bw`: the figure from perftest's output (tested on the real GB10 captures of
-  gb10-failure-outputs.md §4.5).
-- `judge_rail`, `ib_hca_problems`, `degraded`: the verdicts, on literal data.
+- `parse_ib_write_bw`, `judge_rail` (sparkprov/node/rail.py, which the node guard runs too): the
+  figure from perftest's output (tested on the real GB10 captures of gb10-failure-outputs.md §4.5)
+  and the verdict on one rail.
+- `ib_hca_problems`, `degraded`: the verdicts on a node, on literal data.
 - `QualificationRecord`: the last qualification a node recorded (QUAL_PATH), read by
   cluster-up's preflight.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,53 +26,19 @@ from pydantic import ValidationError
 from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.inputfiles import Stored, shape_problem
 from sparkprov.inventory_vars import default
+# the parser and the judgement live in the node package: the guard judges with them after a boot
+from sparkprov.node.rail import (FIX, MTU_FIX, PEER_SILENT, RAIL_MTU, judge_rail, parse_ib_write_bw,  # noqa: F401
+                                 parse_rail_throughput)
 from sparkprov.transport.shell import cmd, quote
 
-QUAL_PATH = "/var/lib/sparkprov/fabric/qualification.json"
+from sparkprov.node.requalify import QUALIFICATION_PATH as QUAL_PATH  # noqa: E402 (the guard rewrites it)
 
 # Under EXPECTED_GBPS a rail is reported (a warning), under MIN_GBPS it fails: the inventory
 # variables rail_expected_gbps and rail_min_gbps, their defaults with their sources in
 # sparkprov/inventory_vars.py.
 EXPECTED_GBPS = default("rail_expected_gbps")
 MIN_GBPS = default("rail_min_gbps")
-# The MTU both ends of a rail need (gb10-outputs.md: community guides raise it to 9000, NCCL
-# bandwidth over the link is far lower without it; multinode-notes.md: dgx-spark-playbooks#25).
-RAIL_MTU = 9000
-
-FIX = ("reseat or replace the QSFP cable; check link speed and FEC on both ends (`ethtool IFACE`: "
-       "Speed 200000Mb/s; `ethtool --show-fec IFACE`: a direct cable negotiated FEC None ran NCCL at 2.8 GB/s); "
-       "check `dmesg | grep -i mlx5` for the PCIe slot power messages of NVIDIA/dgx-spark-playbooks PR#108")
-MTU_FIX = "MTU 9000 on both ends of the rail (invoke provision --tags fabric on both hosts)"
-
 CLIENT_TRIES = 40   # half a second apart: the server has 20 s to start listening
-
-_ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s*$")
-
-
-def parse_ib_write_bw(text: str) -> dict[str, Any]:
-    """perftest's ib_write_bw output: the device, QPs and the result rows under the `#bytes`
-    header (one row per message size, or one per second with --run_infinitely). `gbps` is the
-    median of the rows' BW average (None when no row came: the test did not run); `error` the
-    first line that says why."""
-    device = re.search(r"Device\s*:\s*(\S+)", text)
-    qps = re.search(r"Number of qps\s*:\s*(\d+)", text)
-    rows = []
-    in_table = False
-    for line in text.splitlines():
-        if line.lstrip().startswith("#bytes"):
-            in_table = True
-            continue
-        m = _ROW_RE.match(line) if in_table else None
-        if m:
-            rows.append({"bytes": int(m.group(1)), "iterations": int(m.group(2)), "peak_gbps": float(m.group(3)),
-                         "avg_gbps": float(m.group(4)), "mpps": float(m.group(5))})
-    error = None
-    if not rows:
-        error = next((ln.strip() for ln in text.splitlines()
-                      if re.search(r"couldn'?t|unable|error|fail|refused|timed? ?out|no route|not found", ln, re.I)),
-                     None) or (text.strip().splitlines() or ["no output"])[-1].strip()
-    return {"device": device.group(1) if device else None, "qps": int(qps.group(1)) if qps else None,
-            "rows": rows, "gbps": statistics.median(r["avg_gbps"] for r in rows) if rows else None, "error": error}
 
 
 @dataclass(frozen=True)
@@ -131,41 +97,6 @@ def _with(bw: tuple, hca: str) -> tuple:
     return tuple(hca if a is None else a for a in bw)
 
 
-def parse_rail_throughput(out: str) -> dict[str, dict[str, Any]]:
-    """iface -> {mtu, peer_mtu, gbps, error, tool} from RailThroughput's output."""
-    rails: dict[str, dict[str, Any]] = {}
-    for block in re.split(r"(?m)^(?=@rail )", out):
-        head, _, body = block.partition("\n")
-        if not head.startswith("@rail "):
-            continue
-        iface = head.split(None, 1)[1].strip()
-        mtu = re.search(r"(?m)^mtu=(\d*)$", body)
-        res: dict[str, Any] = {"mtu": int(mtu.group(1)) if mtu and mtu.group(1) else None, "peer_mtu": None,
-                               "gbps": None, "error": None, "tool": True, "output": ""}
-        if re.search(r"(?m)^@no-tool$", body.partition("@client")[0]):
-            where = "here" if "@server" not in body else "on the peer"
-            res.update(tool=False, error=f"ib_write_bw (perftest) is not installed {where}")
-            rails[iface] = res
-            continue
-        server, _, client = body.partition("\n@client\n")
-        pm = re.search(r"(?m)^peer_mtu=(\d*)$", server)
-        res["peer_mtu"] = int(pm.group(1)) if pm and pm.group(1) else None
-        crc = re.search(r"(?m)^@crc=(\d+)$", client)
-        client = re.sub(r"(?m)^@crc=\d+$", "", client)
-        bw = parse_ib_write_bw(client)
-        res["output"] = "\n".join(client.strip().splitlines()[-3:])
-        if bw["gbps"] is not None and crc and crc.group(1) == "0":
-            res["gbps"] = round(bw["gbps"], 2)
-        else:
-            srv = [ln for ln in server.splitlines() if ln.strip() and not ln.startswith(("@", "peer_mtu="))]
-            why = bw["error"] or "no result"
-            if srv and (not pm or re.search(r"(?i)denied|host key|refused|timed out|resolve", "\n".join(srv))):
-                why = f"the server on the peer did not start: {srv[-1].strip()}"
-            res["error"] = why
-        rails[iface] = res
-    return rails
-
-
 @dataclass(frozen=True)
 class QualificationRecord(Fact):
     """The node's last fabric qualification (QUAL_PATH, written by provision): {"present": False}
@@ -219,36 +150,6 @@ def parse_record(out: str) -> dict[str, Any]:
 
 
 # -- the judgements -------------------------------------------------------------------------------
-
-def judge_rail(m: dict[str, Any], *, floor: float, expected: float, mtu: int = RAIL_MTU) -> dict[str, Any]:
-    """One rail's measurement judged: status "ok", "slow" (under the expected figure: a warning),
-    "degraded" (under the floor, no figure, or an MTU under `mtu` on either end: a failure) or
-    "unmeasured" (no ib_write_bw on an end, no RoCE device: a warning). `problem` says which,
-    naming the rail, the figure, the threshold and the fix."""
-    where = f"{m['iface']} ({m.get('hca') or 'no RoCE device'}) -> {m.get('peer')} {m.get('peer_addr')}"
-    out = {**{k: m.get(k) for k in ("iface", "hca", "peer", "peer_addr", "gbps", "mtu", "peer_mtu")},
-           "floor_gbps": floor, "expected_gbps": expected, "status": "ok", "problem": None}
-    bad_mtu = [f"{who} {v}" for who, v in (("here", m.get("mtu")), (m.get("peer"), m.get("peer_mtu")))
-               if v is not None and v < mtu]
-    if m.get("tool") is False or not m.get("hca"):
-        why = m.get("error") or "no RoCE device on this rail"
-        out.update(status="unmeasured", problem=f"{where}: not measured: {why} (fix: apt install perftest on both "
-                                                 "hosts, then invoke provision --tags fabric)")
-    elif m.get("gbps") is None:
-        out.update(status="degraded", problem=f"{where}: carried nothing: {m.get('error')} (floor {floor:g} Gb/s; "
-                                               f"fix: {FIX})")
-    elif m["gbps"] < floor:
-        out.update(status="degraded", problem=f"{where}: {m['gbps']:g} Gb/s measured (ib_write_bw), under the floor "
-                                               f"{floor:g} Gb/s (fix: {FIX})")
-    elif m["gbps"] < expected:
-        out.update(status="slow", problem=f"{where}: {m['gbps']:g} Gb/s measured (ib_write_bw), under the "
-                                           f"{expected:g} Gb/s a healthy rail carries (fix: {FIX})")
-    if bad_mtu and out["status"] != "degraded":
-        out.update(status="degraded", problem=f"{where}: MTU {', '.join(bad_mtu)}, not {mtu} (fix: {MTU_FIX})")
-    elif bad_mtu:
-        out["problem"] += f"; MTU {', '.join(bad_mtu)}, not {mtu} (fix: {MTU_FIX})"
-    return out
-
 
 _HCA_RE = re.compile(r"^(?P<kind>[a-z]+)(?:P(?P<domain>\d+))?p(?P<bus>\d+)s(?P<slot>\d+)f(?P<fn>\d+)$")
 

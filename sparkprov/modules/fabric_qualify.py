@@ -34,7 +34,7 @@ standing one says (a failed rail failing again within RECORD_TOLERANCE) is not r
 fails the task naming the rail, the figure, the floor and the fix (after it is recorded);
 `cluster-up` refuses a multi-node start over a node whose record says degraded unless forced
 (serve_preflight). The record also holds this measurement as the node guard runs it again after
-every boot (`remeasure`: login user, command text, MTUs; serving/guard.py). Exports
+every boot (`remeasure`: login user, command text, MTUs; node/requalify.py). Exports
 `fabric_qualification`: {ok, rails}.
 """
 
@@ -246,7 +246,7 @@ def throughput_fact(args: Args, host: HostContext, fabrics: dict[str, Any]) -> R
 
 
 def remeasure(args: Args, host: HostContext, fabrics: dict[str, Any]) -> dict[str, Any]:
-    """What the node guard (serving/guard.py, one stdlib file that cannot import this) needs to run this
+    """What the node guard (node/guard.py, which imports nothing of sparkprov beyond node/) needs to run this
     very measurement again after a boot: the login user whose mesh SSH it goes over, the command text as
     provision runs it, and the MTU each rail must have."""
     return {"user": host.user, "command": throughput_fact(args, host, fabrics).command(ShellCtx(None)),

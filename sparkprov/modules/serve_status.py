@@ -12,7 +12,7 @@ from sparkprov.facts.topology import TopologyRecord, host_view
 from sparkprov.facts.hardware import GpuSensors, MemInfo
 from sparkprov.facts.serving import ServingStatus
 from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
-from sparkprov.serving import guard
+from sparkprov.node import guard
 from typing import Any, TypedDict
 
 

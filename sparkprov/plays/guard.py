@@ -1,12 +1,16 @@
-"""`invoke guard` on the engine: the node guards (serving/guard.py) as the status play reads them."""
+"""`invoke guard` on the engine: the node guards (node/guard.py) as the status play reads them, and
+`--resume`: the guard_resume play on each host (facts, plan, apply, read again)."""
 
 from __future__ import annotations
 
 from sparkprov.data.inventory import Inventory
+from sparkprov.data.playbook import Playbook
+from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.facts import guard as guard_facts
 from sparkprov.facts.guard import GuardSummary
 from sparkprov.plays.serve import HostStatus, read_status
+from sparkprov.plays.book import play, run_book, task
 
 
 def guards_of(st: dict[str, HostStatus]) -> dict[str, GuardSummary]:
@@ -21,3 +25,12 @@ def read_guards(inv: Inventory, targets: list[str], options: RunOptions) -> tupl
     code = 4 if any(not d["reachable"] for d in st.values()) else 0
     guards = guards_of(st)
     return guards, guard_facts.exit_code(guards, code)
+
+
+def resume_book(hosts: list[str]) -> Playbook:
+    return Playbook("guard --resume", [play("resume the guard", hosts, [
+        task("resume", "guard_resume", {}, ("guard --resume", None, None))])])
+
+
+def resume(inv: Inventory, targets: list[str], options: RunOptions, report: Report) -> None:
+    run_book(inv, resume_book(targets), targets, options, report)

@@ -16,7 +16,7 @@ checks every query against the lab engine's /metrics and the exporter names list
     acceptance length = 1 + accepted / drafts, as vLLM's own SpecDecodingProm documents); the
     histogram vllm:time_to_first_token_seconds. Only the API server (rank 0) serves HTTP: the
     other ranks of a cluster have no /metrics to scrape.
-  the node guard (serving/guard.py render_metrics, on every node provision made, port 9410 on
+  the node guard (node/metrics.py render_metrics, on every node provision made, port 9410 on
     loopback and the fabric addresses): sparkprov_guard_mem_available_bytes, _mem_total_bytes,
     _mem_floor_bytes, _swap_used_bytes, _gpu_temperature_celsius, _gpu_power_watts,
     _gpu_clock_sm_mhz, _gpu_clock_max_sm_mhz, _liveness_seconds{container}, _held_containers,
@@ -135,7 +135,7 @@ def _rail_networks(rails: list[dict[str, Any]]) -> list[tuple[str, ipaddress.IPv
 
 def guard_address(host: str, rails: dict[str, list[dict[str, Any]]], prometheus_host: str | None) -> tuple[str | None, str]:
     """Where a Prometheus reaches HOST's guard, which answers on loopback and on its fabric
-    addresses only (serving/guard.py): (address, note). `rails`: per host its fabric rails
+    addresses only (node/guard.py): (address, note). `rails`: per host its fabric rails
     ({address, prefix}, FabricInfo's). On the Prometheus host itself, loopback; elsewhere the
     host's rail address on a subnet one of the Prometheus host's rails is on (a fabric peer);
     without a Prometheus host (files for a Prometheus run elsewhere), its first rail address.
@@ -300,7 +300,7 @@ def _per_host(guard: str, exporter: str | None = None) -> str:
 def dashboard() -> dict[str, Any]:
     """Grafana dashboard JSON (classic model): hosts (unified memory, swap, GPU temperature, power
     and clock, from the node guard or else the exporters), the guard (events, containers it holds
-    stopped, the breaker, liveness, each rail's qualified throughput, its last sample) and deployments (KV cache, running and waiting
+    stopped, whether it stood down, liveness, each rail's qualified throughput, its last sample) and deployments (KV cache, running and waiting
     requests, tokens/s, spec-decode acceptance, time to first token). Import it and pick the
     Prometheus data source."""
     spec = ("sum by (deployment) (rate(vllm:spec_decode_num_accepted_tokens_total{%s}%s))" % (_DEP, _RATE))
@@ -308,10 +308,13 @@ def dashboard() -> dict[str, Any]:
     events = f"sum by (host, kind) (increase(sparkprov_guard_events_total{{{_HOST}}}{_RATE}))"
     rows: list[tuple[str, list[dict[str, Any]]]] = [
         ("Hosts: unified memory (CPU and GPU share 128 GB), GPU", [
-            _panel("Unified memory: MemAvailable", "MemAvailable of MemTotal, and the guard's floor (the node guard, "
-                   "else node_exporter). On GB10 the GPU allocates from the same memory: this is what is left for "
-                   "a model, the KV cache and the OS (G16).", "bytes",
-                   [(_per_host("sparkprov_guard_mem_available_bytes", f"node_memory_MemAvailable_bytes{{{_HOST}}}"),
+            _panel("Unified memory: MemFree, MemAvailable", "MemFree and MemAvailable of MemTotal, and the guard's "
+                   "MemFree floor (the node guard, else node_exporter). On GB10 the GPU allocates from the same "
+                   "memory, and MemFree is what it can take (vllm#48140): page cache counts as available, not as "
+                   "free (G16).", "bytes",
+                   [(_per_host("sparkprov_guard_mem_free_bytes", f"node_memory_MemFree_bytes{{{_HOST}}}"),
+                     "{{host}} free"),
+                    (_per_host("sparkprov_guard_mem_available_bytes", f"node_memory_MemAvailable_bytes{{{_HOST}}}"),
                      "{{host}} available"),
                     (_per_host("sparkprov_guard_mem_total_bytes", f"node_memory_MemTotal_bytes{{{_HOST}}}"),
                      "{{host}} total"),
@@ -333,14 +336,16 @@ def dashboard() -> dict[str, Any]:
                     (_per_host("sparkprov_guard_gpu_clock_max_sm_mhz"), "{{host}} max")], min=0),
         ]),
         ("Node guard (docs/guard.md)", [
-            _panel("Guard events", "Events the guard journaled (memory, nvrm, liveness, breaker, restart...), by "
+            _panel("Guard events", "Events the guard journaled (memory, stall, reclaim, nvrm-memory, restart, "
+                   "stand-down...), by "
                    "kind; 0 on a host whose journal is empty. `invoke guard --events` lists them.", "short",
                    [(f"{events} or on (host) (0 * max by (host) (sparkprov_guard_up{{{_HOST}}}))",
                      "{{host}} {{kind}}")], min=0),
-            _panel("Guard: containers held stopped, breaker", "Serving containers the guard stopped and holds "
-                   "(until the cause is gone), and its crash-loop breaker (1: restarts stopped until cluster-up).",
+            _panel("Guard: containers held stopped, stood down", "Serving containers the guard stopped and holds "
+                   "(until memory is back), and whether it stood down (1: its restart budget spent or a crash loop; "
+                   "no restarts until invoke guard --resume or cluster-up).",
                    "short", [(_per_host("sparkprov_guard_held_containers"), "{{host}} held"),
-                             (_per_host("sparkprov_guard_breaker_open"), "{{host}} breaker")], min=0),
+                             (_per_host("sparkprov_guard_stood_down"), "{{host}} stood down")], min=0),
             _panel("Liveness: seconds to one generated token", "The guard's probe of each serving container "
                    "(a hung engine answers /health and generates nothing).", "s",
                    [(f"max by (host, container) (sparkprov_guard_liveness_seconds{{{_HOST}}})",

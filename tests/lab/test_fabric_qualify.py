@@ -24,7 +24,8 @@ from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.report import Report
 from sparkprov.engine.run import Runner, RunOptions
 from sparkprov.facts.rail import QUAL_PATH
-from sparkprov.serving.guard import JOURNAL_PATH, REQUALIFY_ACTION
+from sparkprov.node.guard import JOURNAL_PATH
+from sparkprov.node.requalify import REQUALIFY_ACTION
 from sparklab import faults
 from sparklab.state import LAB_RAIL_VARS, RAIL_IFACES
 

@@ -1,9 +1,10 @@
-"""The node guard qualifies the fabric again after a boot (issue #25): the boot decision, its copies of
-facts/rail.py's parser and judgement held to the originals on the real GB10 ib_write_bw captures
-(tests/fixtures/gb10/ib_write_bw-*.txt, gb10-failure-outputs.md §4.5: NVIDIA/dgx-spark-playbooks
-performance_benchmarking_guide.md, TrevorSquillario/gb10-training, a RoCE/RDMA setup blog post), the
-record it rewrites (which cluster-up's preflight reads) and the journal event; then the guard's thread
-run for real against stand-in `ssh` and `ib_write_bw` on PATH that print those captures."""
+"""The node guard qualifies the fabric again after a boot (issue #25): the boot decision, the record it
+rewrites with provision's own parser and judgement (sparkprov/node/rail.py, one implementation for
+both) on the real GB10 ib_write_bw captures (tests/fixtures/gb10/ib_write_bw-*.txt,
+gb10-failure-outputs.md §4.5: NVIDIA/dgx-spark-playbooks performance_benchmarking_guide.md,
+TrevorSquillario/gb10-training, a RoCE/RDMA setup blog post), which cluster-up's preflight reads, and
+the journal event; then the guard's thread run for real against stand-in `ssh` and `ib_write_bw` on
+PATH that print those captures."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import pytest
 
 from sparkprov.facts import rail
 from sparkprov.facts.guard import event_line, guard_summary
-from sparkprov.serving import guard as g
+from sparkprov.node import guard as g
+from sparkprov.node import requalify as rq
+from sparkprov.node.settings import DEFAULTS
 from tests.unit.test_rail_qualification import GB10, ctx, fact_output, measured, plan, read, throughput
 
-CAPTURES = ["ib_write_bw-rocep1s0f0-1qp.txt", "ib_write_bw-roceP2p1s0f0-1qp.txt", "ib_write_bw-4qp-rdma-cm.txt",
-            "ib_write_bw-two-concurrent.txt"]
 BOOT = "6f1d2c3a-0b4e-4a8e-9d7c-1e2f3a4b5c6d"
 
 
@@ -31,48 +32,21 @@ def provisioned(a=92.57, b=97.28) -> dict:
     return p.changes[0].predicts[0][1]
 
 
-# -- the copies agree with facts/rail.py -------------------------------------------------------------
-
-@pytest.mark.parametrize("name", CAPTURES)
-def test_the_guards_parser_is_provisions_on_real_captures(name):
-    text = read(name)
-    assert g.parse_ib_write_bw(text) == rail.parse_ib_write_bw(text)
-    out = fact_output({"enp1s0f1np1": (text, "9000", 0), "enP2p1s0f1np1": (" Couldn't connect to 192.168.101.11:18516\n",
-                                                                          "1500", 1)})
-    assert g.parse_rail_throughput(out) == rail.parse_rail_throughput(out)
-    silent = "@rail enp1s0f1np1\nmtu=9000\n@server\nssh: connect to host 192.168.100.11 port 22: Connection timed out\n" \
-             "@rc=255\n@client\n Couldn't connect to 192.168.100.11:18515\n@crc=1\n"
-    assert g.parse_rail_throughput(silent) == rail.parse_rail_throughput(silent)
-    assert g.peer_silent(g.parse_rail_throughput(silent)) == ["enp1s0f1np1"]
-    assert rail.parse_rail_throughput("@rail x\nmtu=9000\n@no-tool\n") == g.parse_rail_throughput("@rail x\nmtu=9000\n@no-tool\n")
-
-
-@pytest.mark.parametrize("m", [
-    measured(92.57), measured(97.28), measured(13.23), measured(60.0), measured(None, error="Couldn't connect"),
-    measured(92.57, peer_mtu=1500), measured(13.23, mtu=1500), measured(None, tool=False, error="not installed here"),
-    measured(92.57, hca=None),
-])
-def test_the_guards_judgement_is_provisions(m):
-    for floor, expected in ((46.0, 90.0), (1.0, 2.0)):
-        assert g.judge_rail(m, floor=floor, expected=expected) == rail.judge_rail(m, floor=floor, expected=expected)
-    assert (g.RAIL_FIX, g.MTU_FIX, g.RAIL_MTU) == (rail.FIX, rail.MTU_FIX, rail.RAIL_MTU)
-
-
 # -- the boot decision ----------------------------------------------------------------------------
 
 def test_a_boot_is_one_the_guard_left_no_marker_in():
-    assert g.boot_is_new(None, BOOT)                  # /run emptied at boot
-    assert not g.boot_is_new(BOOT + "\n", BOOT)      # restarted in the same boot (by provision, or a crash)
-    assert g.boot_is_new("0b9f2e7c-5d1a-4c3b-8e6f-7a8b9c0d1e2f", BOOT)   # another kernel boot id
+    assert rq.boot_is_new(None, BOOT)                  # /run emptied at boot
+    assert not rq.boot_is_new(BOOT + "\n", BOOT)      # restarted in the same boot (by provision, or a crash)
+    assert rq.boot_is_new("0b9f2e7c-5d1a-4c3b-8e6f-7a8b9c0d1e2f", BOOT)   # another kernel boot id
 
 
 def test_provision_leaves_the_guard_its_measurement():
     rec = provisioned()
-    spec = g.remeasure_spec(rec)
+    spec = rq.remeasure_spec(rec)
     assert spec["user"] == "nvidia" and [r["iface"] for r in spec["rails"]] == ["enp1s0f1np1", "enP2p1s0f1np1"]
     # the very command provision ran on spark2: to spark1 on each rail, over the mesh SSH
     assert "ib_write_bw -d rocep1s0f1 -p 18515" in spec["command"] and "nvidia@192.168.100.11" in spec["command"]
-    assert g.remeasure_spec({**rec, "remeasure": None}) is None and g.remeasure_spec({**rec, "rails": []}) is None
+    assert rq.remeasure_spec({**rec, "remeasure": None}) is None and rq.remeasure_spec({**rec, "rails": []}) is None
 
 
 # -- the record and the event ---------------------------------------------------------------------
@@ -83,7 +57,7 @@ def test_a_rail_degraded_after_a_boot_is_recorded_and_journaled_with_the_fix():
                        "enP2p1s0f1np1": (read("ib_write_bw-roceP2p1s0f0-1qp.txt"), "9000", 0)})
     # a floor above the first capture's 92.57, under the second's 97.28
     strict = {**rec, "floor_gbps": 95.0, "expected_gbps": 96.0}
-    new = g.requalified_record(strict, g.parse_rail_throughput(out), now=1_790_000_000.0, boot_id=BOOT)
+    new = rq.requalified_record(strict, rail.parse_rail_throughput(out), now=1_790_000_000.0, boot_id=BOOT)
     assert [(r["iface"], r["gbps"], r["status"]) for r in new["rails"]] == [("enp1s0f1np1", 92.57, "degraded"),
                                                                           ("enP2p1s0f1np1", 97.28, "ok")]
     assert new["ok"] is False and new["measured_at"] == "2026-09-21T14:13:20Z" and BOOT in new["measured_by"] and new["boot_id"] == BOOT
@@ -91,14 +65,14 @@ def test_a_rail_degraded_after_a_boot_is_recorded_and_journaled_with_the_fix():
     # cluster-up's preflight reads it as it reads provision's record
     (line,) = rail.degraded("spark2", {"present": True, **new})
     assert "rail enp1s0f1np1 to spark1 was degraded" in line and "92.57 Gb/s measured, floor 95 Gb/s" in line
-    (e,) = g.requalify_events(new, 1_790_000_000.0, [], 12.0)
+    (e,) = rq.requalify_events(new, 1_790_000_000.0, [], 12.0)
     assert (e["kind"], e["action"]) == ("rail-degraded", "reported: multi-node starts refused until it qualifies")
     assert e["reading"] == "enp1s0f1np1 -> spark1 192.168.100.11: 92.57 Gb/s measured (ib_write_bw)"
     assert e["threshold"] == "floor 95 Gb/s, MTU 9000" and "QSFP cable" in e["fix"]
     assert "fix: reseat" in event_line({"host": "spark2", **e})
     # healthy again: the record says ok, nothing is journaled
-    ok = g.requalified_record(rec, g.parse_rail_throughput(out), now=1_790_000_100.0, boot_id=BOOT)
-    assert ok["ok"] is True and g.requalify_events(ok, 1.0, [], 1.0) == []
+    ok = rq.requalified_record(rec, rail.parse_rail_throughput(out), now=1_790_000_100.0, boot_id=BOOT)
+    assert ok["ok"] is True and rq.requalify_events(ok, 1.0, [], 1.0) == []
 
 
 def test_a_peer_that_never_answered_is_reported_as_such():
@@ -106,15 +80,15 @@ def test_a_peer_that_never_answered_is_reported_as_such():
     out = ("@rail enp1s0f1np1\nmtu=9000\n@server\nssh: connect to host 192.168.100.11 port 22: No route to host\n@rc=255\n"
            "@client\n Couldn't connect to 192.168.100.11:18515\n@crc=1\n"
            + fact_output({"enP2p1s0f1np1": (read("ib_write_bw-roceP2p1s0f0-1qp.txt"), "9000", 0)}))
-    m = g.parse_rail_throughput(out)
-    new = g.requalified_record(rec, m, now=0.0, boot_id=BOOT)
-    (e,) = g.requalify_events(new, 0.0, g.peer_silent(m), 600.0)
+    m = rail.parse_rail_throughput(out)
+    new = rq.requalified_record(rec, m, now=0.0, boot_id=BOOT)
+    (e,) = rq.requalify_events(new, 0.0, rq.peer_silent(m), 600.0)
     assert "did not answer the mesh SSH within 600s" in e["reading"] and "power on or repair spark1" in e["fix"]
     assert new["rails"][0]["status"] == "degraded" and not new["ok"]
 
 
 def test_status_names_a_degraded_rail_as_a_standing_problem():
-    rails = g.parse_qualification(json.dumps(g.requalified_record(
+    rails = rq.parse_qualification(json.dumps(rq.requalified_record(
         {**provisioned(), "floor_gbps": 95.0, "expected_gbps": 96.0},
         {"enp1s0f1np1": measured(92.57), "enP2p1s0f1np1": measured(97.28)}, now=0.0, boot_id=BOOT)))
     s = guard_summary({"now": 10.0, "installed": True, "pid": 1, "state": {"sample": {"t": 9.0, "rails": rails}}})
@@ -160,7 +134,7 @@ def node(tmp_path, monkeypatch):
     rec = {**rec, "floor_gbps": 95.0, "expected_gbps": 96.0, "remeasure": {**rec["remeasure"], "user": getpass.getuser()}}
     (tmp_path / "qualification.json").write_text(json.dumps(rec))
     (tmp_path / "boot_id").write_text(BOOT + "\n")
-    cfg = {**g.DEFAULTS, "kernel_log": str(tmp_path / "kmsg"), "qualification": str(tmp_path / "qualification.json"),
+    cfg = {**DEFAULTS, **g.INTERNAL, "kernel_log": str(tmp_path / "kmsg"), "qualification": str(tmp_path / "qualification.json"),
            "journal": str(tmp_path / "events.jsonl"), "state": str(tmp_path / "state.json"),
            "boot_id": str(tmp_path / "boot_id"), "boot_marker": str(tmp_path / "boot"), "requalify_backoff_s": 0.01}
     return tmp_path, cfg
@@ -205,10 +179,10 @@ def test_a_start_in_a_boot_already_seen_does_not_measure(node):
 
 def test_the_measurement_runs_as_the_login_user_without_a_pam_session():
     argv = ["sh", "-c", "true"]
-    assert g.as_user(argv, ("nvidia", 1000, 1000, "/home/nvidia"), euid=0) == [
+    assert rq.as_user(argv, ("nvidia", 1000, 1000, "/home/nvidia"), euid=0) == [
         "setpriv", "--reuid=1000", "--regid=1000", "--init-groups", "env", "HOME=/home/nvidia", "USER=nvidia",
         "LOGNAME=nvidia", "sh", "-c", "true"]
-    assert g.as_user(argv, ("nvidia", 1000, 1000, "/home/nvidia"), euid=1000) == argv
+    assert rq.as_user(argv, ("nvidia", 1000, 1000, "/home/nvidia"), euid=1000) == argv
 
 
 def test_provisions_start_of_the_guard_is_not_a_boot():

@@ -17,7 +17,7 @@ from sparkprov import inventory_vars as iv
 from sparkprov.catalog.render import HostServeContext
 from sparkprov.data.inventory import load_inventory
 from sparkprov.errors import InputError
-from sparkprov.serving import guard as guard_program
+from sparkprov.node import settings as guard_settings
 
 SRC = Path(iv.__file__).resolve().parent
 INV = "defaults: {port: 9}\nhosts:\n  s1: {address: 127.0.0.1}\n  s2: {address: 127.0.0.1}\ngroups:\n  g: [s1]\n"
@@ -79,8 +79,9 @@ def test_guard_settings_are_built_from_the_guards_own_table():
     guard = {v.name: v for v in iv.guard_variables()}
     assert guard and all(n.startswith("guard_") for n in guard)
     for name, var in guard.items():
-        assert var.default == guard_program.DEFAULTS[name[len("guard_"):]]
-    assert guard["guard_mem_floor_pct"].kind.accepts == "a number above 0 and below 100 (percent of MemTotal)"
+        assert var.default == guard_settings.DEFAULTS[name[len("guard_"):]]
+    assert sorted(guard) == sorted(f"guard_{name}" for name in guard_settings.NAMES)
+    assert guard["guard_mem_free_floor_gib"].kind.accepts == "a number from 0.25 to 64 (GiB)"
 
 
 @pytest.mark.parametrize("name,bad", [

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # node_exporter's meminfo collector (collector/meminfo.go, meminfo_linux.go): every /proc/meminfo
 # field FIELD as node_memory_FIELD_bytes (kB fields scaled to bytes).
-NODE_EXPORTER = {"node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes", "node_memory_SwapTotal_bytes",
+NODE_EXPORTER = {"node_memory_MemTotal_bytes", "node_memory_MemFree_bytes", "node_memory_MemAvailable_bytes",
+                 "node_memory_SwapTotal_bytes",
                  "node_memory_SwapFree_bytes"}
 # NVIDIA dcgm-exporter's default counters (etc/default-counters.csv): DCGM field names as metric names.
 DCGM_EXPORTER = {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"}
@@ -64,19 +65,20 @@ def lab_metric_names() -> set[str]:
 
 @pytest.fixture(scope="module")
 def guard_metric_names() -> set[str]:
-    """The sample names the node guard's /metrics prints (serving/guard.py render_metrics, the code
+    """The sample names the node guard's /metrics prints (node/metrics.py render_metrics, the code
     the guard serves), from a state document as the guard writes it: a sample with memory, swap,
     the GPU query, one container's liveness and one qualified rail, and one journaled event."""
-    from sparkprov.serving.guard import render_metrics
+    from sparkprov.node.metrics import render_metrics
 
     doc = {"sample": {"t": 1764158400.5, "mem": {"MemTotal": 128_000_000_000, "MemAvailable": 60_000_000_000,
+                                                 "MemFree": 30_000_000_000,
                                                  "SwapTotal": 16_000_000_000, "SwapFree": 15_000_000_000},
                       "gpu": {"temperature_c": 50.0, "power_w": 15.57, "clock_sm_mhz": 2522.0,
                               "clock_max_sm_mhz": 3003.0},
                       "containers": [{"name": "sparkprov-one", "liveness": {"status": 200, "seconds": 0.4}}],
                       "rails": [{"iface": "enp1s0f1np1", "peer": "spark2", "gbps": 92.57, "floor_gbps": 46.0,
                                  "status": "ok"}]},
-           "mem_floor_bytes": 6_400_000_000, "held": {}, "breaker": None}
+           "mem_floor_bytes": 8_589_934_592, "held": {}, "stood_down": None}
     text = render_metrics(doc, {"memory": 1})
     return {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
             for line in text.splitlines() if line.strip() and not line.startswith("#")}
@@ -200,7 +202,7 @@ def test_every_dashboard_query_names_a_metric_vllm_the_guard_or_an_exporter_expo
             "vllm:spec_decode_num_draft_tokens_total", "vllm:generation_tokens_total"} <= used
     assert {"sparkprov_guard_mem_available_bytes", "sparkprov_guard_swap_used_bytes", "sparkprov_guard_gpu_temperature_celsius",
             "sparkprov_guard_gpu_power_watts", "sparkprov_guard_gpu_clock_sm_mhz", "sparkprov_guard_events_total",
-            "sparkprov_guard_held_containers", "sparkprov_guard_breaker_open", "sparkprov_rail_gbps"} <= used
+            "sparkprov_guard_held_containers", "sparkprov_guard_stood_down", "sparkprov_rail_gbps"} <= used
 
 
 def test_on_a_fleet_running_only_what_sparkprov_installs_every_host_query_reads_the_guard(status, guard_metric_names):

@@ -21,7 +21,7 @@ from sparkprov.modules.base import FactView, HostContext
 from sparkprov.modules.fabric_rails import rails_of
 from sparkprov.modules.prometheus import Args, Prometheus, tree_fact
 from sparkprov.plays import monitor as plays
-from sparkprov.serving import guard
+from sparkprov.node import decide as guard
 from sparkprov.serving import monitor as mon
 from sparkprov.serving import prometheus as prom
 

@@ -251,19 +251,19 @@ def test_cluster_up_refuses_a_node_qualified_degraded_unless_forced():
 def test_guard_serves_the_recorded_rails_at_metrics():
     import json
 
-    from sparkprov.serving import guard as g
+    from sparkprov.node import requalify as g
+    from sparkprov.node.metrics import render_metrics
 
-    assert g.QUALIFICATION_PATH == rail.QUAL_PATH   # the guard is one stdlib file: it keeps its own copy
     p = plan(ctx("spark2"), throughput(92.57, 13.23), {"present": False})
     text = json.dumps(p.changes[0].predicts[0][1])   # the record as provision writes it
     rails = g.parse_qualification(text)
     assert [(r["iface"], r["gbps"], r["status"]) for r in rails] == [("enp1s0f1np1", 92.57, "ok"),
                                                                    ("enP2p1s0f1np1", 13.23, "degraded")]
-    metrics = g.render_metrics({"sample": {"t": 1.0, "rails": rails}}, {})
+    metrics = render_metrics({"sample": {"t": 1.0, "rails": rails}}, {})
     assert 'sparkprov_rail_gbps{iface="enp1s0f1np1",peer="spark1"} 92.57' in metrics
     assert 'sparkprov_rail_ok{iface="enP2p1s0f1np1"} 0' in metrics and 'sparkprov_rail_ok{iface="enp1s0f1np1"} 1' in metrics
     assert 'sparkprov_rail_floor_gbps{iface="enP2p1s0f1np1"} 46' in metrics
-    assert g.parse_qualification("not json") == [] and "sparkprov_rail" not in g.render_metrics({"sample": {}}, {})
+    assert g.parse_qualification("not json") == [] and "sparkprov_rail" not in render_metrics({"sample": {}}, {})
 
 
 # -- measured again only when something it depends on changed ----------------------------------------
@@ -334,7 +334,7 @@ def test_other_links_an_mtu_an_age_a_failure_or_asking_measure_again():
 def test_the_guards_rewrite_after_a_boot_qualifies_that_boot():
     """The node guard re-measures after every boot and records the boot: provision then measures
     nothing (the boot is qualified, the key unchanged)."""
-    from sparkprov.serving.guard import requalified_record
+    from sparkprov.node.requalify import requalified_record
 
     rec = first()
     rec = {k: v for k, v in rec.items() if k != "present"}
