@@ -353,15 +353,20 @@ def stall(host: str) -> str:
     raise LabError(f"{host}: no engine serving requests to stall (is a deployment serving on {host}?)")
 
 
-def clear_stall(host: str) -> str:
-    from . import replay
-    doc = replay.stop("stall", host)
+def _continue_stalled(doc: dict) -> None:
+    """SIGCONT every engine process a stall replay stopped (one the guard removed is gone already)."""
     for s in doc.get("stalls") or []:
         for pid in s["stopped"]:
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def clear_stall(host: str) -> str:
+    from . import replay
+    doc = replay.stop("stall", host)
+    _continue_stalled(doc)
     return f"{host}: stall cleared ({_replay_said(doc)})"
 
 
@@ -376,12 +381,7 @@ def restart_storm(host: str) -> str:
 def clear_restart_storm(host: str) -> str:
     from . import replay
     doc = replay.stop("restart-storm", host)
-    for s in doc.get("stalls") or []:
-        for pid in s["stopped"]:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    _continue_stalled(doc)
     return f"{host}: restart storm cleared after {len(doc.get('stalls') or [])} stall(s) ({_replay_said(doc)})"
 
 
