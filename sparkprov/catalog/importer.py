@@ -406,6 +406,7 @@ def _variant(rec: ForeignRecipe, name: str, pos: Positions) -> ForeignRecipe:
     return rec.model_copy(update=update)
 
 
+# Long on purpose: a foreign recipe's fields converted one after the other, each at its own key.
 def convert(data: Any, *, origin: str, alias: str | None = None, variant: str | None = None,
             pos: Positions | None = None) -> Imported:
     """One foreign recipe as a sparkprov user recipe (a dict ready for YAML) and its problems.

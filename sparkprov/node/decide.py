@@ -272,6 +272,8 @@ def memory_back(m: dict, held_gpu: list[dict]) -> str | None:
     return None
 
 
+# Long on purpose: the guard's one pure decision per sample, every trigger in the order it is judged
+# (each reads and updates the same state); split, the order and the state would travel between parts.
 def decide(state: dict, sample: dict, cfg: dict) -> tuple[dict, list[dict], list[dict]]:
     """From the guard's state and one sample: the next state, the actions ({"do": "stop"|"start"|
     "reclaim"|"token", ...}), and the events to journal. `sample`: t, mem (meminfo bytes), buddy

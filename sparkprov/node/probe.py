@@ -122,6 +122,8 @@ def state(base: str, key: str | None, spec: dict) -> dict:
     return out
 
 
+# Long on purpose: one bounded wait whose phases (container, Ray, /health, warm-up, smoke) share its
+# deadline and last reading; it runs on the node as one call.
 def ready(base: str, key: str | None, spec: dict) -> dict:
     """Wait (bounded) for the engine: the container keeps running, Ray sees every node's GPU
     (executor ray), /health answers; then warm up and ask the smoke question. Progress on stderr;

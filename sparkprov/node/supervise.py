@@ -85,6 +85,8 @@ def log(msg: str) -> None:
     print("sparkprov-supervise: " + msg, file=sys.stderr, flush=True)
 
 
+# Long on purpose: one loop whose closures share the child process (stop, http, rendezvous_up); it is
+# sent into each rank's container as this file's text.
 def main(argv: list[str]) -> None:
     env = os.environ
     role = env[ROLE]

@@ -199,6 +199,7 @@ exit 0
 """
 
 
+# Long on purpose: one shell pipeline in its three parts, each line a stage of it, read top to bottom.
 def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wants: dict[str, list[str]],
              streams: int) -> tuple[str, str, str]:
     """Shell for the source's download script, in three parts: (start, the filter that queues
