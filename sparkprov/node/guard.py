@@ -397,6 +397,9 @@ class Guard:
                 delay = min(delay * 2, 60.0)
             new = rq.requalified_record(record, measured, now=time.time(), boot_id=boot_id)
             _write_json(self.cfg["qualification"], new)
+            # the next sample reads the new record (status and /metrics show it at once, not up to
+            # RAILS_EVERY_S later: the lab's power-cycle test saw status read the old rails)
+            self.rails_t = -1e9
             self.journal(rq.requalify_events(new, time.time(), silent, time.monotonic() - started))
             self.mark_boot(boot_id)
         except Exception as e:  # noqa: BLE001 - the guard goes on sampling whatever this thread meets

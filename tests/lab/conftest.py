@@ -69,7 +69,8 @@ def pytest_collection_modifyitems(config, items):
     rest = [i for i in items if id(i) not in placed]
     fresh = [i for i in rest if i.fspath.basename == "test_lab_hosts.py"]
     lab_dir = Path(__file__).resolve().parent
-    real = [i for i in rest if i.fspath.basename in REAL_ENGINE_MODULES and Path(str(i.fspath)).parent == lab_dir]
+    real = sorted((i for i in rest if i.fspath.basename in REAL_ENGINE_MODULES and Path(str(i.fspath)).parent == lab_dir),
+                  key=lambda i: REAL_ENGINE_MODULES.index(i.fspath.basename))   # stable: a module's own order kept
     placed = set(map(id, fresh + real))
     others = [i for i in rest if id(i) not in placed]
     in_lab = [i for i in others if Path(str(i.fspath)).parent == lab_dir]
