@@ -474,6 +474,12 @@ def _smoke_until(env, endpoint, model, key, bound):
 
 # (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
 @pytest.mark.keeps_serving("tp")
+def _guard_journals(lab) -> dict[str, list[str]]:
+    """The end of each node guard's journal (what it saw and did), for a failure's message."""
+    return {h: lab.exec(h, ["sh", "-c", "tail -n 15 /var/lib/sparkprov/guard/events.jsonl 2>/dev/null || :"]
+                        ).stdout.splitlines() for h in lab.names}
+
+
 def test_power_cycle_of_each_node_comes_back_by_itself(env):
     """Each node of a Ray TP 2 deployment reboots in turn, the worker then the head (every process
     killed, live network reset, booted from what is persisted); with no sparkprov command in between,
@@ -503,7 +509,8 @@ def test_power_cycle_of_each_node_comes_back_by_itself(env):
         secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
         print(f"\n[recovery] ray, {victim} rebooted: boot {booted:.1f}s, down {died:.1f}s after the boot, "
               f"answering again {secs}s after that; status while down exited 2")
-        assert secs is not None, f"the Ray deployment did not come back within 480 s after {victim} rebooted"
+        assert secs is not None, (f"the Ray deployment did not come back within 480 s after {victim} rebooted; "
+                                  f"the guards' journals: {_guard_journals(lab)}")
         rc, st, out = cli(env, "status")
         assert rc == 0, out
 
