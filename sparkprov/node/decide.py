@@ -118,7 +118,12 @@ def _track_engines(st: dict, containers: list[dict], sample: dict, cfg: dict, no
         if reading is not None:
             if not e["served"] or e["last"] is None or worked(e["last"], reading):
                 e["moved_t"] = now
-            e["served"], e["last"] = True, reading
+            # judged only once it generated its first token since it started: the first request after
+            # a start may compile kernels for long with the counters still (spark-gotchas G20: FlashInfer
+            # autotune, JIT); the start's own bounds (readiness, the supervisor) cover a start that never
+            # generates
+            e["served"] = e["served"] or reading["generation"] > 0
+            e["last"] = reading
         quiet = now - e["moved_t"]
         e["quiet_s"] = round(quiet, 1)
         # the stall: counters still with requests running, /health 200

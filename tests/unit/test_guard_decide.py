@@ -231,6 +231,19 @@ def test_a_stall_is_stopped_at_stall_s_on_that_host_and_at_once():
     assert e["action"] == "stopped sparkprov-nat-rank0" and e["threshold"] == "stall_s 3s still with requests running"
 
 
+def test_a_first_request_after_a_start_that_compiles_for_long_is_no_stall_and_the_next_stall_is():
+    """spark-gotchas G20: the first request after a start triggers JIT (FlashInfer autotune), the
+    counters still with it running: not judged until the engine generated its first token since it
+    started. Once it has, a stall is one (the lab's restart storm stalls a restarted engine after its
+    first second of work)."""
+    compiling = engine(gen=0.0, prompt=0.0, running=1.0, kv=0.0)
+    samples = [sample(t, containers=[rank0(engine=compiling, health=200)]) for t in range(0, 60)]
+    assert stops(run(samples)[1]) == []
+    first = engine(gen=1.0, prompt=12.0, running=1.0, kv=0.01)
+    samples += [sample(t, containers=[rank0(engine=first, health=200)]) for t in range(60, 66)]
+    assert stops(run(samples)[1]) == [(63, ["sparkprov-nat-rank0"])]
+
+
 def test_counters_that_move_never_stall_and_an_idle_engine_is_no_stall():
     moving = [sample(t, containers=[rank0(engine=busy(t), health=200)]) for t in range(0, 120)]
     _, out = run(moving)
