@@ -138,8 +138,8 @@ def main() -> int:
             except (ValueError, KeyError, TypeError):
                 b = []
             runs.append({"exit": p.returncode, "seconds": round(time.monotonic() - t0, 1),
-                         "rows": [{k: r.get(k) for k in ("max_concurrency", "completed", "failed", "output_throughput",
-                                                         "median_ttft_ms")} for run in b for r in run.get("rows") or []],
+                         "rows": [{k: r.get(k) for k in ("concurrency", "completed", "failed", "output_throughput",
+                                                         "ttft_p50_ms")} for run in b for r in run.get("rows") or []],
                          **({"error": (p.stderr or p.stdout)[-600:]} if p.returncode else {})})
             print(f"bench run {len(runs)}: exit {p.returncode} at {runs[-1]['seconds']}s", file=sys.stderr, flush=True)
         still.stop.set()
