@@ -257,7 +257,10 @@ class Guard:
         if now - self.gpu_t >= gpu_every:
             self._refresh_gpu(now)
         if now - self.rails_t >= RAILS_EVERY_S:
-            self.rails, self.rails_t = rq.parse_qualification(_read(cfg["qualification"])), now
+            rails = rq.parse_qualification(_read(cfg["qualification"]))
+            if rails != self.rails:
+                self.state_t = -1e9   # a new record is in the state file (what `invoke status` reads) at once
+            self.rails, self.rails_t = rails, now
         s: dict = {"t": now, "page_size": self.page_size, "gpu": self.gpu, "gpu_procs": self.gpu_procs,
                    "rails": self.rails, "docker_error": self.docker_error}
         text = _read(cfg["meminfo"])

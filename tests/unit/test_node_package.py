@@ -202,3 +202,34 @@ def test_a_docker_socket_that_does_not_answer_is_reported_not_fatal(tmp_path):
     assert s["containers"] == [] and s["docker_error"].startswith(f"docker's socket {tmp_path}/none.sock: GET "
                                                                   "/containers/json: [Errno 2]")
     assert os.path.exists(tmp_path / "state")
+
+
+def test_a_new_qualification_record_is_in_the_state_file_at_the_next_sample(tmp_path):
+    """After the guard re-measured the rails (its requalify thread rewrites the record and asks for a
+    fresh read), the next sample's state file, which `invoke status` reads, carries the new rails, not
+    up to STATE_EVERY_S later (the lab's power-cycle test read the old ones, status exit 0)."""
+    sock = tmp_path / "docker.sock"
+    srv = dockerd(sock, [], [])
+    (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
+                                      "MemAvailable:   120586240 kB\n")
+    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
+    for f in ("kmsg", "drop_caches", "compact_memory"):
+        (tmp_path / f).write_text("")
+    rail = {"iface": "enp1s0f1np1", "peer": "spark2", "gbps": 92.57, "floor_gbps": 46.0, "status": "ok"}
+    qual = tmp_path / "qualification"
+    qual.write_text(json.dumps({"ok": True, "rails": [rail]}))
+    cfg = {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
+           "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
+           "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
+           **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
+                                              "compact_memory", "boot_id", "boot_marker")}}
+    try:
+        guard = g.Guard(cfg)
+        guard.step()
+        assert json.loads((tmp_path / "state").read_text())["sample"]["rails"][0]["status"] == "ok"
+        qual.write_text(json.dumps({"ok": False, "rails": [{**rail, "gbps": 0.1, "status": "degraded"}]}))
+        guard.rails_t = -1e9            # what the requalify thread does after writing the record
+        guard.step()
+        assert json.loads((tmp_path / "state").read_text())["sample"]["rails"][0]["status"] == "degraded"
+    finally:
+        srv.shutdown()
