@@ -267,6 +267,12 @@ class Server:
         first = None
         try:
             self.engine_step()
+            # vLLM counts a request's prompt tokens when its prefill step ends and each generated token at
+            # the step that made it (its iteration stats feed the counters every engine step: vllm/v1/
+            # metrics/loggers.py), so the counters move while a long request runs; the node guard's stall
+            # rule reads exactly that
+            with m.lock:
+                m.prompt_tokens += len(prompt_words)
             budget = max_tokens
             for channel, words in pieces:
                 taken, budget, truncated = generation.take(words, budget)
@@ -282,6 +288,7 @@ class Server:
                         first = time.time() - t0
                     with m.lock:
                         m.kv_tokens += 1
+                        m.generation_tokens += 1
                 if truncated:
                     finish = "length"
                     break
@@ -293,8 +300,6 @@ class Server:
             with m.lock:
                 m.running -= 1
                 m.kv_tokens -= len(prompt_words) + n
-                m.prompt_tokens += len(prompt_words)
-                m.generation_tokens += n
                 m.success[finish] = m.success.get(finish, 0) + 1
                 m.e2e.append(time.time() - t0)
                 m.ttft.append(first if first is not None else time.time() - t0)

@@ -801,3 +801,26 @@ def test_bench_serve_measures_and_writes_vllms_result_file(engine_factory, hf_ho
     # a wrong key: vLLM's client stops at its first request, exit status 1
     r = run_cli(argv, env_for(hf_home, OPENAI_API_KEY="wrong"))
     assert r.returncode == 1 and "Initial test run failed" in r.stderr and "401" in r.stderr
+
+
+def test_the_counters_move_while_a_long_request_runs(engine_factory):
+    """vLLM counts prompt tokens when a request's prefill step ends and each generated token at the step
+    that made it (vllm/v1/metrics/loggers.py: iteration stats every engine step), so a healthy engine's
+    counters move while a long request runs: what the node guard's stall rule reads. The stand-in
+    counted them at the request's end, so a long healthy request on it looked like a stall."""
+    import re
+    import threading
+
+    e = engine_factory(LAB_ENGINE_TOKEN_SECONDS="0.15")
+    e.wait_ready()
+    done = threading.Thread(target=e.chat, args=("Count from one to a hundred.",), kwargs={"max_tokens": 30})
+    done.start()
+    time.sleep(2.0)
+    _, text = e.request("/metrics")
+    done.join()
+
+    def value(name):
+        return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
+
+    assert value("vllm:num_requests_running") == 1.0
+    assert value("vllm:prompt_tokens_total") > 0 and value("vllm:generation_tokens_total") >= 5
