@@ -475,9 +475,12 @@ def _smoke_until(env, endpoint, model, key, bound):
 # (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
 @pytest.mark.keeps_serving("tp")
 def _guard_journals(lab) -> dict[str, list[str]]:
-    """The end of each node guard's journal (what it saw and did), for a failure's message."""
-    return {h: lab.exec(h, ["sh", "-c", "tail -n 15 /var/lib/sparkprov/guard/events.jsonl 2>/dev/null || :"]
-                        ).stdout.splitlines() for h in lab.names}
+    """The end of each node guard's journal (what it saw and did), and each node's containers with the
+    end of their logs, for a failure's message."""
+    look = ("tail -n 15 /var/lib/sparkprov/guard/events.jsonl 2>/dev/null; docker ps -a --format "
+            "'{{.Names}} {{.Status}}'; for c in $(docker ps -aq --filter label=sparkprov.deployment=tp); do "
+            "docker logs --tail 12 $c 2>&1; done; :")
+    return {h: lab.exec(h, ["sh", "-c", look], check=False).stdout.splitlines()[-60:] for h in lab.names}
 
 
 def test_power_cycle_of_each_node_comes_back_by_itself(env):
