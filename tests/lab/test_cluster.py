@@ -682,7 +682,9 @@ def test_ulimit_memlock_unlimited_container_starts(env):
     from sparklab import dockerd
 
     lab = env["lab"]
+    exited = "docker ps -aq --filter ancestor=sparkprov/smoke:latest --filter status=exited"
     for h in lab.names:
+        before = set(lab.ssh(h, exited).stdout.split())
         r = lab.ssh(h, "docker run --rm --network none --ulimit memlock=-1 --ulimit stack=67108864 "
                        "sparkprov/smoke:latest sh -c 'ulimit -l; ulimit -s'")
         assert r.returncode == 0, (h, r.stderr)
@@ -693,7 +695,9 @@ def test_ulimit_memlock_unlimited_container_starts(env):
         else:  # root here may not raise hard limits: the lab's runtime capped it at dockerd's, and says so
             assert locked.isdigit()
             assert "RLIMIT_MEMLOCK" in lab.sh(h, f"cat {dockerd.RLIMIT_LOG}").stdout
-        assert lab.ssh(h, "docker ps -aq --filter ancestor=sparkprov/smoke:latest --filter status=exited").stdout == ""
+        # its own --rm run leaves nothing (an exited smoke container of an earlier test is that test's:
+        # seen after the power cycles, cause not found yet, named in the issue notes)
+        assert set(lab.ssh(h, exited).stdout.split()) <= before
 
 
 
