@@ -200,6 +200,7 @@ class Guard:
         self.rails: list[dict] = []
         self.docker_error: str | None = None
         self.tokens: dict[str, dict] = {}                 # token results the sampler has not taken yet
+        self.liveness: dict[str, dict] = {}               # each container's last token result
         self.reclaim_error: str | None = None
         self.reclaiming = False
         try:
@@ -283,6 +284,15 @@ class Guard:
         s["containers"] = containers
         with self.lock:
             s["tokens"], self.tokens = self.tokens, {}
+        # each container's last token (the probe's result), kept while the container is there: what
+        # /metrics serves as sparkprov_guard_liveness_* (the dashboard's liveness panel)
+        self.liveness.update(s["tokens"])
+        names = {c["name"] for c in containers}
+        self.liveness = {n: r for n, r in self.liveness.items() if n in names}
+        for c in containers:
+            if c["name"] in self.liveness:
+                c["liveness"] = self.liveness[c["name"]]
+        with self.lock:
             s["reclaim_error"], self.reclaim_error = self.reclaim_error, None
         s["resume"] = os.path.exists(cfg["resume"])
         zones = s["buddy"]

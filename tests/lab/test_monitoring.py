@@ -127,6 +127,17 @@ def test_monitor_up_scrapes_every_guard_and_the_deployment_and_every_query_retur
         scraped_after(lab, m["url"], time.time())
         assert "204" in ask(d["endpoint"], d["model"], key)
         ask(d["endpoint"], d["model"], key, "What is 12*17? The answer is 204. What is 12*17?")  # n-grams to draft from
+        # the guard's token probe runs once the engine's counters were still for liveness_every_s (10 s):
+        # its reading exists from then on (docs/guard.md)
+        probed = None
+        for _ in range(60):
+            probed = lab.exec("spark1", ["python3", "-c", "import urllib.request; print(urllib.request.urlopen("
+                                         "'http://127.0.0.1:9410/metrics', timeout=5).read().decode())"],
+                              check=False).stdout
+            if "sparkprov_guard_liveness_seconds{" in probed:
+                break
+            time.sleep(1)
+        assert "sparkprov_guard_liveness_seconds{" in probed, probed[-1500:]
         scraped_after(lab, m["url"], time.time() + SCRAPE_S)
         waited = time.monotonic() - t0
         (ups,) = promql(lab, "spark1", m["url"], ['up{job=~"guard|vllm.*"}'])

@@ -233,3 +233,43 @@ def test_a_new_qualification_record_is_in_the_state_file_at_the_next_sample(tmp_
         assert json.loads((tmp_path / "state").read_text())["sample"]["rails"][0]["status"] == "degraded"
     finally:
         srv.shutdown()
+
+
+def test_the_last_token_of_each_container_stays_in_the_state_and_on_metrics(tmp_path):
+    """The token probe's result is kept per container from the sample that took it on: the state file
+    and /metrics (sparkprov_guard_liveness_seconds, the dashboard's liveness panel) show it; it was
+    seen only in the one sample that took it (the lab's monitoring test found the panel empty)."""
+    from sparkprov.node.metrics import render_metrics
+
+    web = engine_metrics({"vllm:generation_tokens_total": 10.0, "vllm:prompt_tokens_total": 4.0,
+                          "vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
+                          "vllm:kv_cache_usage_perc": 0.0})
+    containers = [{"Id": "c1" * 32, "Name": "/sparkprov-mon-rank0", "RestartCount": 0,
+                   "State": {"Status": "running", "Pid": 1, "StartedAt": "2026-11-28T13:01:02.1Z"},
+                   "Config": {"Labels": {"sparkprov.managed": "1", "sparkprov.role": "rank0",
+                                         "sparkprov.port": str(web.server_address[1])}}}]
+    sock = tmp_path / "docker.sock"
+    srv = dockerd(sock, containers, [])
+    (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
+                                      "MemAvailable:   120586240 kB\n")
+    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
+    for f in ("kmsg", "drop_caches", "compact_memory"):
+        (tmp_path / f).write_text("")
+    cfg = {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
+           "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
+           "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
+           **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
+                                              "compact_memory", "boot_id", "boot_marker")}}
+    try:
+        guard = g.Guard(cfg)
+        guard.tokens["sparkprov-mon-rank0"] = {"status": 200, "seconds": 0.05, "error": None}
+        guard.step()
+        guard.state_t = -1e9
+        guard.step()                    # a later sample, no new token: the last one is still shown
+        doc = json.loads((tmp_path / "state").read_text())
+        (c,) = doc["sample"]["containers"]
+        assert c["liveness"]["seconds"] == 0.05
+        assert 'sparkprov_guard_liveness_seconds{container="sparkprov-mon-rank0"} 0.05' in render_metrics(doc, {})
+    finally:
+        srv.shutdown()
+        web.shutdown()
