@@ -135,6 +135,18 @@ def engine_metrics(values: dict[str, float]):
     return srv
 
 
+def node_files(tmp_path: Path, sock: Path) -> dict:
+    """The guard's settings with every file it reads or writes under tmp_path (meminfo, buddyinfo and
+    the qualification record written by the test), docker at `sock`, no NVML and no nvidia-smi."""
+    for f in ("kmsg", "drop_caches", "compact_memory"):
+        (tmp_path / f).write_text("")
+    return {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
+            "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
+            "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
+            **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
+                                               "compact_memory", "boot_id", "boot_marker")}}
+
+
 def test_the_daemon_stops_a_stalled_engine_drops_caches_and_resumes(tmp_path):
     values = {"vllm:generation_tokens_total": 100.0, "vllm:prompt_tokens_total": 40.0,
               "vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.1}
@@ -152,13 +164,7 @@ def test_the_daemon_stops_a_stalled_engine_drops_caches_and_resumes(tmp_path):
     (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:         5242880 kB\n"
                                       "MemAvailable:   23592960 kB\n")
     (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 3\n")
-    for f in ("kmsg", "drop_caches", "compact_memory"):
-        (tmp_path / f).write_text("")
-    cfg = {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
-           "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
-           "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
-           **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
-                                              "compact_memory", "boot_id", "boot_marker")}}
+    cfg = node_files(tmp_path, sock)
     try:
         guard = g.Guard(cfg)
         t0 = 1_800_000_000.0
@@ -213,16 +219,10 @@ def test_a_new_qualification_record_is_in_the_state_file_at_the_next_sample(tmp_
     (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
                                       "MemAvailable:   120586240 kB\n")
     (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
-    for f in ("kmsg", "drop_caches", "compact_memory"):
-        (tmp_path / f).write_text("")
     rail = {"iface": "enp1s0f1np1", "peer": "spark2", "gbps": 92.57, "floor_gbps": 46.0, "status": "ok"}
     qual = tmp_path / "qualification"
     qual.write_text(json.dumps({"ok": True, "rails": [rail]}))
-    cfg = {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
-           "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
-           "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
-           **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
-                                              "compact_memory", "boot_id", "boot_marker")}}
+    cfg = node_files(tmp_path, sock)
     try:
         guard = g.Guard(cfg)
         guard.step()
@@ -253,13 +253,7 @@ def test_the_last_token_of_each_container_stays_in_the_state_and_on_metrics(tmp_
     (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
                                       "MemAvailable:   120586240 kB\n")
     (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
-    for f in ("kmsg", "drop_caches", "compact_memory"):
-        (tmp_path / f).write_text("")
-    cfg = {**settings.DEFAULTS, **g.INTERNAL, "meminfo": str(tmp_path / "meminfo"),
-           "buddyinfo": str(tmp_path / "buddyinfo"), "kernel_log": str(tmp_path / "kmsg"),
-           "docker_socket": str(sock), "nvidia_smi": "/nonexistent/nvidia-smi",
-           **{k: str(tmp_path / k) for k in ("journal", "state", "resume", "qualification", "drop_caches",
-                                              "compact_memory", "boot_id", "boot_marker")}}
+    cfg = node_files(tmp_path, sock)
     try:
         guard = g.Guard(cfg)
         guard.tokens["sparkprov-mon-rank0"] = {"status": 200, "seconds": 0.05, "error": None}
