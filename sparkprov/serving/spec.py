@@ -23,8 +23,9 @@ no dashboard. Their ports bind every interface: the firewall module closes them 
 
 All have host networking, `--init` (Ray leaves daemons behind the main process), the restart
 policy of the recipe (a reboot brings the whole cluster back: workers retry until the head is up,
-the head waits for them), and the store and compile cache mounts. The wrapper texts are constants;
-the model and flags follow them as separate argv words ("$@"), as in the catalog's wrapper.
+the head waits for them, and leaves for a fresh start when its own Ray is gone), and the store and
+compile cache mounts. The wrapper texts are constants; the model and flags follow them as separate
+argv words ("$@"), as in the catalog's wrapper.
 """
 
 from __future__ import annotations
@@ -44,18 +45,30 @@ SERVING_ROLES = (ROLE_SERVER, ROLE_HEAD, ROLE_RANK0)
 # No `pip install` at container start (001 §6's NGC scripts do): an image without Ray fails here
 # with "ray: command not found" (exit 127), as it would on a Spark that boots without internet;
 # the preflight names the fix (executor native, or an image that has Ray).
+# A `ray status` that finds no GCS fails after about 40 s (measured with Ray 2.60, the lab image's):
+# three in a row is Ray gone from the head for two minutes, not a slow answer under load.
+RAY_GONE_CHECKS = 3
 HEAD_SCRIPT = "; ".join([
     "set -eu",
     "@PRE_SERVE@",
     'ray start --head --node-ip-address="$VLLM_HOST_IP" --port="$SPARKPROV_RAY_PORT" --num-gpus=1 '
     '--include-dashboard=false --disable-usage-stats',
     'echo "sparkprov: waiting for $SPARKPROV_RAY_GPUS GPUs in the Ray cluster" >&2',
-    'while :; do g=$(ray status 2>/dev/null | awk \'$2=="GPU" {split($1,a,"/"); print int(a[2]); exit}\'); '
-    '[ "${g:-0}" -ge "$SPARKPROV_RAY_GPUS" ] && break; sleep 2; done',
+    # the workers may be away for long (a node powered off): wait for them without a bound; but
+    # Ray itself gone from this head (its GCS or raylet killed: OOM, a stray `ray stop`) never comes
+    # back while this loop runs, so after RAY_GONE_CHECKS failed `ray status` in a row the container
+    # exits and its restart policy starts a fresh Ray
+    "n=0",
+    'while :; do if s=$(ray status 2>/dev/null); then n=0; '
+    'g=$(printf "%s\\n" "$s" | awk \'$2=="GPU" {split($1,a,"/"); print int(a[2]); exit}\'); '
+    '[ "${g:-0}" -ge "$SPARKPROV_RAY_GPUS" ] && break; else n=$((n+1)); '
+    '[ "$n" -lt @RAY_GONE_CHECKS@ ] || { echo "sparkprov: Ray on this head stopped answering (ray status failed '
+    '@RAY_GONE_CHECKS@ times in a row): exiting, for the restart policy to start it again" >&2; exit 75; }; fi; '
+    'sleep 2; done',
     'echo "sparkprov: Ray has $g GPUs: starting vllm serve" >&2',
     "@KEY@",
     'exec "$@"',
-])
+]).replace("@RAY_GONE_CHECKS@", str(RAY_GONE_CHECKS))
 KEY_LINES = "; ".join([
     f"k=$(cat {KEY_PATH})",
     '[ -n "$k" ] || { echo "sparkprov: the API key file is empty" >&2; exit 78; }',

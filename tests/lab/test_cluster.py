@@ -472,8 +472,6 @@ def _smoke_until(env, endpoint, model, key, bound):
 
 
 
-# (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
-@pytest.mark.keeps_serving("tp")
 def _guard_journals(lab) -> dict[str, list[str]]:
     """The end of each node guard's journal (what it saw and did), and each node's containers with the
     end of their logs, for a failure's message."""
@@ -483,6 +481,8 @@ def _guard_journals(lab) -> dict[str, list[str]]:
     return {h: lab.exec(h, ["sh", "-c", look], check=False).stdout.splitlines()[-60:] for h in lab.names}
 
 
+# (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
+@pytest.mark.keeps_serving("tp")
 def test_power_cycle_of_each_node_comes_back_by_itself(env):
     """Each node of a Ray TP 2 deployment reboots in turn, the worker then the head (every process
     killed, live network reset, booted from what is persisted); with no sparkprov command in between,

@@ -328,6 +328,47 @@ def ray_py():
     return ensure_ray_venv()
 
 
+def cluster_processes(temp_dir: str) -> set[int]:
+    """The processes of the Ray cluster started with `--temp-dir temp_dir`: those whose command line
+    names it (GCS, raylet, monitors: each is given a path under it) and all their descendants (the
+    agents and workers the raylet starts rename themselves, ray::...)."""
+    parent, named = {}, set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if any(a == temp_dir.encode() or temp_dir.encode() + b"/" in a for a in argv):
+            named.add(int(d.name))
+    found, grew = set(named), True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def stop_cluster(temp_dir: str) -> None:
+    """SIGKILL this test's Ray cluster alone. Not `ray stop`: it kills every Ray process the machine's
+    PID namespace shows, the lab's containers' included (seen in CI: the lab's Ray deployment lost
+    its raylets, SIGKILLed on both hosts at once, when this teardown ran beside the lab's tests)."""
+    for _ in range(50):
+        pids = cluster_processes(temp_dir)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"the Ray cluster of {temp_dir} outlived SIGKILL: {sorted(cluster_processes(temp_dir))}")
+
+
 @pytest.fixture
 def ray_cluster(tmp_path, hf_home, ray_py):
     clusters = []
@@ -349,8 +390,8 @@ def ray_cluster(tmp_path, hf_home, ray_py):
         clusters.append((ray_bin, env, tmp))
         return env
     yield start
-    for ray_bin, env, tmp in clusters:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=60)
+    for _ray_bin, _env, tmp in clusters:
+        stop_cluster(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
