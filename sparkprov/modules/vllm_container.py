@@ -1,31 +1,26 @@
 """vllm_container: this node's container of a deployment, converged to its recipe hash.
 
-The wanted container is the catalog's launch rendered with this node's facts (fabric bindings,
-driver) and, for a cluster, rank 0's fabric address (from the preflight's exports): a single
-server, a Ray head or worker, or a native rank. Running with the wanted hash: nothing to do.
-Otherwise the deployment's containers on this node are removed, the page cache is dropped as
-root (G15) and Ollama's models unloaded (G14) when asked, the API key file is created 0600 if
-missing (rank 0 only; never in argv or `docker inspect`), and the container is started.
-Also checks G34 (every node holds the same image build). A pinned deployment (cluster-up --pin)
-runs by the registry digest its nodes hold (REPO@sha256:..., in its argv and so its recipe hash),
-refused on every node when one holds no digest or the nodes hold different ones.
+It receives the container built for this node (serving/node.py NodeContainer: the `docker run`
+argv, labels, recipe hash and image, built by node_container, the task before it in the same play,
+from the node's facts and rank 0's fabric address and container) and compares it with the
+deployment's containers on the node. Running with the wanted hash: nothing to do. Otherwise the
+deployment's containers on this node are removed, the page cache is dropped as root (G15) and
+Ollama's models unloaded (G14) when asked, the API key file is created 0600 if missing (rank 0
+only; never in argv or `docker inspect`), and the container is started. The checks a start needs
+(G34: every node holds the same image build; the image's flags; a pinned deployment's registry
+digest) are node_container's: it builds no container that would fail them.
 """
 
 from __future__ import annotations
 
 import json
 
-from sparkprov.catalog.derive import ImageChoice
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, Plan
 from sparkprov.facts.docker_run import reporting_cause
-from sparkprov.facts.fabric import FabricInfo
-from sparkprov.facts.hardware import NvidiaSmi
 from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
-from sparkprov.modules._serving import ServeArgs, head_ip
-from sparkprov.modules.docker_image import IMAGE_DIGESTS, IMAGE_IDS
-from sparkprov.modules.image_flags import IMAGE_FLAGS
-from sparkprov.serving import node
+from sparkprov.modules._serving import ServeArgs
+from sparkprov.serving.node import NodeContainer
 from sparkprov.transport.shell import cmd, quote
 from typing import TypedDict
 
@@ -33,8 +28,8 @@ from typing import TypedDict
 class Args(ServeArgs):
     drop_caches: bool = True
     unload_ollama: bool = False
-    # only the checks a start makes (the same build, the image's flags), on every node
-    # of a cluster before rank 0 starts: a rank that would fail fails while nothing runs
+    # on every node of a cluster before rank 0 starts, after node_container's checks (the same
+    # build, the image's flags): whether this run (re)starts the node's container (STARTS)
     checks_only: bool = False
     # on a cluster's other ranks, before rank 0 starts: when rank 0 is (re)started, this node's old
     # rank goes first. Left running, it would join the new rank 0's rendezvous (the rank supervisor
@@ -62,6 +57,10 @@ class Container(TypedDict, total=False):
     id: str       # its container ID, once it runs (the other ranks carry rank 0's)
 
 
+# node_container writes it (the task before this module's in the same play); declared here, beside
+# its reader, because node_container imports this module
+NODE_CONTAINER: Export[dict[str, NodeContainer]] = Export("node_container", dict,
+                                                          "deployment -> the container built for this host")
 CONTAINERS: Export[dict[str, Container]] = Export("containers", dict, "deployment -> its container on this host")
 STARTS: Export[dict[str, bool]] = Export("starts", dict,
                                          "deployment -> whether this run (re)starts its container here (checks_only)")
@@ -78,34 +77,18 @@ class VllmContainer(Module):
     doc = "This node's container of a deployment, converged to the recipe hash (started or replaced)."
 
     def needs(self, args: Args, host: HostContext):
-        dep = args.deployment
-        named = {"containers": ManagedContainers(), "smi": NvidiaSmi(), "ollama": OllamaState()}
-        if dep.cluster:
-            named["fabric"] = FabricInfo()
-        return named
+        return {"containers": ManagedContainers(), "ollama": OllamaState()}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         dep, h = args.deployment, host.name
-        image, problems = self._image(dep, host)
-        launch = node.launch(dep, h, host.vars, host.home, facts.fabric if dep.cluster else None, facts.smi, image)
-        head = head_ip(host, dep)
-        if dep.cluster and not head:
-            return Plan.fail(f"{h}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)")
-        problems += self._cluster_checks(dep, image.requested, host)
-        flags = IMAGE_FLAGS.read(host.exports, dep.hosts[0])  # rank 0 asked the image (None: it did not get that far)
-        problems += node.flag_problems(launch, dep, image, flags["cache"] if flags else None,
-                                       flags["ids"].get(image.requested) if flags else None)
-        if problems:
-            return Plan.fail(" | ".join(problems))
         cont = facts.containers
         mine = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") == dep.name]
         if args.stale_ranks:
             return self._stale_rank(dep, host, cont, mine)
-        rank0_id = ""
-        if dep.cluster and dep.rank(h) > 0:
-            rank0 = CONTAINERS.entry(host.exports, dep.hosts[0], dep.name)
-            rank0_id = (rank0 and rank0.get("id")) or "(rank 0 to be started)"
-        spec = node.container(dep, h, launch, head, rank0_id, host.home)
+        built = NODE_CONTAINER.entry(host.exports, h, dep.name)
+        if built is None:
+            return Plan.fail(f"{h}: no container was built for {dep.name} (node_container runs before vllm_container)")
+        spec, image = built.spec, built.image
         have = next((c for c in mine if c["name"] == spec.name), None)
         strays = [c["name"] for c in mine if c["name"] != spec.name]
         unchanged = bool(have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash
@@ -136,8 +119,8 @@ class VllmContainer(Module):
             changes.append(Change("drop the page cache before the load (G15)",
                                   "docker rm -f " + quote(spec.name) + " >/dev/null 2>&1 || true\nsync\n"
                                   "echo 3 > /proc/sys/vm/drop_caches", become=True))
-        serves = dep.serves_on(h)
-        ready = ServeReady(spec.name, node.base_url(dep, host.vars), node.key_file(host.vars)) if serves else None
+        serves = built.serves
+        ready = ServeReady(spec.name, built.base_url, built.key_file) if serves else None
         predicted = {"access": True, "error": None, "containers": [c for c in cont["containers"] if c["name"] != spec.name
                                                                    and c["name"] not in strays]
                      + [{"name": spec.name, "status": "running", "labels": spec.labels, "id": "(new)"}]}
@@ -168,25 +151,3 @@ class VllmContainer(Module):
                             "old group would join the new one", cmd("docker", "rm", "-f", *names) + " >/dev/null",
                             Diff(f"{host.name}: {', '.join(names)}", "".join(f"{n} running\n" for n in names), ""),
                             touches=[ManagedContainers()], predicts=[(ManagedContainers(), left)])])
-
-    @staticmethod
-    def _image(dep, host: HostContext) -> tuple[ImageChoice, list[str]]:
-        """The image this node's container runs (node.node_image); with --pin, by the registry digest
-        every node's image play exported (node.pin_digest), and why it cannot be pinned."""
-        image = node.node_image(dep)
-        if not dep.pin:
-            return image, []
-        ref = image.requested
-        held = {h: (IMAGE_IDS.entry(host.exports, h, ref), IMAGE_DIGESTS.entry(host.exports, h, ref)) for h in dep.hosts}
-        digest, problems = node.pin_digest(ref, held, host.name)
-        return node.node_image(dep, digest), problems
-
-    @staticmethod
-    def _cluster_checks(dep, ref: str, host: HostContext) -> list[str]:
-        out: list[str] = []
-        ids = {h: IMAGE_IDS.entry(host.exports, h, ref) for h in dep.hosts}
-        if len({i for i in ids.values() if i}) > 1:
-            out.append(f"{host.name}: the nodes hold different builds of {ref}: "
-                       + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
-                       + " (G34) (fix: pin a digest in the catalog)")
-        return out

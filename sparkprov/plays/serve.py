@@ -14,12 +14,14 @@ cluster-up, per deployment, plays in this order (plays are barriers):
     NAME: image             every node     the image present (pull, or copy from a peer), same build
     NAME: image NCCL        every node     a cluster's image: system NCCL or a pip wheel (once per build)
     NAME: same NCCL         every node     a cluster's nodes load the same NCCL
-    NAME: ranks can start   every node     a cluster's start checks (G34, the image's flags)
-                                           before anything starts: a rank that would fail fails first
+    NAME: ranks can start   every node     a cluster's start checks (G34, the image's flags), each
+                                           node's container built: a rank that would fail fails first
     NAME: old ranks         the others     when rank 0 is (re)started, the old group's ranks removed first
     NAME: firewall, token   every node     a cluster's internal ports closed; Ray's token
     NAME: rank 0            rank 0         its container (Ray head: before the workers join it)
     NAME: ranks             the others     their containers (Ray workers, or native --headless ranks)
+                                           (each of these three: node_container builds the node's
+                                           container, vllm_container compares it and starts it)
     NAME: ready             serving nodes  wait for Ray / the load / /health, warm-up, smoke test
 
 A deployment that fails after something started is removed again (cleanup play, by label).
@@ -108,6 +110,7 @@ def up_book(deployments: list[Deployment], o: UpOptions,
             book.plays += derived_plays(d, chosen, where)
         if d.cluster:
             book.plays.append(play(f"{d.name}: ranks can start", d.hosts, [
+                node_container(d, where),
                 task(f"{d.name}: ranks can start", "vllm_container", {**pre, "checks_only": True}, where,
                      become=False)], where=where))
             book.plays.append(play(f"{d.name}: old ranks", d.hosts[1:], [
@@ -120,7 +123,8 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         for group in start:
             role = "rank 0" if group == d.hosts[:1] and len(start) > 1 else ("ranks" if len(start) > 1 else "containers")
             book.plays.append(play(f"{d.name}: {role}", group,
-                                   [task(f"{d.name}: container", "vllm_container", pre, where, become=False)],
+                                   [node_container(d, where),
+                                    task(f"{d.name}: container", "vllm_container", pre, where, become=False)],
                                    become=o.drop_caches, where=where))
         serving = [h for h in d.hosts if d.serves_on(h)]
         book.plays.append(play(f"{d.name}: ready", serving, [task(
@@ -131,6 +135,14 @@ def up_book(deployments: list[Deployment], o: UpOptions,
         if d.cluster:
             together(Playbook(book.path, book.plays[first:]), d.hosts)
     return book
+
+
+def node_container(d: Deployment, where: tuple):
+    """The task that builds this node's container of `d` (modules/node_container.py) for the
+    vllm_container task after it in the same play: built where that play runs, after the plays
+    whose exports it reads (rank 0's fabric address, the image's builds and flags, and for the other
+    ranks rank 0's container)."""
+    return task(f"{d.name}: node container", "node_container", {"deployment": d.as_args()}, where, become=False)
 
 
 def derived_plays(d: Deployment, image: ImageChoice, where: tuple) -> list:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -164,6 +165,69 @@ def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | No
     return specmod.ray_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, head_ip=head_ip or "",
                             ray_port=dep.ray_port, rank0_id=rank0_id,
                             token_file=specmod.ray_token_file(home, dep.name) if home else None, foreground=foreground)
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """What `build` needs of one node besides the deployment: its inventory variables and home, what
+    was read on it (fabric, GPU driver), and what the plays before exported: rank 0's fabric address
+    and container ID, each node's image ID and registry digest of the requested image (the image
+    play), the image's own flags (rank 0's image options play)."""
+
+    host: str
+    vars: dict[str, Any]
+    home: str
+    fabric: dict | None = None   # FabricInfo (a cluster's node)
+    smi: dict | None = None      # NvidiaSmi
+    head_ip: str | None = None   # rank 0's fabric address (its preflight's export)
+    rank0_id: str | None = None  # rank 0's container ID, once it runs (vllm_container's export)
+    # node -> image reference -> its ID there, and its registry digest (the image plays' exports;
+    # a node that holds none yet, in check mode: absent)
+    image_ids: dict[str, dict[str, str]] = field(default_factory=dict)
+    image_digests: dict[str, dict[str, str]] = field(default_factory=dict)
+    flags: dict | None = None    # rank 0's image_flags export (None: it did not get that far)
+
+
+@dataclass(frozen=True)
+class NodeContainer:
+    """What one node runs for a deployment, built once (`build`) and handed to vllm_container, which
+    compares it with the node's containers and starts it: the container (its docker run argv,
+    labels, recipe hash), the image it runs and why, and where it serves."""
+
+    spec: specmod.ContainerSpec
+    image: ImageChoice
+    serves: bool           # it serves the API (a single server, a cluster's rank 0)
+    base_url: str          # the API's URL from the node itself
+    key_file: str | None   # the API key file as the inventory says it (None: no key)
+
+
+def build(dep: Deployment, n: NodeInputs) -> tuple[NodeContainer | None, list[str]]:
+    """The container node `n.host` runs for `dep`, or why it cannot start (every problem found):
+    rank 0 exported no fabric address; with --pin, no single registry digest (pin_digest); the
+    nodes hold different builds of the image (G34); a flag or variable the image's vLLM does not
+    know (flag_problems)."""
+    image, problems = node_image(dep), []
+    ids = {h: n.image_ids.get(h, {}).get(image.requested) for h in dep.hosts}
+    if dep.pin:
+        digest, problems = pin_digest(image.requested, {h: (ids[h], n.image_digests.get(h, {}).get(image.requested))
+                                                        for h in dep.hosts}, n.host)
+        image = node_image(dep, digest)
+    node_launch = launch(dep, n.host, n.vars, n.home, n.fabric if dep.cluster else None, n.smi, image)
+    if dep.cluster and not n.head_ip:
+        return None, [f"{n.host}: rank 0 ({dep.hosts[0]}) exported no fabric address (its preflight failed)"]
+    if len({i for i in ids.values() if i}) > 1:
+        problems.append(f"{n.host}: the nodes hold different builds of {image.requested}: "
+                        + ", ".join(f"{h} {i[7:19] if i else 'absent'}" for h, i in ids.items())
+                        + " (G34) (fix: pin a digest in the catalog)")
+    problems += flag_problems(node_launch, dep, image, n.flags["cache"] if n.flags else None,
+                              n.flags["ids"].get(image.requested) if n.flags else None)
+    if problems:
+        return None, problems
+    rank0_id = ""
+    if dep.cluster and dep.rank(n.host) > 0:
+        rank0_id = n.rank0_id or "(rank 0 to be started)"
+    spec = container(dep, n.host, node_launch, n.head_ip, rank0_id, n.home)
+    return NodeContainer(spec, image, dep.serves_on(n.host), base_url(dep, n.vars), key_file(n.vars)), []
 
 
 def lint_problems(node_launch: Launch, dep: Deployment) -> tuple[list[str], list[str]]:

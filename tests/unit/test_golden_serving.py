@@ -46,11 +46,12 @@ def test_the_golden_file_covers_every_recipe_and_role():
 
 @pytest.mark.parametrize("case", ["qwen3.6-27b | tp 1", "llama-3.3-70b | tp 2 (ray)", "lab-tiny | tp 2 (native)"])
 def test_a_container_with_its_golden_hash_is_left_running(case):
-    """cluster-up's vllm_container on a node whose container carries the golden file's recipe hash (as
-    one started by an earlier sparkprov does): nothing to change, so a run costs the gather alone."""
+    """cluster-up's container play (node_container, then vllm_container) on a node whose container
+    carries the golden file's recipe hash (as one started by an earlier sparkprov does): nothing to
+    change, so a run costs the gather alone."""
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.modules import vllm_container
-    from sparkprov.modules.base import FactView, HostContext
+    from sparkprov.modules.base import HostContext
+    from tests.unit.test_serving_modules import container_play
 
     inv = load_inventory(make.INVENTORY)
     alias, layout = case.split(" | ")
@@ -62,13 +63,10 @@ def test_a_container_with_its_golden_hash_is_left_running(case):
                           "containers": {dep["name"]: {"id": make.RANK0_ID}}}}
     for h, want in GOLDEN["deployments"][case].items():
         running = {"name": want["name"], "id": "f" * 64, "status": "running", "labels": want["labels"]}
-        m = vllm_container.VllmContainer()
-        args = m.Args.model_validate({"deployment": dep})
         host = HostContext(h, inv.host_vars(h), {"user": "nvidia", "home": make.HOME}, check=False, exports=exports,
                            play_hosts=hosts, become=False)
         values = {"containers": {"access": True, "error": None, "containers": [running]}, "smi": make.SMI,
                   "ollama": {"models": []}, "fabric": make.FABRIC}
-        facts = {f.key: values[name] for name, f in m.needs(args, host).items()}
-        plan = m.plan(args, m.view(args, FactView(facts, {}), host), host)
+        plan = container_play({"deployment": dep}, values, host)
         assert plan.failed is None and not plan.changes, (h, plan.failed, [c.summary for c in plan.changes])
         assert plan.exports["containers"][dep["name"]]["hash"] == want["hash"]

@@ -214,14 +214,13 @@ def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_
     an earlier deployment of the same name (removed since) left starts in the history; a start that
     replaced the running container is an upgrade. Read from what vllm_container's start exports once
     it ran (REPLACED), never from its words."""
-    from sparkprov.modules import vllm_container as vc
-    from tests.unit.test_serving_modules import containers, ctx, run
+    from tests.unit.test_serving_modules import container_play, containers, ctx
 
     d = Deployment(name="one", model="lab-tiny", hosts=["spark1"], port=8000)
     values = {"smi": SMI, "ollama": {"models": []}}
 
     def start(running):
-        p = run(vc.VllmContainer, {"deployment": d.as_args()}, {**values, "containers": containers(*running)},
+        p = container_play({"deployment": d.as_args()}, {**values, "containers": containers(*running)},
                 ctx("spark1"))
         (change,) = [c for c in p.changes if c.exports]  # the start: the one change that exports
         return {"spark1": change.exports}
@@ -235,7 +234,7 @@ def test_only_an_upgrade_of_what_ran_is_rolled_back_not_a_first_start_of_an_old_
     other = Deployment(name="two", model="lab-tiny", hosts=["spark1"], port=8001)
     assert not upgrade.replaced_running(again, other)
     # another deployment started on the same host later in the run keeps this one's entry
-    later = run(vc.VllmContainer, {"deployment": other.as_args()}, {**values, "containers": containers(old)},
+    later = container_play({"deployment": other.as_args()}, {**values, "containers": containers(old)},
                 ctx("spark1", exports=again))
     (change,) = [c for c in later.changes if c.exports]
     assert upgrade.replaced_running({"spark1": change.exports}, d)

@@ -14,11 +14,11 @@ from sparkprov.options import OptionError
 from sparkprov.facts.serving import ImageDigests
 from sparkprov.imageref import ImageRef
 from sparkprov.modules import deployment_history as dh
-from sparkprov.modules import docker_image, vllm_container
+from sparkprov.modules import docker_image
 from sparkprov.serving import history, node
 from sparkprov.serving.deployment import Deployment
 from tests.fixtures.golden import make as golden
-from tests.unit.test_serving_modules import SMI, containers, ctx, fabric, run
+from tests.unit.test_serving_modules import SMI, container_play, containers, ctx, fabric, run
 
 IMG = "nvcr.io/nvidia/vllm:26.04-py3"
 D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -103,7 +103,7 @@ def held(d1=D1, d2=D1, id2=ID1):
 
 def start(exports, dep=DEP, running=()):
     values = {"containers": containers(*running), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark1")}
-    return run(vllm_container.VllmContainer, {"deployment": dep, "drop_caches": False}, values, ctx("spark1", exports))
+    return container_play({"deployment": dep, "drop_caches": False}, values, ctx("spark1", exports))
 
 
 def test_a_pinned_rank_runs_by_digest_and_a_rerun_changes_nothing():
@@ -142,14 +142,14 @@ def test_the_golden_pinned_cases_run_by_digest():
 def test_every_node_refuses_before_any_rank_starts(exports, words):
     for h in ("spark1", "spark2"):
         values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric(h)}
-        p = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx(h, exports))
+        p = container_play({"deployment": DEP, "checks_only": True}, values, ctx(h, exports))
         assert p.failed and all(w in p.failed for w in words), p.failed
         assert not p.changes
 
 
 def test_the_start_checks_name_the_pin():
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
-    p = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", held()))
+    p = container_play({"deployment": DEP, "checks_only": True}, values, ctx("spark2", held()))
     assert p.failed is None and p.msg.endswith(f"pinned to nvcr.io/nvidia/vllm@{D1}")
 
 

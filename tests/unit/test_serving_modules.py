@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sparkprov.facts import fabric as fabric_facts
-from sparkprov.modules import (allreduce, deployment_health, docker_image, serve_absent, serve_preflight,
-                               vllm_container, vllm_ready)
+from sparkprov.modules import (allreduce, deployment_health, docker_image, node_container, serve_absent,
+                               serve_preflight, vllm_container, vllm_ready)
 from sparkprov.modules.base import FactView, HostContext
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
@@ -33,6 +33,19 @@ def run(module_cls, args, values, host):
     a = m.Args.model_validate(args)
     facts = {f.key: values[name] for name, f in m.needs(a, host).items() if name in values}
     return m.plan(a, m.view(a, FactView(facts, {}), host), host)
+
+
+def container_play(args, values, host):
+    """What a container play of cluster-up plans on one host (plays/serve.py): node_container builds the
+    node's container from its facts and the exports before (its failure is the play's), then
+    vllm_container, the next task, compares it with what runs there."""
+    built = run(node_container.BuildNodeContainer, {"deployment": args["deployment"]}, values, host)
+    if built.failed is not None:
+        return built
+    exports = {**host.exports, host.name: {**host.exports.get(host.name, {}), **built.exports}}
+    return run(vllm_container.VllmContainer, args, values,
+               HostContext(host.name, host.vars, host.info, check=host.check, exports=exports,
+                           play_hosts=host.play_hosts, become=host.become))
 
 
 def fabric(host):
@@ -95,13 +108,13 @@ def test_image_present_is_exported_absent_is_pulled_then_copied_from_a_peer():
 def test_container_started_with_the_cache_drop_as_root_then_a_noop():
     exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}}
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark1")}
-    p = run(vllm_container.VllmContainer, {"deployment": DEP}, values, ctx(exports=exports))
+    p = container_play({"deployment": DEP}, values, ctx(exports=exports))
     drop, start = p.changes
     assert drop.become is True and "drop_caches" in drop.script
     assert start.become is None and "docker run -d --name sparkprov-tp-head" in start.script
     labels = start.predicts[0][1]["containers"][0]["labels"]
     running = {"name": "sparkprov-tp-head", "id": "h" * 64, "status": "running", "labels": labels}
-    again = run(vllm_container.VllmContainer, {"deployment": DEP}, {**values, "containers": containers(running)},
+    again = container_play({"deployment": DEP}, {**values, "containers": containers(running)},
                 ctx(exports=exports))
     assert not again.changes and again.exports["containers"]["tp"]["id"] == "h" * 64
 
@@ -113,9 +126,31 @@ def test_a_worker_follows_rank0s_container():
     hashes = []
     for rank0 in ("a" * 64, "b" * 64):
         exports = {**base, "spark1": {**base["spark1"], "containers": {"tp": {"id": rank0}}}}
-        p = run(vllm_container.VllmContainer, {"deployment": DEP, "drop_caches": False}, values, ctx("spark2", exports))
+        p = container_play({"deployment": DEP, "drop_caches": False}, values, ctx("spark2", exports))
         hashes.append(p.changes[0].predicts[0][1]["containers"][0]["labels"]["sparkprov.recipe_hash"])
     assert hashes[0] != hashes[1]
+
+
+def test_a_node_container_is_built_from_literal_inputs():
+    """serving/node.py build, what node_container hands vllm_container: a Ray worker that serves no API,
+    its recipe hash following rank 0's container, refused while rank 0 exported no fabric address."""
+    dep = Deployment.model_validate(DEP)
+    inputs = {"vars": {}, "home": HOME, "fabric": fabric("spark2"), "smi": SMI, "head_ip": "192.168.100.11"}
+    built, problems = node.build(dep, node.NodeInputs("spark2", **inputs))
+    assert problems == [] and built.spec.name == "sparkprov-tp-worker" and not built.serves
+    assert built.image == node.node_image(dep) and built.image.runs in built.spec.argv
+    later, _ = node.build(dep, node.NodeInputs("spark2", **inputs, rank0_id="a" * 64))
+    assert later.spec.hash != built.spec.hash
+    none, problems = node.build(dep, node.NodeInputs("spark2", **{**inputs, "head_ip": None}))
+    assert none is None and problems == ["spark2: rank 0 (spark1) exported no fabric address (its preflight failed)"]
+
+
+def test_vllm_container_starts_nothing_without_a_built_container():
+    """The container task without node_container before it (a playbook that left it out) fails, naming it."""
+    p = run(vllm_container.VllmContainer, {"deployment": DEP}, {"containers": containers(), "ollama": {"models": []}},
+            ctx())
+    assert p.failed == "spark1: no container was built for tp (node_container runs before vllm_container)"
+    assert not p.changes
 
 
 def test_worker_on_another_subnet_fails_naming_G33_before_anything_is_copied_or_started():
@@ -136,12 +171,12 @@ def test_the_start_checks_run_alone_on_every_node_before_rank0_starts():
     base = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}},
             "spark2": {"serve_preflight": {"tp": {"node_ip": "192.168.100.12", "rail_net": "192.168.100.0/24"}}}}
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
-    ok = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", base))
+    ok = container_play({"deployment": DEP, "checks_only": True}, values, ctx("spark2", base))
     assert ok.failed is None and not ok.changes and "can start its rank" in ok.msg
     ref = node.node_image(Deployment.model_validate(DEP)).requested
     builds = {**base, "spark1": {**base["spark1"], "images": {ref: "sha256:a"}},
               "spark2": {**base["spark2"], "images": {ref: "sha256:b"}}}
-    bad = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, values, ctx("spark2", builds))
+    bad = container_play({"deployment": DEP, "checks_only": True}, values, ctx("spark2", builds))
     assert "different builds" in bad.failed and "G34" in bad.failed and not bad.changes
 
 
@@ -268,7 +303,7 @@ def test_every_change_of_a_container_is_verified_so_rank0_exports_its_id():
     exports = {"spark1": {"serve_preflight": {"tp": {"node_ip": "192.168.100.11", "rail_net": "192.168.100.0/24"}}}}
     values = {"containers": containers(), "smi": SMI, "ollama": {"models": [{"name": "m", "size": 1}]},
               "fabric": fabric("spark1")}
-    p = run(vllm_container.VllmContainer, {"deployment": DEP, "unload_ollama": True}, values, ctx(exports=exports))
+    p = container_play({"deployment": DEP, "unload_ollama": True}, values, ctx(exports=exports))
     assert len(p.changes) == 3 and all(c.verify for c in p.changes)
 
 
@@ -334,7 +369,7 @@ def test_an_old_rank_goes_before_a_new_rank0_starts_and_stays_when_rank0_stays()
     old = {"name": "sparkprov-tp-worker", "id": "w" * 64, "status": "running",
            "labels": {"sparkprov.deployment": "tp", "sparkprov.recipe_hash": "0123456789abcdef"}}
     rank0 = {"containers": containers(), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark1")}
-    checks = run(vllm_container.VllmContainer, {"deployment": DEP, "checks_only": True}, rank0, ctx("spark1", base))
+    checks = container_play({"deployment": DEP, "checks_only": True}, rank0, ctx("spark1", base))
     assert checks.exports == {"starts": {"tp": True}} and not checks.changes  # nothing runs there: it starts
 
     values = {"containers": containers(old), "smi": SMI, "ollama": {"models": []}, "fabric": fabric("spark2")}
