@@ -34,7 +34,10 @@ NONCE_HEADER = "X-Sparkprov-Nonce"
 SIGNATURE_HEADER = "X-Sparkprov-Signature"
 REPLAY_WINDOW_S = 30.0
 NONCE_RE = re.compile(r"[0-9a-f]{32}\Z")
+# what the guard answers: every on-demand deployment it holds, or one's state, start or stop
+LIST_PATH = "/v1/deployments"
 PATH_RE = re.compile(r"/v1/deployments/([a-z0-9][a-z0-9._-]{0,62})/(start|stop|state)\Z")
+MAX_BODY = 1024  # {"reason": "..."}: why the gateway starts or stops it (the journal and the history say it)
 KEY_BYTES = 32  # the shared key: 32 random bytes, written as 64 hex digits
 STOPPED = ("created", "exited")  # docker's states of a container that holds no memory
 
@@ -54,23 +57,24 @@ def state(container: dict, health: int | None) -> str:
     return status
 
 
-def canonical(method: str, path: str, timestamp: str, nonce: str) -> bytes:
-    """What the signature covers: one line per part (no part may hold a line break: the path and
-    nonce are checked against their patterns, the time is digits)."""
-    return "\n".join((method.upper(), path, timestamp, nonce)).encode()
+def canonical(method: str, path: str, timestamp: str, nonce: str, body: bytes = b"") -> bytes:
+    """What the signature covers: one line per part and the body's SHA-256 (no part may hold a line
+    break: the path and nonce are checked against their patterns, the time is digits)."""
+    return "\n".join((method.upper(), path, timestamp, nonce, hashlib.sha256(body).hexdigest())).encode()
 
 
-def sign(key: bytes, method: str, path: str, timestamp: str, nonce: str) -> str:
-    return hmac.new(key, canonical(method, path, timestamp, nonce), hashlib.sha256).hexdigest()
+def sign(key: bytes, method: str, path: str, timestamp: str, nonce: str, body: bytes = b"") -> str:
+    return hmac.new(key, canonical(method, path, timestamp, nonce, body), hashlib.sha256).hexdigest()
 
 
-def signed_headers(key: bytes, method: str, path: str, now: float | None = None, nonce: str | None = None) -> dict:
+def signed_headers(key: bytes, method: str, path: str, body: bytes = b"", now: float | None = None,
+                   nonce: str | None = None) -> dict:
     """The headers of a signed request (the gateway's hook sends these)."""
     import secrets
 
     ts = str(int(time.time() if now is None else now))
     nonce = nonce or secrets.token_hex(16)
-    return {TIME_HEADER: ts, NONCE_HEADER: nonce, SIGNATURE_HEADER: sign(key, method, path, ts, nonce)}
+    return {TIME_HEADER: ts, NONCE_HEADER: nonce, SIGNATURE_HEADER: sign(key, method, path, ts, nonce, body)}
 
 
 def parse_key(text: str) -> bytes | None:
@@ -101,36 +105,69 @@ class NonceCache:
         return None
 
 
-def verify(key: bytes | None, method: str, path: str, headers: dict, now: float, nonces: NonceCache,
+def verify(key: bytes | None, method: str, path: str, headers: dict, body: bytes, now: float, nonces: NonceCache,
            window_s: float = REPLAY_WINDOW_S) -> str | None:
     """Why a request is refused (None: it is authentic and new). The signature is checked before the
     nonce is remembered, so an unsigned request cannot fill the cache."""
     if key is None:
         return "no on-demand key on this node (gateway up writes it)"
-    if not PATH_RE.fullmatch(path):
-        return "not a deployment's start, stop or state"
-    ts, nonce, sig = (headers.get(h) or "" for h in (TIME_HEADER, NONCE_HEADER, SIGNATURE_HEADER))
-    if not ts.isdigit() or not NONCE_RE.fullmatch(nonce) or not re.fullmatch(r"[0-9a-f]{64}", sig):
+    given = {k.lower(): v for k, v in headers.items()}  # HTTP header names are case-insensitive
+    ts, nonce, sig = (given.get(h.lower()) or "" for h in (TIME_HEADER, NONCE_HEADER, SIGNATURE_HEADER))
+    if not ts.isdigit() or len(ts) > 12 or not NONCE_RE.fullmatch(nonce) or not re.fullmatch(r"[0-9a-f]{64}", sig):
         return "unsigned request"
-    if not hmac.compare_digest(sign(key, method, path, ts, nonce), sig):
+    if not hmac.compare_digest(sign(key, method, path, ts, nonce, body), sig):
         return "bad signature"
     if abs(now - int(ts)) > window_s:
         return f"request time {int(ts) - now:+.0f}s from the node's clock, outside {window_s:g}s"
     return nonces.add(nonce, now)
 
 
-def plan(containers: list[dict], deployment: str, action: str) -> tuple[list[str], str | None]:
-    """Which of the node's containers a start or stop of `deployment` acts on (names), and why it is
-    refused (None: it is not): only the deployment's containers, and only when every one of them is
-    labelled on-demand; a start acts on the stopped ones, a stop on the running ones."""
+def plan(containers: list[dict], deployment: str, action: str) -> tuple[list[str], tuple[int, str] | None]:
+    """Which of the node's containers a start or stop of `deployment` acts on (names), or the HTTP
+    status and reason it is refused with: only the deployment's containers, and only when every one of
+    them is labelled on-demand; a start acts on the stopped ones, a stop on the running ones, a state
+    read on none."""
     mine = [c for c in containers if (c.get("labels") or {}).get("sparkprov.deployment") == deployment]
     if not mine:
-        return [], f"this node holds no container of {deployment}"
+        return [], (404, f"this node holds no container of {deployment}")
     fixed = [c["name"] for c in mine if not is_on_demand(c)]
     if fixed:
-        return [], f"{', '.join(fixed)} is not on demand (only cluster-up starts and stops it)"
+        return [], (403, f"{', '.join(fixed)} is not on demand (only cluster-up starts and stops it)")
     if action == "start":
         return [c["name"] for c in mine if c.get("status") in STOPPED], None
     if action == "stop":
         return [c["name"] for c in mine if c.get("status") in ("running", "restarting", "paused")], None
     return [], None
+
+
+def held_by_guard(names: list[str], held: dict, stood_down: dict | None) -> str | None:
+    """Why the guard will not start these containers on a request (None: it will): it stood down, or
+    it holds one stopped itself (memory, a stall, a crash loop) until its own restart rule lets it go;
+    demand does not overrule the guard."""
+    if stood_down:
+        return f"the node's guard stood down ({stood_down.get('why')}): invoke guard --resume first"
+    mine = [n for n in names if n in held]
+    if mine:
+        return f"the node's guard holds {', '.join(mine)} stopped ({held[mine[0]].get('kind')}) until memory is back"
+    return None
+
+
+def describe(containers: list[dict], health: dict[str, int | None]) -> list[dict]:
+    """Each on-demand container the node holds, as the guard answers it: deployment, name, state, port."""
+    return [{"deployment": (c.get("labels") or {}).get("sparkprov.deployment"), "name": c["name"],
+             "state": state(c, health.get(c["name"])), "status": c.get("status"), "port": c.get("port"),
+             "model": (c.get("labels") or {}).get("sparkprov.model"),
+             "idle_stop_s": int(v) if (v := (c.get("labels") or {}).get(IDLE_STOP_LABEL, "")).isdigit() else None}
+            for c in containers if is_on_demand(c)]
+
+
+def request_reason(body: bytes) -> str:
+    """The reason a signed body gives, one printable line of at most 200 characters."""
+    import json
+
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError:
+        return ""
+    reason = doc.get("reason") if isinstance(doc, dict) else None
+    return "".join(ch for ch in str(reason or "") if ch.isprintable())[:200]
