@@ -17,10 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 
-try:  # in the gateway's container: the node package beside this file
+# The name the gateway's container loads this file under (LiteLLM imports a callback's file from the
+# config's folder by its path), and the node package's there.
+MODULE = "sparkprov_ondemand"
+if __name__ == MODULE:  # in the gateway's container: the node package beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sparkprov_node import activate  # type: ignore[import-not-found]
-except ImportError:
+else:
     from sparkprov.node import activate
 
 CONFIG = os.environ.get("SPARKPROV_ONDEMAND_CONFIG", "/app/ondemand.json")
@@ -35,14 +40,21 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
             super().__init__()
             self.act = None
             self.sweeper = None
+            self.loading = None
 
         async def _ready(self):
-            if self.act is None:
-                act = load()
-                await act.rebuild()        # after a restart of the proxy: what the guards hold
-                self.act = act
-                self.sweeper = asyncio.ensure_future(self._sweep())
-            return self.act
+            # one view for every request: the first requests after a start of the proxy come at once,
+            # and each building its own while the guards answer would start a model once per view
+            if self.loading is None:
+                self.loading = asyncio.ensure_future(self._load())
+            return await asyncio.shield(self.loading)
+
+        async def _load(self):
+            act = load()
+            await act.rebuild()            # after a restart of the proxy: what the guards hold
+            self.act = act
+            self.sweeper = asyncio.ensure_future(self._sweep())
+            return act
 
         async def _sweep(self):
             while True:

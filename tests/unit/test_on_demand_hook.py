@@ -45,6 +45,20 @@ def test_a_request_for_a_parked_model_is_held_until_it_answers_and_then_counted(
     assert nodes.calls == [("start", "a")]
 
 
+def test_the_first_requests_after_a_start_of_the_proxy_share_one_view_and_one_activation():
+    """Found by the real LiteLLM (tests/gateway_real): 8 first requests at once each built a view of
+    their own while the first one's rebuild waited on the guards, and the model was started twice."""
+    nodes = Nodes()
+    h = hook(nodes)
+
+    async def go():
+        await asyncio.gather(*(h.async_pre_call_hook(None, None, {"model": "model-a"}, "completion")
+                               for _ in range(8)))
+        h.sweeper.cancel()
+    asyncio.run(go())
+    assert nodes.calls == [("start", "a")] and h.act.inflight["a"] == 8
+
+
 def test_a_request_that_cannot_be_served_gets_503_with_the_reason():
     nodes = Nodes(warmup=10**9)
     h = hook(nodes, bound_s=0.05)
