@@ -8,7 +8,7 @@ import pytest
 
 from sparkprov.errors import InputError
 from sparkprov.modules import deployment_history as dh
-from sparkprov.modules import serve_preflight, vllm_container
+from sparkprov.modules import deployment_health, serve_preflight, vllm_container
 from sparkprov.node import ondemand
 from sparkprov.options import OptionError
 from sparkprov.plays.cluster import park, up_state
@@ -148,3 +148,24 @@ def test_cluster_up_says_parked(on_demand, changed, check, want):
     ("running", 503, "starting"), ("running", 200, "serving"), ("restarting", None, "restarting")])
 def test_status_shows_parked_starting_serving(status, health, want):
     assert ondemand.state({"status": status}, health) == want
+
+
+@pytest.mark.parametrize("status,health,liveness,problem", [
+    ("created", None, None, None), ("exited", None, None, None),      # parked: what it should be
+    ("running", None, None, None),                                    # starting: the gateway's activation
+    ("running", 200, {"status": 200, "seconds": 0.1}, None),          # serving
+    ("running", 200, {"status": 500, "seconds": 0.1, "error": "x"}, "generated no token"),
+    ("restarting", None, None, "is restarting")])
+def test_status_counts_a_parked_or_starting_on_demand_deployment_healthy(status, health, liveness, problem):
+    lead = {"name": "sparkprov-od", "status": status, "exit_code": 0, "restarts": 0, "health": health, "port": 8000,
+            "liveness": liveness, "labels": {"sparkprov.deployment": "od", "sparkprov.role": "server",
+                                             ondemand.ON_DEMAND_LABEL: "1"}}
+    exports = {"spark1": {"serving_status": {"containers": [lead]}}}
+    p = run(deployment_health.DeploymentHealth, {}, {}, ctx(exports=exports))
+    assert (p.failed is None) == (problem is None) and (problem is None or problem in p.failed), p
+    if status in ("created", "exited"):
+        assert p.msg == "od: parked (on demand)"
+    fixed = {**lead, "labels": {k: v for k, v in lead["labels"].items() if k != ondemand.ON_DEMAND_LABEL}}
+    if status != "running" or health != 200:   # the same container not on demand is degraded
+        assert run(deployment_health.DeploymentHealth, {}, {},
+                   ctx(exports={"spark1": {"serving_status": {"containers": [fixed]}}})).failed
