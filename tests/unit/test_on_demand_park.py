@@ -169,3 +169,15 @@ def test_status_counts_a_parked_or_starting_on_demand_deployment_healthy(status,
     if status != "running" or health != 200:   # the same container not on demand is degraded
         assert run(deployment_health.DeploymentHealth, {}, {},
                    ctx(exports={"spark1": {"serving_status": {"containers": [fixed]}}})).failed
+
+
+def test_replace_never_removes_an_on_demand_deployment():
+    from sparkprov.plays import replace
+
+    def c(dep, status, on_demand):
+        labels = {"sparkprov.deployment": dep, "sparkprov.role": "server", **({ondemand.ON_DEMAND_LABEL: "1"}
+                                                                              if on_demand else {})}
+        return {"name": f"sparkprov-{dep}", "status": status, "labels": labels}
+    runs, heads = replace.serving_on({"spark1": [c("od", "exited", True), c("up", "running", True),
+                                                 c("fixed", "running", False)]})
+    assert runs == {"fixed": {"spark1"}} and heads == {"fixed": "spark1"}
