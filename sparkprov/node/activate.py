@@ -193,6 +193,20 @@ class Activator:
                     stopped.append(n)
         return stopped
 
+    async def recheck(self, model: str) -> None:
+        """After a request for `model` failed: whether its deployment still runs (the guard may have
+        stopped it for memory or a stall, or someone did); one parked on a host is parked here, and
+        the next request starts it again."""
+        d = self.named(model)
+        if d is None or self.state.get(d.name) != od.SERVING:
+            return
+        for host in d.hosts:
+            code, doc = await self.guard(host, "GET", f"/v1/deployments/{d.name}/state", None)
+            if code == 200 and any(c.get("state") == od.PARKED for c in doc.get("containers") or []):
+                self.state[d.name] = od.PARKED
+                self._event(d.name, "stopped", f"found parked on {host} after a failed request")
+                return
+
     async def rebuild(self) -> None:
         """After the gateway's restart: what each node's guard holds (its answer), every running one
         counted as used now (a full idle period before it is stopped)."""

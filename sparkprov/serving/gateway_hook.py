@@ -79,7 +79,9 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
         async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
                                                traceback_str=None):
             if self.act is not None:
-                self.act.done(str(request_data.get("model") or ""))
+                model = str(request_data.get("model") or "")
+                self.act.done(model)
+                await self.act.recheck(model)   # a deployment stopped under its feet is started again
 
     return SparkprovOnDemand
 

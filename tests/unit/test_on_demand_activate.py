@@ -58,8 +58,12 @@ class Nodes:
 
     async def guard(self, host, method, path, body):
         await asyncio.sleep(0)
-        if method == "GET":
+        if method == "GET" and path == od.LIST_PATH:
             return 200, {"deployments": [{"deployment": n, "state": od.SERVING} for n in sorted(self.running)]}
+        if method == "GET":
+            name = path.split("/")[3]
+            return 200, {"deployment": name, "containers": [
+                {"name": f"sparkprov-{name}", "state": od.SERVING if name in self.running else od.PARKED}]}
         name, action = path.split("/")[3:5]
         self.calls.append((action, name))
         if self.refuse:
@@ -174,3 +178,18 @@ def test_after_a_restart_the_view_is_rebuilt_from_the_guards():
     assert act.state == {"a": od.PARKED, "b": od.SERVING} and act.last_used == {"b": 5.0}
     asyncio.run(act.hold("model-b"))
     assert nodes.calls == []                 # serving: the request goes straight on
+
+
+def test_a_deployment_stopped_under_its_feet_is_found_after_a_failed_request_and_started_again():
+    nodes = Nodes(warmup=0)
+    act = activator(nodes)
+
+    async def go():
+        await act.hold("model-a")
+        act.done("model-a")
+        nodes.running.discard("a")           # the guard stopped it (memory, a stall)
+        await act.recheck("model-a")         # the request that failed
+        assert act.state["a"] == od.PARKED
+        await act.hold("model-a")
+    asyncio.run(go())
+    assert nodes.calls == [("start", "a"), ("start", "a")] and act.state["a"] == od.SERVING
