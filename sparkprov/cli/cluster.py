@@ -261,7 +261,8 @@ def print_status(st) -> None:
             acc = m.get("spec_acceptance")
             labels = c.get("labels") or {}
             t.add_row(host, c["name"], labels.get("sparkprov.deployment") or "", labels.get("sparkprov.role") or "",
-                      c["status"] + (f" (restarts {c['restarts']})" if c["restarts"] else ""),
+                      (f"{c['on_demand']} (on demand)" if c.get("on_demand") else c["status"])
+                      + (f" (restarts {c['restarts']})" if c["restarts"] else ""),
                       f"{ray['nodes']} nodes, {ray['gpus']:g} GPUs" if ray else "",
                       _health_cell(c) if c.get("port") else "",
                       ", ".join(c.get("served_models") or []),

@@ -11,6 +11,7 @@ from sparkprov.facts import probe
 from sparkprov.facts.docker_run import reporting_cause
 from sparkprov.facts.base import Fact, FactError, ShellCtx
 from sparkprov.imageref import ImageRef
+from sparkprov.node import ondemand
 from sparkprov.transport.shell import cmd, quote
 
 MANAGED = "sparkprov.managed"
@@ -220,6 +221,8 @@ class ServingStatus(Fact):
                 if c.get("ray_text") is not None:
                     c["ray"] = parse_ray_status(c.pop("ray_text"))
                 c["metrics"] = probe.metrics(c.pop("metrics_text", None))
+                if ondemand.is_on_demand(c):  # parked, starting or serving (issue 35)
+                    c["on_demand"] = ondemand.state(c, c.get("health"))
         return doc
 
 

@@ -10,6 +10,7 @@ from typing import TypedDict
 
 from sparkprov.modules.base import Export, Exports, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.modules.serve_status import SERVING_STATUS
+from sparkprov.node import ondemand
 from sparkprov.serving.spec import ROLE_HEAD, SERVING_ROLES
 
 
@@ -34,8 +35,10 @@ def health(dep: str, lead: dict, name: str, exports: Exports) -> dict:
             if c["labels"].get("sparkprov.deployment") == dep:
                 members.append((h, c))
     running = [(h, c) for h, c in members if c["status"] == "running"]
+    # on demand (docs/on-demand.md): parked (created or stopped) is what it should be, and starting
+    # (running, its API not answering yet) is the gateway's activation, bounded there
     problems = [f"{c['name']} on {h} is {c['status']}" + (f" (exit {c['exit_code']})" if c["status"] == "exited" else "")
-                for h, c in members if c["status"] != "running"]
+                for h, c in members if c["status"] != "running" and not parked(c)]
     if nodes > 1 and len(members) < nodes:
         problems.append(f"{len(members)} of {nodes} member containers exist")
     joined = len(running)
@@ -51,12 +54,12 @@ def health(dep: str, lead: dict, name: str, exports: Exports) -> dict:
         return ", ".join(f"{c['name']} on {h} (restarts {c['restarts']})" for h, c in members
                          if c.get("restarts") and (lead_too or c is not lead))
 
-    if lead["status"] == "running" and lead.get("health") != 200:
+    if lead["status"] == "running" and lead.get("health") != 200 and not ondemand.is_on_demand(lead):
         answer = f"HTTP {lead['health']}" if lead.get("health") else "no answer"
         which = restarted(lead_too=True)
         problems.append(f"{lead['name']} on {name}: /health on port {lead.get('port')}: {answer}"
                         + (f"; restarted members: {which}" if which else ""))
-    elif lead["status"] == "running" and (lead.get("liveness") or {}).get("status") != 200:
+    elif lead["status"] == "running" and lead.get("health") == 200 and (lead.get("liveness") or {}).get("status") != 200:
         # /health stays 200 for a while with a rank lost: the token says whether it serves
         live = lead.get("liveness") or {}
         why = f"HTTP {live['status']}" if live.get("status") else (live.get("error") or "no answer")
@@ -65,6 +68,10 @@ def health(dep: str, lead: dict, name: str, exports: Exports) -> dict:
                         + (f"; restarted members: {which}" if which else "; a rank is lost or the engine is hung"))
     return {"expected_nodes": nodes, "joined_nodes": joined, "gpus": gpus if gpus is not None else joined,
             "problems": problems}
+
+
+def parked(c: dict) -> bool:
+    return ondemand.is_on_demand(c) and c["status"] in ondemand.STOPPED
 
 
 class Health(TypedDict):
@@ -84,13 +91,14 @@ class DeploymentHealth(Module):
     doc = "Each deployment led from this host is whole (members running, Ray nodes, /health, a token); degraded fails."
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
-        report = {dep: health(dep, lead, host.name, host.exports)
-                  for dep, lead in deployments_led_by(host.name, host.exports).items()}
+        leads = deployments_led_by(host.name, host.exports)
+        report = {dep: health(dep, lead, host.name, host.exports) for dep, lead in leads.items()}
         bad = {d: r for d, r in report.items() if r["problems"]}
         if bad:
             return Plan.fail("; ".join(f"{d} DEGRADED: " + ", ".join(r["problems"]) for d, r in bad.items()),
                              exports=DEPLOYMENT_HEALTH(report))
         if not report:
             return Plan(msg="no deployment led from here", exports=DEPLOYMENT_HEALTH(report))
-        return Plan(msg="; ".join(f"{d}: {r['joined_nodes']}/{r['expected_nodes']} nodes, healthy"
+        return Plan(msg="; ".join(f"{d}: parked (on demand)" if parked(leads[d]) else
+                                  f"{d}: {r['joined_nodes']}/{r['expected_nodes']} nodes, healthy"
                                   for d, r in report.items()), exports=DEPLOYMENT_HEALTH(report))

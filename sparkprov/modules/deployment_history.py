@@ -28,7 +28,7 @@ from sparkprov.transport.shell import quote
 
 class Args(ServeArgs):
     phase: Literal["node", "record"]
-    kind: Literal["start", "rollback"] = "start"
+    kind: Literal["start", "rollback", "park"] = "start"
     rollback_of: int | None = Field(default=None, ge=1)
     failure: str | None = Field(default=None, max_length=4000)  # what failed in the start, as the run reported it
     time: str = ""                                                # when it started (UTC, ISO 8601)
@@ -37,8 +37,9 @@ class Args(ServeArgs):
 
 def spec_of(dep) -> history.Spec:
     """The spec a record keeps: the deployment as cluster-up was asked for it (pin only where --pin
-    was given: a record as before it)."""
-    return dep.model_dump(exclude={"pin"} if not dep.pin else None)
+    was given, on_demand where it is on demand: a record as before them, comparable with older ones)."""
+    unset = {k for k in ("pin", "on_demand") if not getattr(dep, k)}
+    return dep.model_dump(exclude=unset or None)
 
 
 class HistoryRead(TypedDict):

@@ -22,6 +22,7 @@ from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.rail import QualificationRecord, degraded
 from sparkprov.facts.serving import Listeners, ManagedContainers
 from sparkprov.modules._serving import PREFLIGHT, Preflight, ServeArgs, preflight_export
+from sparkprov.node import ondemand
 from sparkprov.serving import node
 from sparkprov.staging.facts import StoreState
 from sparkprov import inventory_vars as iv
@@ -129,14 +130,19 @@ class ServePreflight(Module):
                          "or rerun with --stage)")
         else:
             notes.append("weights staged and verified")
-        fails += self._memory(args, facts, host, launch, notes, warns)
+        if dep.on_demand:  # parked: nothing loads now; the gateway admits its memory when it starts it
+            notes.append("parked: its memory is admitted when the gateway starts it")
+        else:
+            fails += self._memory(args, facts, host, launch, notes, warns)
         port = dep.port_on(host.vars)
         ours = any(c["labels"].get("sparkprov.port") == str(port) for c in cont["containers"])
         if dep.serves_on(h) and port in (facts.listening or []) and not ours:
             fails.append(f"{h}: port {port} is already in use by a process sparkprov did not start "
                          "(fix: stop it, or set port: in the playbook / serve_port in the inventory)")
         others = [c for c in cont["containers"] if c["labels"].get("sparkprov.deployment") not in (dep.name, *args.replacing)
-                  and c["status"] == "running" and c["labels"].get("sparkprov.port") == str(port)]
+                  # a parked one (this or that) may run later: its port is taken as well
+                  and (c["status"] == "running" or dep.on_demand or ondemand.is_on_demand(c))
+                  and c["labels"].get("sparkprov.port") == str(port)]
         for c in others:
             fails.append(f"{h}: container {c['name']} of deployment {c['labels'].get('sparkprov.deployment')!r} "
                          f"holds port {port} (fix: invoke cluster-down --deployments "

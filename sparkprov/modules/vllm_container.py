@@ -21,6 +21,7 @@ from sparkprov.facts.runtimes import OllamaState
 from sparkprov.facts.serving import ManagedContainers, ServeReady
 from sparkprov.modules._serving import ServeArgs
 from sparkprov.serving.node import NodeContainer
+from sparkprov.node import ondemand
 from sparkprov.transport.shell import cmd, quote
 from typing import TypedDict
 
@@ -91,20 +92,28 @@ class VllmContainer(Module):
         spec, image = built.spec, built.image
         have = next((c for c in mine if c["name"] == spec.name), None)
         strays = [c["name"] for c in mine if c["name"] != spec.name]
+        # parked (on demand): left as it is whether the gateway started it or not; on demand or not
+        # is a label (outside the hash): a container that is the other kind is made again
+        kept = ("running", "restarting") + (ondemand.STOPPED if dep.on_demand else ())
         unchanged = bool(have and not strays and have["labels"].get("sparkprov.recipe_hash") == spec.hash
-                         and have["status"] in ("running", "restarting"))
+                         and have["status"] in kept and ondemand.is_on_demand(have) == dep.on_demand)
         if args.checks_only:
             return Plan(msg=f"{h} can start its rank: the same build as the others, flags known to the image"
                             + (f", pinned to {image.runs}" if image.why == "pinned" else ""), exports=STARTS({dep.name: not unchanged}))
         if unchanged:
-            return Plan(msg=f"{spec.name} up with recipe {spec.hash} ({dep.model})",
+            return Plan(msg=f"{spec.name} {'parked (' + have['status'] + ')' if dep.on_demand else 'up'} with recipe "
+                            f"{spec.hash} ({dep.model})",
                         exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash,
                                                        "id": have["id"]}}))
         before = "absent\n" if not have else (f"{have['name']} {have['status']} recipe "
                                               f"{have['labels'].get('sparkprov.recipe_hash')}\n")
         why = ("absent" if not have else
                f"recipe {have['labels'].get('sparkprov.recipe_hash')} -> {spec.hash}"
-               if have["labels"].get("sparkprov.recipe_hash") != spec.hash else f"{have['status']}")
+               if have["labels"].get("sparkprov.recipe_hash") != spec.hash else
+               ("on demand" if dep.on_demand else "no longer on demand")
+               if ondemand.is_on_demand(have) != dep.on_demand else f"{have['status']}")
+        if dep.on_demand:
+            return self._park(dep, host, spec, have, strays, before, why, cont)
         changes: list[Change] = []
         if strays:
             changes.append(Change(f"remove {', '.join(strays)} (other containers of {dep.name})",
@@ -138,6 +147,26 @@ class VllmContainer(Module):
         # every deployment started on this host in this run, not only the latest (one key per host)
         start.exports = REPLACED({**(REPLACED.read(host.exports, h) or {}), dep.name: have["name"] if have else None})
         changes.append(start)
+        return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
+
+    @staticmethod
+    def _park(dep, host: HostContext, spec, have, strays: list[str], before: str, why: str, cont) -> Plan:
+        """An on-demand deployment's container created and left stopped (spec: `docker create`):
+        no load, so no page-cache drop and no Ollama unload; the API key file made as a start makes it."""
+        changes: list[Change] = []
+        if strays:
+            changes.append(Change(f"remove {', '.join(strays)} (other containers of {dep.name})",
+                                  cmd("docker", "rm", "-f", *strays) + " >/dev/null"))
+        predicted = {"access": True, "error": None, "containers": [c for c in cont["containers"] if c["name"] != spec.name
+                                                                   and c["name"] not in strays]
+                     + [{"name": spec.name, "status": "created", "labels": spec.labels, "id": "(new)"}]}
+        park = Change(f"park {spec.name} ({spec.role}, {dep.model}, recipe {spec.hash}): {why}",
+                      _run_script(spec, dep.serves_on(host.name)),
+                      Diff(f"{host.name}: {spec.name}", before, f"{spec.name} parked recipe {spec.hash}\n"),
+                      touches=[ManagedContainers()], timeout=120, predicts=[(ManagedContainers(), predicted)])
+        park.exports = REPLACED({**(REPLACED.read(host.exports, host.name) or {}),
+                                 dep.name: have["name"] if have else None})
+        changes.append(park)
         return Plan(changes, exports=CONTAINERS({dep.name: {"name": spec.name, "role": spec.role, "hash": spec.hash}}))
 
     @staticmethod

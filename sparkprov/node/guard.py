@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import NODE_LIB, NODE_PACKAGE
 from . import decide as d
+from . import ondemand as od
 from . import requalify as rq
 from .docker import Docker, DockerError
 from .metrics import render_metrics
@@ -67,6 +68,9 @@ INTERNAL = {
     # What tells a boot: the kernel's boot id, and a marker in /run (a tmpfs: empty after every
     # boot; the lab's simulated Sparks share one kernel, so the marker alone tells their boots apart).
     "boot_id": "/proc/sys/kernel/random/boot_id", "boot_marker": BOOT_MARKER,
+    # the key of the on-demand requests (node/ondemand.py): written 0600 by `gateway up`, read at each
+    # request (a key written after the guard started counts at once)
+    "ondemand_key": "/etc/sparkprov/ondemand.key",
 }
 STATE_EVERY_S = 5          # the state file (what `invoke status` reads) at least this often
 # Without NVML each GPU reading is two nvidia-smi processes: at most this often (a Spark's driver has
@@ -183,6 +187,8 @@ class Guard:
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.lock = threading.Lock()                      # the journal: the sampler and its threads
+        self.act_lock = threading.Lock()                  # docker stops and starts: the sampler's, requests'
+        self.nonces = od.NonceCache()                     # the on-demand requests' nonces, within their window
         self.kernel = KernelLog(cfg["kernel_log"])
         self.kernel.read()
         self.docker = Docker(cfg["docker_socket"])
@@ -304,6 +310,10 @@ class Guard:
     # -- acting -------------------------------------------------------------------------------
 
     def act(self, actions: list[dict]) -> list[str]:
+        with self.act_lock:
+            return self._act(actions)
+
+    def _act(self, actions: list[dict]) -> list[str]:
         errors = []
         ids = {c["name"]: c.get("id") for c in self.containers}
         for a in actions:
@@ -361,6 +371,62 @@ class Guard:
                 self.counts[e["kind"]] = self.counts.get(e["kind"], 0) + 1
             fh.flush()
             os.fsync(fh.fileno())
+
+    # -- on demand: a signed start or stop of a deployment this node holds (node/ondemand.py) ----
+
+    def _health(self, containers: list[dict]) -> dict[str, int | None]:
+        return {c["name"]: _get(c["port"], "/health", 2)[0] for c in containers
+                if od.is_on_demand(c) and c.get("status") == "running" and c.get("port")}
+
+    def on_demand(self, method: str, path: str, headers: dict, body: bytes) -> tuple[int, dict]:
+        """A request of the gateway: (HTTP status, answer). Authenticated first (HMAC, time, nonce);
+        then only the named deployment's containers, labelled on-demand, are started or stopped. A
+        start is a load to the guard (its API not answering yet: the load-time memory watch); a stop is
+        intended: journaled with its reason, never held, restarted or counted against the budget."""
+        m = od.PATH_RE.fullmatch(path)
+        if path != od.LIST_PATH and m is None:
+            return 404, {"error": "no such endpoint"}
+        if method != ("POST" if m and m.group(2) != "state" else "GET"):
+            return 405, {"error": f"{method} is not how {path} is asked"}
+        why = od.verify(od.parse_key(_read(self.cfg["ondemand_key"])), method, path, headers, body, time.time(),
+                        self.nonces)
+        if why:
+            return 401, {"error": why}
+        with self.act_lock:
+            try:
+                containers = self.docker.containers()
+            except (DockerError, ValueError) as e:
+                return 502, {"error": f"docker: {e}"[:300]}
+            if m is None:
+                return 200, {"deployments": od.describe(containers, self._health(containers))}
+            name, action = m.groups()
+            names, refused = od.plan(containers, name, action)
+            if refused is None and action == "start":
+                held = od.held_by_guard(names, self.state["held"], self.state["stood_down"])
+                refused = (409, held) if held else None
+            if refused:
+                return refused[0], {"error": refused[1]}
+            ids = {c["name"]: c.get("id") or c["name"] for c in containers}
+            errors = []
+            for n in names:
+                try:
+                    self.docker.start(ids[n]) if action == "start" else self.docker.stop(ids[n], d.STOP_GRACE_S)
+                except DockerError as e:
+                    errors.append(f"docker {action} {n} failed: {e}")
+            if names:
+                self.docker_t = -1e9   # the next sample reads them: a start is judged as a load from then on
+                reason = od.request_reason(body) or "a request"
+                done = ("started " if action == "start" else "stopped ") + ", ".join(names)
+                self.journal([d.event(time.time(), f"on-demand-{action}", f"{name}: {reason}", "a signed request",
+                                      "; ".join(errors) or done)])
+            if errors:
+                return 502, {"error": "; ".join(errors)}
+            try:
+                after = [c for c in self.docker.containers()
+                         if (c.get("labels") or {}).get("sparkprov.deployment") == name]
+            except (DockerError, ValueError) as e:
+                return 502, {"error": f"docker: {e}"[:300]}
+        return 200, {"deployment": name, "acted": names, "containers": od.describe(after, self._health(after))}
 
     # -- the fabric, after a boot -------------------------------------------------------------
 
@@ -437,6 +503,8 @@ class Guard:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
+                if self.path.startswith(od.LIST_PATH):
+                    return self._on_demand(b"")
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return
@@ -446,6 +514,25 @@ class Guard:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self):  # noqa: N802
+                try:
+                    size = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    size = -1
+                if not 0 <= size <= od.MAX_BODY:
+                    self.send_error(413)
+                    return
+                self._on_demand(self.rfile.read(size) if size else b"")
+
+            def _on_demand(self, body: bytes) -> None:
+                code, doc = guard.on_demand(self.command, self.path, dict(self.headers.items()), body)
+                data = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def log_message(self, *a):
                 pass

@@ -37,10 +37,25 @@ def up_deployments(inv: Inventory, o: UpOptions, playbook: str) -> list[Deployme
     """What cluster-up starts: --model's one deployment, else the serve playbook's that --tp,
     --hosts and --deployments select; each checked against the catalog before any host."""
     if o.model:
-        return [command_line_deployment(inv, o.model, tp=o.tp or 1, pp=o.pp, dp=o.dp, ep=o.ep, executor=o.executor,
+        deps = [command_line_deployment(inv, o.model, tp=o.tp or 1, pp=o.pp, dp=o.dp, ep=o.ep, executor=o.executor,
                                         hosts=o.hosts, name=o.name, recipe_files=o.recipes)]
-    return playbook_deployments(inv, playbook, tp=o.tp, hosts=o.hosts, names=o.deployments, executor=o.executor,
-                                recipe_files=o.recipes)
+    else:
+        deps = playbook_deployments(inv, playbook, tp=o.tp, hosts=o.hosts, names=o.deployments, executor=o.executor,
+                                    recipe_files=o.recipes)
+    return [park(d) for d in deps] if o.park else deps
+
+
+def park(d: Deployment) -> Deployment:
+    """--park: the deployment on demand (parked by this run), checked as a playbook's on_demand: true is."""
+    from sparkprov.serving.node import catalog_for
+
+    parked = d.model_copy(update={"on_demand": True})
+    problem = parked.on_demand_problem(catalog_for(parked))
+    if problem:
+        from sparkprov.options import OptionError
+
+        raise OptionError(f"--park: deployment {d.name!r}: {problem[0]}", fix=problem[1])
+    return parked
 
 
 def up_targets(inv: Inventory, deps: list[Deployment], allowed: list[str] | None) -> list[str]:
@@ -164,14 +179,22 @@ def cluster_up(inv: Inventory, deps: list[Deployment], o: UpOptions, targets: li
     for d in deps:
         changed = started_anything(report, d)
         state = ("failed" + (" (removed again)" if d.name in cleaned else "") if d.name in bad else
-                 ("would start or replace" if changed else "already up, unchanged") if check else
-                 ("started" if changed else "already up, unchanged"))
+                 up_state(d.on_demand, changed, check))
         result.deployments[d.name] = _outcome(inv, d, runner.exports, state)
         if settled:
             add_settled(result, d.name, settled)
     if result.serving_changed:
         result.gateway = refresh(inv, again())  # a running gateway routes to what serves now
     return result
+
+
+def up_state(on_demand: bool, changed: bool, check: bool) -> str:
+    """What cluster-up did with a deployment that did not fail (a parked one: created, left stopped)."""
+    if on_demand:
+        return ("would park" if changed else "on demand, unchanged") if check else ("parked" if changed else
+                                                                                    "on demand, unchanged")
+    return ("would start or replace" if changed else "already up, unchanged") if check else \
+        ("started" if changed else "already up, unchanged")
 
 
 def _outcome(inv: Inventory, d: Deployment, exports: Exports, state: str) -> DeploymentSummary:

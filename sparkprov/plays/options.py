@@ -92,6 +92,10 @@ class UpOptions:
                        "runs. Refused before any container starts when a node's image has no registry digest (built "
                        "or copied there) or the nodes hold different digests; a pinned deployment started again with "
                        "--pin is left running", Flag())
+    park: bool = option("Park the deployments: every step of a start (preflight, image, weights) but the start "
+                        "itself: their containers are created and left stopped, labelled on demand (as a serve "
+                        "playbook's on_demand: true); the gateway starts one when a request asks for its model "
+                        "(docs/on-demand.md)", Flag())
     # not an option: per deployment, the other deployments removed before it starts (plays/replace.py)
     replacing: dict[str, list[str]] = field(default_factory=dict)
 

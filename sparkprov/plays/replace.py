@@ -28,6 +28,7 @@ from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.plays.book import run_book
+from sparkprov.node import ondemand
 from sparkprov.plays.serve import UpOptions, down_book, read_status
 from sparkprov.plays.upgrade import Rollback, last_good_starts, rollback
 from sparkprov.serving.history import Record
@@ -65,6 +66,8 @@ def serving_on(containers: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, s
             labels = c.get("labels") or {}
             name = labels.get("sparkprov.deployment")
             if not name or labels.get("sparkprov.role") in ("gateway", "monitor"):
+                continue
+            if ondemand.is_on_demand(c):  # the gateway's to start and stop (docs/on-demand.md), never replaced
                 continue
             runs.setdefault(name, set()).add(h)
             if str(labels.get("sparkprov.rank") or "0") == "0":

@@ -24,6 +24,9 @@ cluster-up, per deployment, plays in this order (plays are barriers):
                                            container, vllm_container compares it and starts it)
     NAME: ready             serving nodes  wait for Ray / the load / /health, warm-up, smoke test
 
+An on-demand deployment (on_demand: true, cluster-up --park) is parked: its containers are created
+(`docker create`, the same argv and recipe hash) and left stopped, and no ready play runs.
+
 A deployment that fails after something started is removed again (cleanup play, by label).
 """
 
@@ -127,9 +130,10 @@ def up_book(deployments: list[Deployment], o: UpOptions,
                                     task(f"{d.name}: container", "vllm_container", pre, where, become=False)],
                                    become=o.drop_caches, where=where))
         serving = [h for h in d.hosts if d.serves_on(h)]
-        book.plays.append(play(f"{d.name}: ready", serving, [task(
+        # parked (on demand): nothing started, nothing to wait for; its start is the gateway's
+        book.plays += [] if d.on_demand else [play(f"{d.name}: ready", serving, [task(
             f"{d.name}: ready", "vllm_ready", {**args, "ray_timeout": o.ray_timeout, "health_timeout": o.health_timeout,
-                                               "verify": o.verify}, where)], where=where))
+                                               "verify": o.verify}, where)], where=where)]
         for p in book.plays[first:]:
             p.subject = d.name  # its results are found by it (failed_deployments, started_anything)
         if d.cluster:

@@ -211,7 +211,8 @@ def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str], exp
         if not started_anything(report, d):
             continue
         live = [h for h in d.hosts if h in targets and not report.hosts[h].unreachable]
-        upgraded = replaced_running(exports, d)
+        # a park started nothing: nothing to gate or roll back to (a failed one is removed)
+        upgraded = replaced_running(exports, d) and not d.on_demand
         failure = failure_of(report, d) if d.name in failed else None
         gated = None
         if failure is None and gate is not None and d.name in gate.baselines and upgraded:
@@ -219,8 +220,8 @@ def settle(inv, deps: list[Deployment], opts: UpOptions, targets: list[str], exp
         failure = start_failure(failure, gated)
         hist: HistoryRead | None = None
         if d.hosts[0] in live:
-            hist = read_history(run_book(inv, history_book(d, failure=failure, bench=gated), live, options(),
-                                         report), d)
+            hist = read_history(run_book(inv, history_book(d, kind=history.PARK if d.on_demand else history.START,
+                                                           failure=failure, bench=gated), live, options(), report), d)
             if hist is not None:
                 out.recorded[d.name] = hist["record"]
         step = after_start(failure, upgraded, hist["records"] if hist else [],

@@ -18,6 +18,10 @@
         port: 8000                      # default: the host's serve_port var, else 8000
         ray_port: 6379                  # Ray GCS port on the head (executor ray)
         master_port: 29501              # rendezvous port on rank 0 (executor native)
+        on_demand: false                # true: cluster-up parks it (every step of a start but the start:
+                                        # its container created and left stopped); the gateway starts it
+                                        # when a request asks for its model (docs/on-demand.md)
+        idle_stop_s: 900                # on demand: the gateway stops it after this long without a request
 
 Errors are one line with the file position (FILE:LINE:COL: message (fix: ...)).
 """
@@ -79,6 +83,10 @@ class Deployment(BaseModel):
     image_override: str | None = None
     # cluster-up --pin: runs by the registry digest every node's docker holds for its image (REPO@sha256:...)
     pin: SkipJsonSchema[bool] = False
+    # on demand (issue 35, docs/on-demand.md): parked by cluster-up (cluster-up --park sets it), started
+    # by the gateway when a request asks for its model, stopped by it after idle_stop_s without one
+    on_demand: bool = False
+    idle_stop_s: int | None = Field(default=None, ge=10, le=7 * 86400)
     # where it was written (errors name it); never part of the arguments the modules receive
     where: SkipJsonSchema[Where] = Field(default=(None, None, None), exclude=True)
     override_where: SkipJsonSchema[dict[str, tuple[int | None, int | None]]] = Field(default_factory=dict,
@@ -122,6 +130,9 @@ class Deployment(BaseModel):
             raise ValueError(f"override {conflict}")
         if self.executor is None:
             self.executor = "native" if self.dp > 1 else "ray"
+        if self.idle_stop_s is not None and not self.on_demand:
+            raise ValueError("idle_stop_s is the idle time after which the gateway stops an on-demand deployment: "
+                             "give on_demand: true with it, or leave it out")
         return self
 
     @property
@@ -151,7 +162,8 @@ class Deployment(BaseModel):
 
     def as_args(self) -> dict[str, Any]:
         """What the serving modules take as their `deployment` argument (plain data)."""
-        unset = {k for k in ("image_override", "pin") if not getattr(self, k)}  # cluster-up's --image, --pin
+        # cluster-up's --image, --pin, and on demand: absent where unset (the arguments as before them)
+        unset = {k for k in ("image_override", "pin", "on_demand", "idle_stop_s") if not getattr(self, k)}
         return self.model_dump(exclude_none=False, exclude=unset or None)
 
     def port_on(self, host_vars: dict[str, Any]) -> int:
@@ -189,12 +201,30 @@ class Deployment(BaseModel):
         problem = self.hosts_problem()
         if problem:
             raise self.error(problem, fix=f"give {self.nodes} hosts, the first is rank 0")
+        problem = self.on_demand_problem(catalog)
+        if problem:
+            raise self.error(problem[0], fix=problem[1])
         if topology == "ring" and links and self.nodes > 2:
             from sparkprov.facts.topology import parse_links
 
             problem = ring_order_problem(self.hosts, parse_links(links))
             if problem:
                 raise self.error(problem + " (fabric_links in the inventory)", fix="list the hosts in ring order")
+
+    def on_demand_problem(self, catalog: Catalog) -> tuple[str, str] | None:
+        """Why it cannot be parked and started on demand, and the fix (None: it can). A multi-node
+        deployment's activation (every rank started, rank 0 as its executor needs) is not built yet; a
+        recipe restarting its container `always` would start every parked one at each boot of docker."""
+        if not self.on_demand:
+            return None
+        if self.cluster:
+            return (f"on demand is single-node only for now ({self.layout.describe()} spans {self.nodes} hosts; "
+                    "issue 35)", "leave out on_demand (and --park), or serve it on one host per replica")
+        restart = catalog.get(self.model).docker.restart
+        if restart == "always":
+            return ("its recipe restarts the container always: docker would start every parked one at each boot",
+                    "give the recipe docker.restart: unless-stopped (sparkprov's default)")
+        return None
 
     def error(self, message: str, fix: str | None = None, *, override: str | None = None) -> InputError:
         """An error at the deployment's place in its playbook (or at one of its overrides)."""

@@ -24,8 +24,9 @@ from pydantic import ValidationError
 from sparkprov.inputfiles import Stored, shape_problem
 
 HISTORY_DIR = "~/.local/state/sparkprov/deployments"  # on rank 0, the login user's: DIR/NAME/history.jsonl
-PASSED, FAILED = "passed", "failed"
-START, ROLLBACK = "start", "rollback"
+PASSED, FAILED, PARKED = "passed", "failed", "parked"
+# a park (cluster-up --park, on_demand: true): its containers created and left stopped, no smoke test
+START, ROLLBACK, PARK = "start", "rollback", "park"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 Spec = dict[str, Any]  # a deployment as cluster-up was asked for it (modules/deployment_history.py spec_of)
@@ -56,9 +57,9 @@ class Record(TypedDict, total=False):
     by an older sparkprov may lack keys: read with .get)."""
     n: int
     time: str
-    kind: str                # START | ROLLBACK
+    kind: str                # START | ROLLBACK | PARK
     rollback_of: int
-    result: str              # PASSED | FAILED
+    result: str              # PASSED | FAILED | PARKED
     problem: str | None
     spec: Spec
     model: ModelCommit
@@ -186,13 +187,15 @@ def new_record(records: list[Record], *, time: str, kind: str, rollback_of: int 
     recorded on rank 0 for the container running now, passes the recipe's check (`smoke_check`:
     the answer's problems, as cluster-up's ready step judges them)."""
     problems = [failure] if failure else []
-    if smoke is None and not problems:
+    if kind == PARK:  # nothing started: nothing answered; never a rollback's target (not PASSED)
+        smoke = None
+    elif smoke is None and not problems:
         problems.append("no smoke test answer recorded for rank 0's container")
     elif smoke is not None and not failure:
         problems += smoke_check(smoke)
     return {"n": (records[-1]["n"] + 1) if records else 1, "time": time, "kind": kind,
             **({"rollback_of": rollback_of} if rollback_of is not None else {}),
-            "result": FAILED if problems else PASSED, "problem": "; ".join(problems) or None,
+            "result": FAILED if problems else PARKED if kind == PARK else PASSED, "problem": "; ".join(problems) or None,
             "spec": spec, "model": model, "nodes": nodes,
             "smoke": None if smoke is None else {k: smoke.get(k) for k in ("prompt", "content", "status", "error")
                                                  if k in smoke},

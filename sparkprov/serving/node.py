@@ -156,7 +156,9 @@ def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | No
     worker, or a native rank: rank 0 serves the API, the others are --headless). `foreground`:
     for systemd (serving/systemd.py) instead of docker's restart policy."""
     if not dep.cluster:
-        return specmod.single(dep.name, host, node_launch, foreground=foreground)
+        spec = specmod.single(dep.name, host, node_launch, foreground=foreground)
+        # on demand: created and left stopped, the gateway starts it (a service manager's unit is no park)
+        return specmod.parked(spec, dep.idle_stop_s) if dep.on_demand and not foreground else spec
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,

@@ -33,9 +33,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkprov.catalog.render import KEY_PATH, WRAPPER_NAME, Launch
+from sparkprov.node.ondemand import IDLE_STOP_LABEL, ON_DEMAND_LABEL
 from sparkprov.serving import supervise
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
@@ -180,6 +181,19 @@ def assemble(launch: Launch, *, name: str, role: str, labels: dict[str, str], co
     argv = (opts[:3] + label_words + opts[3:] if labels_after_detach else opts + label_words) + body + tail
     return ContainerSpec(deployment, host, name, role, argv, digest, launch.image, launch,
                          launch.ctx.port if serves else None, labels)
+
+
+def parked(spec: ContainerSpec, idle_stop_s: int | None) -> ContainerSpec:
+    """The container of an on-demand deployment, created and left stopped (cluster-up --park): the
+    same `docker run -d` argv as `docker create`, with the on-demand labels after its own. Labels are
+    outside the recipe hash: it is the hash a start of the same container carries."""
+    if spec.argv[:3] != ["docker", "run", "-d"]:
+        raise ValueError(f"{spec.name}: only a detached container can be parked")
+    extra = {ON_DEMAND_LABEL: "1", **({IDLE_STOP_LABEL: str(idle_stop_s)} if idle_stop_s else {})}
+    last = max(i for i, w in enumerate(spec.argv) if w == "--label") + 2
+    words = [w for k, v in extra.items() for w in ("--label", f"{k}={v}")]
+    argv = ["docker", "create", *spec.argv[3:last], *words, *spec.argv[last:]]
+    return replace(spec, argv=argv, labels={**spec.labels, **extra})
 
 
 def _deployment_labels(deployment: str, role: str, launch: Launch, extra: dict[str, str]) -> dict[str, str]:

@@ -52,11 +52,11 @@ def fabric(host):
     return {"rails": RAILS[host], **fabric_facts.nccl_settings(RAILS[host])}
 
 
-def staged_store():
+def staged_store(dep_args=None):
     """A store holding the deployment's weights, verified (as stage-weights leaves it)."""
     from sparkprov.staging.plan import Entry, Record
 
-    dep = Deployment.model_validate(DEP)
+    dep = Deployment.model_validate(dep_args or DEP)
     (repo, rev), = node.repos(dep)
     base = "hub/models--" + repo.replace("/", "--")
     commit = "c" * 40

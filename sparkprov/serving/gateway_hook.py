@@ -1,0 +1,100 @@
+"""LiteLLM's proxy hook for on-demand deployments (issue 35, docs/on-demand.md).
+
+Shipped read-only into the gateway's container next to its config.yaml (as sparkprov_ondemand.py,
+with the node package as sparkprov_node/) and named in it (`litellm_settings: callbacks:
+sparkprov_ondemand.proxy_handler_instance`). Before a request goes on (async_pre_call_hook) it is
+held while its on-demand deployment is started (sparkprov/node/activate.py decides and asks the
+nodes' guards); a request that cannot be served gets HTTP 503 with the reason. After each request
+(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. At its
+first request after a start of the proxy it rebuilds its view from the guards.
+
+LiteLLM's names (CustomLogger, fastapi's HTTPException) come from the proxy's own packages; the
+handler is built by `make_handler` from them, so the logic is tested here without LiteLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+# The name the gateway's container loads this file under (LiteLLM imports a callback's file from the
+# config's folder by its path), and the node package's there.
+MODULE = "sparkprov_ondemand"
+if __name__ == MODULE:  # in the gateway's container: the node package beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sparkprov_node import activate  # type: ignore[import-not-found]
+else:
+    from sparkprov.node import activate
+
+CONFIG = os.environ.get("SPARKPROV_ONDEMAND_CONFIG", "/app/ondemand.json")
+SWEEP_EVERY_S = 10.0
+
+
+def make_handler(base: type, http_exception: type, load, sweep_every_s: float = SWEEP_EVERY_S) -> type:
+    """The hook class over LiteLLM's CustomLogger (`base`); `load()` gives the Activator."""
+
+    class SparkprovOnDemand(base):  # type: ignore[misc, valid-type]
+        def __init__(self):
+            super().__init__()
+            self.act = None
+            self.sweeper = None
+            self.loading = None
+
+        async def _ready(self):
+            # one view for every request: the first requests after a start of the proxy come at once,
+            # and each building its own while the guards answer would start a model once per view
+            if self.loading is None:
+                self.loading = asyncio.ensure_future(self._load())
+            return await asyncio.shield(self.loading)
+
+        async def _load(self):
+            act = load()
+            await act.rebuild()            # after a restart of the proxy: what the guards hold
+            self.act = act
+            self.sweeper = asyncio.ensure_future(self._sweep())
+            return act
+
+        async def _sweep(self):
+            while True:
+                await asyncio.sleep(sweep_every_s)
+                try:
+                    await self.act.sweep()
+                except Exception as e:  # noqa: BLE001 - the sweeper goes on; the next round tries again
+                    print(f"sparkprov on-demand sweep: {type(e).__name__}: {e}", flush=True)
+
+        async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+            act = await self._ready()
+            try:
+                await act.hold(str(data.get("model") or ""))
+            except activate.Unavailable as e:
+                raise http_exception(status_code=503, detail={"error": f"sparkprov on demand: {e}"}) from None
+            return data
+
+        async def async_post_call_success_hook(self, data, user_api_key_dict, response):
+            if self.act is not None:
+                self.act.done(str(data.get("model") or ""))
+
+        async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
+                                               traceback_str=None):
+            if self.act is not None:
+                model = str(request_data.get("model") or "")
+                self.act.done(model)
+                await self.act.recheck(model)   # a deployment stopped under its feet is started again
+
+    return SparkprovOnDemand
+
+
+def load_config(path: str = CONFIG):
+    with open(path) as fh:
+        return activate.activator_from(json.load(fh))
+
+
+try:  # inside LiteLLM's proxy
+    from fastapi import HTTPException  # type: ignore[import-not-found]
+    from litellm.integrations.custom_logger import CustomLogger  # type: ignore[import-not-found]
+except ImportError:  # anywhere else (sparkprov's own tests build the handler with make_handler)
+    proxy_handler_instance = None
+else:
+    proxy_handler_instance = make_handler(CustomLogger, HTTPException, load_config)()

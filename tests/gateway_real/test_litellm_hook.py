@@ -1,0 +1,204 @@
+"""The on-demand hook inside the real LiteLLM proxy (1.108.7, the lab's gateway image's), on loopback:
+a request for a parked model is held while the node's guard starts it and answered once it answers;
+a request the node's guard refuses to start gets HTTP 503 with the reason; concurrent requests share
+one start. The guard and the engines are stand-ins on loopback (the guard verifies the signatures with
+node/ondemand.py's verify, as the real one does); LiteLLM is real: its proxy loads the hook file from
+the config's folder, as the gateway's container does.
+
+Not part of `make test` (marker `litellm`): it needs LiteLLM's packages, which sparkprov does not
+depend on. Give their site-packages (the lab image's layers unpacked) in SPARKPROV_LITELLM_SITE
+(colon-separated), then: pytest -m litellm tests/gateway_real.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparkprov.node import ondemand as od
+
+pytestmark = pytest.mark.litellm
+SITE = os.environ.get("SPARKPROV_LITELLM_SITE")
+REPO = Path(__file__).resolve().parents[2]
+KEY = bytes(range(32))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(handler) -> http.server.ThreadingHTTPServer:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+class World:
+    """The engines (answer once started, `load_s` after the start) and the node's guard."""
+
+    def __init__(self, load_s: float = 1.5):
+        self.started: dict[str, float] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.refused = {"b": "the node's guard holds sparkprov-b stopped (stall) until memory is back"}
+        self.load_s = load_s
+        self.nonces = od.NonceCache()
+        world = self
+
+        class Engine(http.server.BaseHTTPRequestHandler):
+            name = ""
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                t = world.started.get(self.name)
+                if t is None or time.time() - t < world.load_s:
+                    self.send_error(503)
+                    return
+                chat = self.path.endswith("/chat/completions")
+                body = json.dumps({"id": "x", "object": "chat.completion" if chat else "text_completion",
+                                   "created": 1, "model": f"model-{self.name}",
+                                   "choices": [{"index": 0, "finish_reason": "stop",
+                                                **({"message": {"role": "assistant", "content": f"I am {self.name}"}}
+                                                   if chat else {"text": "1"})}],
+                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Guard(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _answer(self, code, doc):
+                data = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                why = od.verify(KEY, "GET", self.path, dict(self.headers.items()), b"", time.time(), world.nonces)
+                if why:
+                    return self._answer(401, {"error": why})
+                self._answer(200, {"deployments": [{"deployment": n, "state": od.PARKED} for n in ("a", "b")]})
+
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                why = od.verify(KEY, "POST", self.path, dict(self.headers.items()), body, time.time(), world.nonces)
+                if why:
+                    return self._answer(401, {"error": why})
+                name, action = self.path.split("/")[3:5]
+                world.calls.append((action, name))
+                if action == "start" and name in world.refused:
+                    return self._answer(409, {"error": world.refused[name]})
+                if action == "start":
+                    world.started.setdefault(name, time.time())
+                else:
+                    world.started.pop(name, None)
+                self._answer(200, {"deployment": name, "acted": [f"sparkprov-{name}"]})
+
+        self.engines = {n: _serve(type(f"Engine{n}", (Engine,), {"name": n})) for n in ("a", "b")}
+        self.guard = _serve(Guard)
+
+    def close(self):
+        for s in [*self.engines.values(), self.guard]:
+            s.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    if not SITE:
+        pytest.skip("SPARKPROV_LITELLM_SITE is not set (LiteLLM's site-packages)")
+    d = tmp_path_factory.mktemp("gateway")
+    world = World()
+    apis = {n: f"http://127.0.0.1:{s.server_address[1]}/v1" for n, s in world.engines.items()}
+    # the gateway's folder as `gateway up` would write it: config, the hook file, the node package
+    shutil.copy(REPO / "sparkprov/serving/gateway_hook.py", d / "sparkprov_ondemand.py")
+    shutil.copytree(REPO / "sparkprov/node", d / "sparkprov_node", ignore=shutil.ignore_patterns("__pycache__"))
+    config = {"model_list": [{"model_name": f"model-{n}", "litellm_params": {"model": f"hosted_vllm/model-{n}",
+                                                                            "api_base": apis[n], "api_key": "none"}}
+                             for n in ("a", "b")],
+              "litellm_settings": {"drop_params": True, "callbacks": ["sparkprov_ondemand.proxy_handler_instance"]},
+              "general_settings": {"master_key": "sk-test"}}
+    (d / "config.yaml").write_text(json.dumps(config))
+    (d / "ondemand.json").write_text(json.dumps({
+        "key": KEY.hex(), "guard_port": world.guard.server_address[1], "addresses": {"spark1": "127.0.0.1"},
+        "budgets_gib": {"spark1": 10}, "bound_s": 20,
+        "deployments": [{"name": n, "model": f"model-{n}", "hosts": ["spark1"], "memory_gib": {"spark1": 8},
+                         "api_base": apis[n], "api_key": None, "idle_stop_s": 600} for n in ("a", "b")]}))
+    port = _port()
+    env = {**os.environ, "PYTHONPATH": SITE, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "SPARKPROV_ONDEMAND_CONFIG": str(d / "ondemand.json"), "NO_PROXY": "*"}
+    log = open(d / "proxy.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", "from litellm import run_server; run_server()", "--config",
+                             str(d / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+        else:
+            pytest.fail("the proxy did not answer: " + (d / "proxy.log").read_text()[-2000:])
+        if proc.poll() is not None:
+            pytest.fail("the proxy exited: " + (d / "proxy.log").read_text()[-2000:])
+        yield port, world, d
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        world.close()
+
+
+def chat(port: int, model: str) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+                                 data=json.dumps({"model": model, "messages": [{"role": "user", "content": "who"}],
+                                                  "max_tokens": 4}).encode(),
+                                 headers={"Authorization": "Bearer sk-test", "Content-Type": "application/json"})
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_a_request_for_a_parked_model_is_held_and_answered_and_concurrent_ones_share_the_start(proxy):
+    port, world, _ = proxy
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: chat(port, "model-a"), range(8)))
+    took = time.time() - t0
+    assert [code for code, _ in answers] == [200] * 8, answers
+    assert {doc["choices"][0]["message"]["content"] for _, doc in answers} == {"I am a"}
+    assert world.calls.count(("start", "a")) == 1 and took >= world.load_s
+    print(f"8 held requests answered in {took:.2f}s after one start (the engine's load {world.load_s}s)")
+
+
+def test_a_request_the_guard_refuses_to_start_gets_503_with_the_reason(proxy):
+    port, world, d = proxy
+    code, doc = chat(port, "model-b")
+    assert code == 503, (code, doc, (d / "proxy.log").read_text()[-3000:])
+    assert "holds sparkprov-b stopped (stall)" in json.dumps(doc)
