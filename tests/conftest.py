@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+def pytest_configure(config):
+    # The suite makes its own lab and hubs, each with its own token. A Hugging Face token of the
+    # user's would be sent to them and refused (401): the README has the demo lab's exported
+    # (`export HF_TOKEN=...`), and `make test` run in that shell failed every test that stages
+    # (seen in a fresh clone); `hf auth login`'s token file would do the same. Tests that need a
+    # token set their own.
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        os.environ.pop(var, None)
+    os.environ["HF_TOKEN_PATH"] = str(REPO / ".lab-cache" / "no-hf-token-in-tests")
 
 
 @pytest.fixture
