@@ -147,23 +147,33 @@ def node_files(tmp_path: Path, sock: Path) -> dict:
                                                "compact_memory", "boot_id", "boot_marker")}}
 
 
+def rank0_container(cid: str, name: str, port: int) -> dict:
+    """A running rank-0 container as docker's API lists it, its engine's port labelled."""
+    return {"Id": cid, "Name": f"/{name}", "RestartCount": 0,
+            "State": {"Status": "running", "Pid": 1, "StartedAt": "2026-11-28T13:01:02.1Z"},
+            "Config": {"Labels": {"sparkprov.managed": "1", "sparkprov.role": "rank0", "sparkprov.port": str(port)}}}
+
+
+def write_memory(tmp_path: Path, free_kb: int, available_kb: int, top_blocks: int) -> None:
+    """The guard's memory readings under tmp_path: /proc/meminfo's figures (kB) of a 121.7 GiB GB10 and
+    /proc/buddyinfo with `top_blocks` free blocks of the highest order."""
+    (tmp_path / "meminfo").write_text(f"MemTotal:       127606784 kB\nMemFree:        {free_kb:>8} kB\n"
+                                      f"MemAvailable:   {available_kb:>8} kB\n")   # the kernel's %8lu
+    (tmp_path / "buddyinfo").write_text(f"Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 {top_blocks}\n")
+
+
 def test_the_daemon_stops_a_stalled_engine_drops_caches_and_resumes(tmp_path):
     values = {"vllm:generation_tokens_total": 100.0, "vllm:prompt_tokens_total": 40.0,
               "vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.1}
     web = engine_metrics(values)
     port = web.server_address[1]
     cid = "c0" * 32
-    containers = [{"Id": cid, "Name": "/sparkprov-nat-rank0", "RestartCount": 0,
-                   "State": {"Status": "running", "Pid": 1, "StartedAt": "2026-11-28T13:01:02.1Z"},
-                   "Config": {"Labels": {"sparkprov.managed": "1", "sparkprov.role": "rank0",
-                                         "sparkprov.port": str(port)}}}]
+    containers = [rank0_container(cid, "sparkprov-nat-rank0", port)]
     calls: list[str] = []
     sock = tmp_path / "docker.sock"
     srv = dockerd(sock, containers, calls)
     # a Spark during a page-cache flood: MemFree 5 GiB, MemAvailable 22.5 GiB (vllm#54200)
-    (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:         5242880 kB\n"
-                                      "MemAvailable:   23592960 kB\n")
-    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 3\n")
+    write_memory(tmp_path, 5242880, 23592960, 3)
     cfg = node_files(tmp_path, sock)
     try:
         guard = g.Guard(cfg)
@@ -216,9 +226,7 @@ def test_a_new_qualification_record_is_in_the_state_file_at_the_next_sample(tmp_
     up to STATE_EVERY_S later (the lab's power-cycle test read the old ones, status exit 0)."""
     sock = tmp_path / "docker.sock"
     srv = dockerd(sock, [], [])
-    (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
-                                      "MemAvailable:   120586240 kB\n")
-    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
+    write_memory(tmp_path, 117440512, 120586240, 30)   # at rest
     rail = {"iface": "enp1s0f1np1", "peer": "spark2", "gbps": 92.57, "floor_gbps": 46.0, "status": "ok"}
     qual = tmp_path / "qualification"
     qual.write_text(json.dumps({"ok": True, "rails": [rail]}))
@@ -244,15 +252,10 @@ def test_the_last_token_of_each_container_stays_in_the_state_and_on_metrics(tmp_
     web = engine_metrics({"vllm:generation_tokens_total": 10.0, "vllm:prompt_tokens_total": 4.0,
                           "vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
                           "vllm:kv_cache_usage_perc": 0.0})
-    containers = [{"Id": "c1" * 32, "Name": "/sparkprov-mon-rank0", "RestartCount": 0,
-                   "State": {"Status": "running", "Pid": 1, "StartedAt": "2026-11-28T13:01:02.1Z"},
-                   "Config": {"Labels": {"sparkprov.managed": "1", "sparkprov.role": "rank0",
-                                         "sparkprov.port": str(web.server_address[1])}}}]
+    containers = [rank0_container("c1" * 32, "sparkprov-mon-rank0", web.server_address[1])]
     sock = tmp_path / "docker.sock"
     srv = dockerd(sock, containers, [])
-    (tmp_path / "meminfo").write_text("MemTotal:       127606784 kB\nMemFree:        117440512 kB\n"
-                                      "MemAvailable:   120586240 kB\n")
-    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal   100 50 20 10 5 2 1 1 1 1 30\n")
+    write_memory(tmp_path, 117440512, 120586240, 30)   # at rest
     cfg = node_files(tmp_path, sock)
     try:
         guard = g.Guard(cfg)
