@@ -337,6 +337,8 @@ def failed_deployments(report: Report, deployments: list[Deployment]) -> list[De
     return [d for d in deployments if d.name in bad]
 
 
-def started_anything(report: Report, d: Deployment) -> bool:
-    """Whether this run changed a container of the deployment: started one, or removed an old rank."""
-    return any(r.subject == d.name and r.module == "vllm_container" and r.status == "changed" for r in report.results)
+def started_anything(report: Report, d: Deployment, since: int = 0) -> bool:
+    """Whether this run (from result `since` on) changed a container of the deployment: started one,
+    or removed an old rank."""
+    return any(r.subject == d.name and r.module == "vllm_container" and r.status == "changed"
+               for r in report.results[since:])

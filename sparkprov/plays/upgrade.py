@@ -282,19 +282,26 @@ def after_start(failure: str | None, upgraded: bool, records: list[history.Recor
 
 
 def rollback(inv, failed: Deployment, good: history.Record, opts: UpOptions, live: list[str],
-             options: Callable[[], RunOptions], report: Report, *, failure: str | None = None) -> Rollback:
-    """Start a recorded good start again on every node, wait for its smoke test, record it."""
+             options: Callable[[], RunOptions], report: Report, *, failure: str | None = None,
+             remove_first: bool = True) -> Rollback:
+    """Start a recorded good start again on every node, wait for its smoke test, record it.
+    remove_first=False (what runs has the good start's spec: history.runs_already): cluster-up's
+    plays alone; when they change nothing, nothing is recorded (`record` None)."""
     back = deployment_from(good["spec"])
     t0 = _time.monotonic()
     # the failed start's containers go first, on every node: a rank of it still running while the good
     # start's rank 0 comes up joins that rank 0's rendezvous (the supervisor rejoins a new rank 0), and
     # its replacement a moment later ends the new group (measured on the lab); and unified memory holds
     # one engine's weights at a time
-    gone = sorted(set(failed.hosts) & set(live))
-    run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
+    if remove_first:
+        gone = sorted(set(failed.hosts) & set(live))
+        run_book(inv, down_book(gone, [failed.name], reason="rolled back"), gone, options(), report)
     since = len(report.results)
     run_book(inv, up_book([back], opts), back.hosts, options(), report)
     again = failure_of(report, back, since)
+    if not remove_first and again is None and not started_anything(report, back, since):
+        return {"to": good["n"], "failure": failure, "serving": True, "rollback_failure": None, "record": None,
+                "seconds": round(_time.monotonic() - t0, 1), "notes": [], "digests": {}}
     hist = read_history(run_book(inv, history_book(back, kind=history.ROLLBACK, rollback_of=good["n"],
                                                    failure=again), back.hosts, options(), report), back)
     rec: history.Record = hist["record"] if hist is not None else {}
@@ -382,16 +389,22 @@ class RolledBack:
 def rollback_deployment(inv, hist: DeploymentHistory, good: history.Record, opts: UpOptions,
                         options: Callable[[], RunOptions], report: Report) -> RolledBack:
     """`invoke rollback`: the newest start's containers removed, `good` started on every node and
-    smoke-tested; if it fails too, removed (nothing half-up holds the GPUs)."""
+    smoke-tested; if it fails too, removed (nothing half-up holds the GPUs). When the newest start
+    passed with good's spec, nothing is removed first: what already runs stays (changed=0)."""
     name = hist.name
     current = deployment_from(hist.records[-1]["spec"])
     live = sorted(set(current.hosts) | set(good["spec"]["hosts"]))
-    result = rollback(inv, current, good, opts, live, options, report)
+    result = rollback(inv, current, good, opts, live, options, report,
+                      remove_first=not history.runs_already(hist.records, good))
     if not result["serving"]:
         back = deployment_from(good["spec"])
         run_book(inv, down_book(back.hosts, [name], reason="rollback failed"), back.hosts, options(), report)
-    line = (f"{name}: start #{good['n']} runs again on every node and passed its smoke test (recorded as "
-            f"#{result['record']}, {result['seconds']:.0f}s)" if result["serving"] else
-            f"{name}: start #{good['n']} failed again ({result['rollback_failure'] or 'its smoke test'}): removed")
+    if result["serving"] and result["record"] is None:
+        line = f"{name}: start #{good['n']} already runs on every node: nothing changed"
+    elif result["serving"]:
+        line = (f"{name}: start #{good['n']} runs again on every node and passed its smoke test (recorded as "
+                f"#{result['record']}, {result['seconds']:.0f}s)")
+    else:
+        line = f"{name}: start #{good['n']} failed again ({result['rollback_failure'] or 'its smoke test'}): removed"
     line += "".join(f"; {n}" for n in result["notes"])
     return RolledBack(good["n"], result, line)

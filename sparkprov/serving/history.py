@@ -229,6 +229,15 @@ def rollback_target(records: list[Record], failed_spec: Spec | None) -> Record |
     return good
 
 
+def runs_already(records: list[Record], target: Record) -> bool:
+    """Whether going back to `target` needs nothing removed first: the newest start passed with
+    target's spec, so cluster-up's plays converge on what runs (unchanged where its containers run,
+    started where they do not) instead of a restart of the same containers."""
+    newest = records[-1] if records else None
+    return (newest is not None and newest.get("result") == PASSED
+            and comparable_spec(newest.get("spec") or {}) == comparable_spec(target.get("spec") or {}))
+
+
 def find(records: list[Record], n: int) -> Record | None:
     return next((r for r in records if r.get("n") == n), None)
 

@@ -147,6 +147,19 @@ def test_last_good_skips_failed_starts_and_the_spec_that_just_failed():
     assert [r["result"] for r in rows if r["n"]] == ["passed", "passed (last good)", "failed"]
 
 
+def test_a_rollback_to_what_runs_removes_nothing_first():
+    """`invoke rollback --to N` where the newest start passed with N's spec: cluster-up's plays
+    converge (nothing restarted); any other target, or a newest start that failed, goes down first."""
+    other = {**DEP, "image_override": "x:2"}
+    one, two = _record(1, "passed", ID1), _record(2, "passed", ID2, other)
+    assert history.runs_already([one], one)
+    assert history.runs_already([one, two, _record(3, "passed", ID1, kind="rollback")], one)  # #3 ran #1's spec
+    assert not history.runs_already([one, two], one)
+    assert history.runs_already([one, two], two)
+    assert not history.runs_already([one, _record(2, "failed", ID1)], one)  # the same spec failed last
+    assert not history.runs_already([], one)
+
+
 def test_digest_changes_names_a_node_that_runs_another_build():
     was = _record(1, "passed", ID1)
     assert history.digest_changes(was, was["nodes"]) == []

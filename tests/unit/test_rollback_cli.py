@@ -83,3 +83,18 @@ def test_without_to_it_goes_back_to_the_last_good_start_of_another_spec(here):
     rollback, _ = here
     rc, out, err = rollback("--json")
     assert rc == 2 and json.loads(out)["rollback"]["to"] == 2, (out[-2000:], err[-2000:])
+
+
+def test_a_rollback_to_the_start_that_runs_removes_nothing_first(here):
+    """--to 2 where the newest start (#3, a rollback to #2) passed with #2's spec: no cluster-down
+    before cluster-up's plays (here they cannot start it: it fails and is removed, exit 2)."""
+    rollback, tmp = here
+    f = next((tmp / "home").rglob("history.jsonl"))
+    records = [_record(1, "passed", ID1, SPEC), _record(2, "passed", ID2, {**SPEC, "image_override": "x:2"}),
+               _record(3, "passed", ID2, {**SPEC, "image_override": "x:2"}, kind="rollback")]
+    f.write_text("".join(history.json_line(r) + "\n" for r in records))
+    rc, out, err = rollback("--to", "2", "--json")
+    assert rc == 2, (out[-2000:], err[-2000:])
+    plays = [r["play"] for r in json.loads(out)["results"]]
+    assert plays[0] != "cluster-down" and "nat: preflight" in plays and plays[-1] == "cluster-down", plays
+
