@@ -7,8 +7,8 @@ two-node recipe serves, checked by a request from here; a re-run changes nothing
 call per host; cluster-down removes exactly sparkprov's containers; two different models serve on
 two hosts; a worker with a wrong fabric address and a host without weights fail with the host
 and the cause, leaving nothing running. One Ray TP 2 deployment, `tp`, is shared by the tests from
-the bench to the changed recipe (a Ray start is most of a minute on two cores): its internals
-closed to all but its members (tests/lab/lockdown.py), a power cycle of each node, a lost rank.
+the README's path to the changed recipe (a Ray start is most of a minute on two cores): its bench,
+its internals closed to all but its members (tests/lab/lockdown.py), a power cycle, a lost rank.
 """
 # Engine: the stand-in (sparklab/engine): the catalog's Spark recipes need GPU kernels and checkpoints the CPU build cannot serve; native multi-node and recovery on the real vLLM are in test_real_tp2.py.
 
@@ -204,49 +204,6 @@ def chat(env, summary, name):
         return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
-def test_tp2_cluster_serves_and_rerun_is_a_noop(env):
-    """The README's path: cluster-up --model ALIAS --tp 2, no playbook."""
-    lab = env["lab"]
-    lab.ssh("spark2", f"docker run -d --name {FOREIGN} --network none sparkprov/smoke:latest sleep 100000 "
-                      "|| docker run -d --name not-sparkprov --entrypoint sh vllm/vllm-openai:cu130-nightly -c 'sleep 100000'")
-    rc, doc, out = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2")
-    assert rc == 0, out
-    name = TP_MODEL
-    d = doc["cluster"]["deployments"][name]
-    assert d["state"] == "started" and d["endpoint"] == "http://10.77.0.11:8000/v1", d
-    assert containers(lab, "spark1") == [f"sparkprov-{name}-head"]
-    assert containers(lab, "spark2") == [f"sparkprov-{name}-worker"]
-    assert "42" in chat(env, doc["cluster"], name)
-    logs = lab.ssh("spark1", f"docker logs sparkprov-{name}-head 2>&1").stdout
-    assert "GLOO_SOCKET_IFNAME=enp1s0f1np1" in logs and "192.168.100.12" in logs, logs[-2000:]
-    assert lab.ssh("spark1", "stat -c %a ~/.config/sparkprov/api_key").stdout.strip() == "600"
-    inspect = lab.ssh("spark1", f"docker inspect sparkprov-{name}-head").stdout
-    key = lab.ssh("spark1", "cat ~/.config/sparkprov/api_key").stdout.strip()
-    assert key not in inspect
-    assert "pip install" not in inspect and "pip install" not in lab.ssh("spark2", f"docker inspect sparkprov-{name}-worker").stdout
-
-    rc, doc2, out2 = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2")
-    assert rc == 0, out2
-    assert doc2["cluster"]["deployments"][name]["state"] == "already up, unchanged"
-    assert changed(doc2) == [], out2
-    assert {h: t["remote_calls"] for h, t in doc2["hosts"].items()} == {"spark1": 1, "spark2": 1}, out2
-
-    rc, st, out3 = cli(env, "status")
-    assert rc == 0, out3
-    head = next(c for c in st["hosts"]["spark1"]["containers"] if c["name"] == f"sparkprov-{name}-head")
-    assert head["ray"]["nodes"] == 2 and head["ray"]["gpus"] == 2 and head["health"] == 200
-    assert "kv_cache_usage" in head["metrics"]
-    assert st["hosts"]["spark1"]["deployments"][name]["problems"] == []
-
-    doc4 = down(env, "--model", TP_MODEL)
-    assert sorted(doc4["removed"]["spark1"] + doc4["removed"]["spark2"]) == [f"sparkprov-{name}-head",
-                                                                             f"sparkprov-{name}-worker"]
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
-    assert FOREIGN in lab.ssh("spark2", "docker ps --format '{{.Names}}'").stdout
-    assert ray_processes(lab, "spark1") == [] and ray_processes(lab, "spark2") == []
-
-
-
 def test_wrong_worker_fabric_address_fails_naming_the_host(env):
     lab = env["lab"]
     lab.sh("spark2", "ip addr del 192.168.100.12/24 dev enp1s0f1np1; ip addr add 192.168.200.12/24 dev enp1s0f1np1")
@@ -275,8 +232,9 @@ def test_missing_weights_fail_preflight_naming_the_host(env):
 
 
 def test_check_changes_nothing_anywhere(env):
-    """--check of cluster-up, cluster-down and nccl-check: host state read back with plain ssh is
-    the same before and after, and the summaries say "would"."""
+    """--check of cluster-up with nothing started: host state read back with plain ssh is the same
+    before and after, and the summary says "would". (A stopped deployment's --check of cluster-up,
+    cluster-down and nccl-check: test_lost_rank_makes_status_fail.)"""
     lab = env["lab"]
     down(env)
     before = {h: host_state(lab, h) for h in lab.names}
@@ -286,25 +244,47 @@ def test_check_changes_nothing_anywhere(env):
     would = {(r["host"], r["msg"].split(" (ray-")[0]) for r in changed(doc) if r["module"] == "vllm_container"}
     assert would == {("spark1", "would: drop the page cache before the load (G15); start sparkprov-tp-head"),
                      ("spark2", "would: drop the page cache before the load (G15); start sparkprov-tp-worker")}, out
-    rc, doc, out = cli(env, "nccl-check", "--hosts", "spark1,spark2", "--backend", "gloo", "--check",
-                       "--playbook", str(env["dir"] / "cluster.yaml"))
-    assert rc == 0, out
     assert {h: host_state(lab, h) for h in lab.names} == before
 
-    # up, then stopped (not removed): --check of cluster-up and cluster-down still change nothing
-    rc, doc, out = up(env)
+
+@pytest.mark.keeps_serving("tp")
+def test_tp2_cluster_serves_and_rerun_is_a_noop(env):
+    """The README's path: cluster-up --model ALIAS --tp 2 (named `tp`, no playbook: the same
+    deployment as cluster.yaml's, so the tests after it share this start). A foreign container on
+    spark2 is left alone (test_lost_rank_makes_status_fail removes `tp` and checks it survived).
+    Leaves `tp` serving."""
+    lab = env["lab"]
+    lab.ssh("spark2", f"docker run -d --name {FOREIGN} --network none sparkprov/smoke:latest sleep 100000 "
+                      "|| docker run -d --name not-sparkprov --entrypoint sh vllm/vllm-openai:cu130-nightly -c 'sleep 100000'")
+    rc, doc, out = up(env, "--model", TP_MODEL, "--tp", "2", "--hosts", "spark1,spark2", "--name", "tp")
     assert rc == 0, out
-    for h in lab.names:
-        lab.ssh(h, "docker stop -t 5 $(docker ps -q --filter label=sparkprov.managed=1)")
-    stopped = {h: host_state(lab, h) for h in lab.names}
-    rc, doc, out = up(env, "--check")
-    assert rc == 0, out
-    assert {r["host"] for r in changed(doc) if r["msg"].startswith("would: ")} == set(lab.names), out
-    rc, doc, out = cli(env, "cluster-down", "--check")
-    assert rc == 0 and {r["host"] for r in changed(doc)} == set(lab.names), out
-    assert {h: host_state(lab, h) for h in lab.names} == stopped
-    down(env)
-    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+    name = "tp"
+    d = doc["cluster"]["deployments"][name]
+    assert d["state"] == "started" and d["endpoint"] == "http://10.77.0.11:8000/v1", d
+    assert containers(lab, "spark1") == [f"sparkprov-{name}-head"]
+    assert containers(lab, "spark2") == [f"sparkprov-{name}-worker"]
+    assert "42" in chat(env, doc["cluster"], name)
+    logs = lab.ssh("spark1", f"docker logs sparkprov-{name}-head 2>&1").stdout
+    assert "GLOO_SOCKET_IFNAME=enp1s0f1np1" in logs and "192.168.100.12" in logs, logs[-2000:]
+    assert lab.ssh("spark1", "stat -c %a ~/.config/sparkprov/api_key").stdout.strip() == "600"
+    inspect = lab.ssh("spark1", f"docker inspect sparkprov-{name}-head").stdout
+    key = lab.ssh("spark1", "cat ~/.config/sparkprov/api_key").stdout.strip()
+    assert key not in inspect
+    assert "pip install" not in inspect and "pip install" not in lab.ssh("spark2", f"docker inspect sparkprov-{name}-worker").stdout
+
+    # the same deployment from the playbook: unchanged, one remote call per host
+    rc, doc2, out2 = up(env)
+    assert rc == 0, out2
+    assert doc2["cluster"]["deployments"][name]["state"] == "already up, unchanged"
+    assert changed(doc2) == [], out2
+    assert {h: t["remote_calls"] for h, t in doc2["hosts"].items()} == {"spark1": 1, "spark2": 1}, out2
+
+    rc, st, out3 = cli(env, "status")
+    assert rc == 0, out3
+    head = next(c for c in st["hosts"]["spark1"]["containers"] if c["name"] == f"sparkprov-{name}-head")
+    assert head["ray"]["nodes"] == 2 and head["ray"]["gpus"] == 2 and head["health"] == 200
+    assert "kv_cache_usage" in head["metrics"]
+    assert st["hosts"]["spark1"]["deployments"][name]["problems"] == []
 
 
 
@@ -481,14 +461,17 @@ def _guard_journals(lab) -> dict[str, list[str]]:
     return {h: lab.exec(h, ["sh", "-c", look], check=False).stdout.splitlines()[-60:] for h in lab.names}
 
 
-# (native: tests/lab/test_real_vllm.py reboots each node of a native deployment on the real vLLM)
+# (each node in turn: tests/lab/test_real_tp2.py reboots rank 0's node, then rank 1's, of a native
+# deployment on the real vLLM)
 @pytest.mark.keeps_serving("tp")
 def test_power_cycle_of_each_node_comes_back_by_itself(env):
-    """Each node of a Ray TP 2 deployment reboots in turn, the worker then the head (every process
-    killed, live network reset, booted from what is persisted); with no sparkprov command in between,
-    the deployment goes down, status exits 2, and it answers the smoke question again within the
-    bound, with status healthy after. The shared deployment `tp` (started if the test before left
-    none), for both reboots: a Ray start is a minute here. Leaves it serving."""
+    """Both nodes of a Ray TP 2 deployment lose power at once (the desk's power strip: every
+    process killed, live network reset, each booted from what is persisted, the two boots seconds
+    apart, whichever first); with no sparkprov command in between, the deployment goes down, status
+    exits 2, and it answers the smoke question again within the bound (the head waits for its worker,
+    the worker retries its head), with status healthy after. The shared deployment `tp` (started if
+    the test before left none): one Ray start for both nodes, a Ray start is a minute here. Leaves
+    it serving."""
     import time
 
     lab = env["lab"]
@@ -497,31 +480,34 @@ def test_power_cycle_of_each_node_comes_back_by_itself(env):
     d = doc["cluster"]["deployments"]["tp"]
     host, path = d["api_key_file"].split(":", 1)
     key = lab.ssh(host, f"cat {path}").stdout.strip()
-    for victim in ("spark2", "spark1"):
-        t0 = time.monotonic()
-        res = subprocess.run([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=300)
-        assert res.returncode == 0, res.stderr
-        booted = time.monotonic() - t0
-        # the deployment goes down first (the rebooted node's processes are gone; a lost rank kills
-        # the engine on the others), then comes back by itself
-        died = _down_within(d["endpoint"], key, bound=180)
-        assert died is not None, f"the Ray engine kept answering with {victim} rebooted (a lost rank must kill it)"
-        rc, st, out = cli(env, "status")
-        assert rc == 2, f"status exited {rc} while the deployment was down after {victim} rebooted: {out}"
-        secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
-        print(f"\n[recovery] ray, {victim} rebooted: boot {booted:.1f}s, down {died:.1f}s after the boot, "
-              f"answering again {secs}s after that; status while down exited 2")
-        assert secs is not None, (f"the Ray deployment did not come back within 480 s after {victim} rebooted; "
-                                  f"the guards' journals: {_guard_journals(lab)}")
-        rc, st, out = cli(env, "status")
-        assert rc == 0, out
+    t0 = time.monotonic()
+    cycles = [subprocess.Popen([INVOKE, "lab.fault", "reboot", victim], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for victim in ("spark2", "spark1")]
+    for p in cycles:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    booted = time.monotonic() - t0
+    # the deployment is down (both nodes' processes are gone), then comes back by itself
+    died = _down_within(d["endpoint"], key, bound=180)
+    assert died is not None, "the Ray engine kept answering with both nodes rebooted"
+    rc, st, out = cli(env, "status")
+    assert rc == 2, f"status exited {rc} while the deployment was down after both nodes rebooted: {out}"
+    secs = _smoke_until(env, d["endpoint"], d["model"], key, bound=480)
+    print(f"\n[recovery] ray, both nodes power-cycled: boots {booted:.1f}s, down {died:.1f}s after, "
+          f"answering again {secs}s after that; status while down exited 2")
+    assert secs is not None, ("the Ray deployment did not come back within 480 s after both nodes rebooted; "
+                              f"the guards' journals: {_guard_journals(lab)}")
+    rc, st, out = cli(env, "status")
+    assert rc == 0, out
 
 
 
 def test_lost_rank_makes_status_fail(env):
     """A Ray TP 2 deployment whose worker container is killed (the shared `tp`, started if the test
-    before left none): status says degraded, exit 2."""
+    before left none): status says degraded, exit 2. Then both its containers stopped (not removed):
+    --check of cluster-up, cluster-down and nccl-check change nothing (host state read back with plain ssh) and
+    say what they would do on each host. cluster-down removes exactly sparkprov's containers (the
+    foreign one of test_tp2_cluster_serves_and_rerun_is_a_noop stays), no Ray process, no rule."""
     lab = env["lab"]
     rc, doc, out = up(env)
     assert rc == 0, out
@@ -530,7 +516,26 @@ def test_lost_rank_makes_status_fail(env):
     assert rc == 2, out
     problems = st["hosts"]["spark1"]["deployments"]["tp"]["problems"]
     assert any("sparkprov-tp-worker on spark2 is exited" in p for p in problems), problems
-    down(env)
+
+    for h in lab.names:
+        lab.ssh(h, "docker stop -t 5 $(docker ps -q --filter label=sparkprov.managed=1) >/dev/null 2>&1; true")
+    stopped = {h: host_state(lab, h) for h in lab.names}
+    rc, doc, out = up(env, "--check")
+    assert rc == 0, out
+    assert {r["host"] for r in changed(doc) if r["msg"].startswith("would: ")} == set(lab.names), out
+    rc, doc, out = cli(env, "cluster-down", "--check")
+    assert rc == 0 and {r["host"] for r in changed(doc)} == set(lab.names), out
+    rc, doc, out = cli(env, "nccl-check", "--hosts", "spark1,spark2", "--backend", "gloo", "--check",
+                       "--playbook", str(env["dir"] / "cluster.yaml"))
+    assert rc == 0, out
+    assert {h: host_state(lab, h) for h in lab.names} == stopped
+
+    doc = down(env)
+    assert sorted(doc["removed"]["spark1"] + doc["removed"]["spark2"]) == ["sparkprov-tp-head", "sparkprov-tp-worker"]
+    assert containers(lab, "spark1") == [] and containers(lab, "spark2") == []
+    # (the power cycle stopped it: it has no restart policy)
+    assert FOREIGN in lab.ssh("spark2", "docker ps -a --format '{{.Names}}'").stdout.split()
+    assert ray_processes(lab, "spark1") == [] and ray_processes(lab, "spark2") == []
     lockdown.assert_no_rule_left(lab)  # cluster-down leaves no sparkprov table and no rule file
 
 
