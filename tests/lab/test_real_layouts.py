@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.lab.conftest import missing_prerequisites, require
 from tests.lab.test_cluster import cli
@@ -183,12 +184,14 @@ def test_dp2_and_two_replicas_behind_the_gateway(env, cleanup):  # noqa: F811 (t
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [gw.IMAGE])
     t0 = time.monotonic()
-    reps = {}
-    for name, host in (("r1", "spark1"), ("r2", "spark2")):
-        rc, doc, out = up(env, "--tp", "1", "--hosts", host, "--name", name)
-        assert rc == 0, out
-        reps[name] = doc["cluster"]["deployments"][name]
-    assert reps["r1"]["model"] == reps["r2"]["model"]
+    # one serve playbook of two deployments, one per host: their engines load side by side
+    serve = env["dir"] / "replicas.yaml"
+    serve.write_text(yaml.safe_dump({"deployments": [{"name": name, "model": MODEL, "hosts": host}
+                                                     for name, host in (("r1", "spark1"), ("r2", "spark2"))]}))
+    rc, doc, out = cli(env, "cluster-up", "--playbook", str(serve), "--health-timeout", "300")
+    assert rc == 0, out
+    reps = {name: doc["cluster"]["deployments"][name] for name in ("r1", "r2")}
+    assert reps["r1"]["model"] == reps["r2"]["model"] and reps["r1"]["endpoint"] != reps["r2"]["endpoint"], reps
     rc, g, out = cli(env, "gateway", "up", timeout=600)
     assert rc == 0, out
     assert g["gateway"]["models"] == [reps["r1"]["model"]], g
