@@ -109,10 +109,7 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
         return (f'S=$1; f={f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {size_check}\n')
     (idx, nxt, addr, nxt_need), rest = chain[0], chain[1:]
     inner = relay_put(it, size_check, rest, nxt_need)
-    # one connection per hop for all the files it relays (the first file's makes it; ~ expands in ssh)
-    ssh = " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
-                                                 "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
-                                                 f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}"])
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}")
     keep = f'mkdir -p "$(dirname "$f")" && head -c {int(it.size)} | tee "$H/p" > "$f"' if need else \
         f'head -c {int(it.size)} > "$H/p"'
     return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
@@ -124,6 +121,26 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
             f'[ -s "$H/o" ] || printf \'@hop\\t%s\\t%s\\tR\\t%s\\tlost\\t\\n\' {idx} "$hr" {quote(it.rel)}\n'
             f'rm -rf "$H"\n'
             + (f'[ $kr = 0 ] && {size_check}\n' if need else f"printf 'R\\t%s\\trelayed\\t\\n' {quote(it.rel)}\n"))
+
+
+def _hop_ssh(nxt: Receiver, addr: str, command: str) -> str:
+    """The ssh a relaying receiver runs `command` with on the next one: one connection per hop for
+    all the files it relays (the first use makes it; ~ expands in ssh)."""
+    return " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
+                                                  "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
+                                                  command])
+
+
+def relay_warm(chain: list[tuple[int, Receiver, str]]) -> str:
+    """The shell a relaying receiver runs while the source's download starts: the connection to the
+    next receiver of `chain` ((index, receiver, its address)) opened, and through it the next one's,
+    so that no file waits for an SSH handshake on any hop (each hop is one more handshake otherwise,
+    paid by the first file that crosses it). Never fails: a hop it cannot open is the put's to report."""
+    if not chain:
+        return "true"
+    (_, nxt, addr), rest = chain[0], chain[1:]
+    return (f"mkdir -p ~/.cache/sparkprov; {_hop_ssh(nxt, addr, f'sh -c {quote(relay_warm(rest))}')} "
+            "</dev/null >/dev/null 2>&1; true")
 
 
 def _rsync_dest(user: str, address: str, store: str) -> str:
@@ -146,6 +163,15 @@ esac
 case "$r.$i" in
 @RELAYS@
 esac
+if [ "$m" = w ]; then
+  # the connection to this receiver opened (and its relay hops', QWARM) while the download starts
+  QWARM=true
+  case $r in
+@WARMS@
+  esac
+  sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QWARM" </dev/null >/dev/null 2>&1
+  exit 0
+fi
 # the one-channel put: SSH_ARGV DEST from FILE (the receiver writes, hashes and publishes it);
 # sets rc (ssh's: 255 when the connection failed) and v (the check's verdict)
 __sp_put() {
@@ -257,16 +283,23 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
             if chain:
                 put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []))
                 relays_case.append(f"{r}.{n}) QPUT={quote(quote(put))};;")
+    heads = sorted({int(job.split()[0]) for jobs in by_item.values() for job in jobs})
+    warms_case = [f"{r}) QWARM={quote(quote(relay_warm([(i, receivers[i], addr) for i, addr in receivers[r].relay])))};;"
+                  for r in heads if receivers[r].relay]
     # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
     send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
         "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case)).replace(
-        "@RELAYS@", "\n".join(relays_case))
+        "@RELAYS@", "\n".join(relays_case)).replace("@WARMS@", "\n".join(warms_case))
     start = "\n".join([
         f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
         f'cat > "$T/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
         'mkfifo "$T/q" "$T/qs"',
         # the lifeline: streams follow a growing file until it dies (when the download is over)
         'sleep 2147483647 </dev/null >/dev/null 2>&1 & __sp_life=$!; echo $__sp_life > "$T/life"',
+        # each receiver's connection, and its relay hops', opened while the downloader starts
+        "__sp_warm=",
+        *[f'sh "$T/send" "$T" {quote(f"{r} - w")} </dev/null >/dev/null 2>&1 & __sp_warm="$__sp_warm $!"'
+          for r in heads],
         f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "$T/send" "$T" < "$T/q" > "$T/sent" 2>&1 &',
         "__sp_xargs=$!",
         # a stream is as fast as the download: one per receiver, beside the `streams` sends
@@ -286,6 +319,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         'kill "$__sp_life" 2>/dev/null',
         'wait "$__sp_xargs" || true',
         'wait "$__sp_xargs_s" || true',
+        'for p in $__sp_warm; do wait "$p"; done',
         'cat "$T/sent" "$T/streamed"',
         'for s in "$T"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
     ]) + "\n"

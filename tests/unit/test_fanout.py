@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 
 from sparkprov.staging import fanout
@@ -163,14 +164,14 @@ def test_a_weight_streams_to_the_receivers_while_it_downloads(tmp_path):
     assert fanout.parse_sent(out.stdout, [rec3], items) == ({"spark2": [blobs[0].rel]}, {}), out.stdout
     assert (dst3 / blobs[0].rel).read_bytes() == data
     # a receiver that cannot be reached: the stream fails once, and is not tried again whole (the
-    # send play resumes it, once): one call, exit status 255
+    # send play resumes it, once): the warm-up's connection and the stream's, exit status 255
     dead = fanout.Receiver("spark3", "nvidia", str(tmp_path / "dst4"), [("127.0.0.1", fanout.SSH_BASE + ["-p", "2222"])])
     start, feed, finish = fanout.pipeline(str(src), [dead], items, {"spark3": [blobs[0].rel]}, streams=1)
     (tmp_path / "bin" / "calls").unlink()
     out = run_pipeline(tmp_path, start, fast, feed, finish, env)
     delivered, errors = fanout.parse_sent(out.stdout, [dead], items)
     assert not delivered and "send exit status 255" in errors["spark3"], out.stdout
-    assert (tmp_path / "bin" / "calls").read_text().splitlines() == ["dead"]
+    assert (tmp_path / "bin" / "calls").read_text().splitlines() == ["dead", "dead"]
 
 
 def test_a_file_the_receiver_lacks_goes_on_one_channel_and_a_partial_one_by_rsync(tmp_path):
@@ -235,3 +236,34 @@ def test_a_ring_relay_puts_the_bytes_on_every_hop_as_they_pass(tmp_path):
                    for ln in lines if ln.startswith("@hop"))
     delivered, errors = fanout.parse_sent(sent + "@sent\t0\t0\t0\tok\t\n", recs, [it])
     assert delivered == {"spark2": [it.rel], "spark4": [it.rel]} and errors == {}
+
+
+def test_the_relay_hops_connections_open_while_the_download_starts(tmp_path):
+    """relay_warm run by a real shell: the first receiver opens its connection to the next, through
+    which the next opens its own, each with the ControlPath the relayed puts reuse, in ring order; the
+    pipeline starts one warm-up per receiver it sends to (the chains' first hops), none for a receiver
+    reached through another."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    # an ssh that logs its destination and options, then runs the remote command here
+    (bin_ / "ssh").write_text('#!/bin/sh\nfor last; do :; done\n'
+                              'printf "%s\\n" "$*" >> "$(dirname "$0")/calls"\nexec sh -c "$last"\n')
+    (bin_ / "ssh").chmod(0o755)
+    recs = [fanout.Receiver(f"spark{i}", "nvidia", str(tmp_path / f"store{i}"), []) for i in (2, 3, 4)]
+    chain = [(1, recs[1], "192.168.101.13"), (2, recs[2], "192.168.102.14")]
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", fanout.relay_warm(chain)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    calls = (bin_ / "calls").read_text().splitlines()
+    assert [re.search(r"nvidia@(\S+)", c).group(1) for c in calls] == ["192.168.101.13", "192.168.102.14"], calls
+    assert all("ControlPath=~/.cache/sparkprov/relay-%C" in c and "ControlPersist=15" in c for c in calls)
+    assert fanout.relay_warm([]) == "true"
+    # a ring from spark1: spark2 relays to spark3; spark4 alone on the other way round
+    head = fanout.Receiver("spark2", "nvidia", "/s", [("192.168.100.12", fanout.SSH_BASE)],
+                           relay=((1, "192.168.101.13"),))
+    other = fanout.Receiver("spark4", "nvidia", "/s", [("192.168.103.14", fanout.SSH_BASE)])
+    ring = [head, fanout.Receiver("spark3", "nvidia", "/s", []), other]
+    wants = {"spark2": [ITEMS[0].rel], "spark3": [ITEMS[0].rel], "spark4": [ITEMS[0].rel]}
+    start, _, _ = fanout.pipeline("/src", ring, ITEMS, wants, streams=4)
+    assert [ln.split()[3] for ln in start.splitlines() if " - w'" in ln] == ["'0", "'2"]
+    assert "0) QWARM=" in start and "1) QWARM=" not in start and "2) QWARM=" not in start
