@@ -123,6 +123,42 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
             + (f'[ $kr = 0 ] && {size_check}\n' if need else f"printf 'R\\t%s\\trelayed\\t\\n' {quote(it.rel)}\n"))
 
 
+def batch_put(batch: list[tuple[Item, str, bool]], chain: list[tuple[int, Receiver, str, list[bool]]]) -> str:
+    """The receiver's side of one channel carrying several whole files, one after another (the
+    small files of a stage: config, tokenizer), as the shell run with the store as $1 after FUNCS:
+    `batch` is (item, its check, whether this receiver needs it), in the order the bytes come. Each
+    file's bytes are read to its size (`head -c`), kept in staging when needed and checked there in
+    the background, and, on a ring, passed through `tee` on one channel to the next receiver of
+    `chain` ((index, receiver, its address, which items it needs)), whose own batch put does the
+    same; the next ones' checks come back as `@hop` lines. A hop that dies leaves this one reading
+    on (`tee -p`): every file here still gets its bytes, in step with the stream."""
+    keep = 'mkdir -p "$(dirname "$f")" && head -c {size} | tee -p "$f" >&3'
+    body = []
+    for it, check, need in batch:
+        f = f'f="$S/.sparkprov/staging/"{quote(it.rel)}'
+        if not chain:
+            body.append(f'{f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {{ {check} & }}'
+                        if need else f"head -c {int(it.size)} >/dev/null; printf 'R\t%s\trelayed\t\n' {quote(it.rel)}")
+        elif need:
+            body.append(f'{f}; {keep.format(size=int(it.size))} && {{ {check} & }}')
+        else:
+            body.append(f"head -c {int(it.size)} | tee -p /dev/null >&3; printf 'R\t%s\trelayed\t\n' {quote(it.rel)}")
+    if not chain:
+        return "S=$1\n" + "\n".join(body) + "\nwait\n"
+    (idx, nxt, addr, nxt_needs), rest = chain[0], chain[1:]
+    inner = batch_put([(it, check, n) for (it, check, _), n in zip(batch, nxt_needs)], rest)
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}")
+    return ('S=$1; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
+            f'{ssh} < "$H/p" > "$H/o" 2>"$H/e" & hp=$!\n'
+            'exec 3>"$H/p"\n' + "\n".join(body) + "\nexec 3>&-\nwait $hp; hr=$?\nwait\n"
+            f"awk -F '\\t' -v i={idx} -v rc=$hr '$1 == \"R\" {{print \"@hop\\t\" i \"\\t\" rc \"\\t\" $0; next}} "
+            f"$1 == \"@hop\" {{print}}' \"$H/o\"\n"
+            # a next hop that said nothing (it could not be reached): its first file is reported lost
+            + (f'[ -s "$H/o" ] || printf \'@hop\\t%s\\t%s\\tR\\t%s\\tlost\\t\\n\' {idx} "$hr" '
+               f'{quote(next(it.rel for (it, _, _), n in zip(batch, nxt_needs) if n))}\n')
+            + 'rm -rf "$H"\n')
+
+
 def _hop_ssh(nxt: Receiver, addr: str, command: str) -> str:
     """The ssh a relaying receiver runs `command` with on the next one: one connection per hop for
     all the files it relays (the first use makes it; ~ expands in ssh)."""
@@ -163,6 +199,25 @@ esac
 case "$r.$i" in
 @RELAYS@
 esac
+if [ "$m" = b ]; then
+  # the small files on one channel (batch_put), in the order __sp_cat writes them; each one's
+  # verdict as @sentrel (by its path), then the channel's own status
+  rc=255; out=
+  while [ $# -ge 3 ]; do
+    mkfifo "$T/b.$r"
+    __sp_cat > "$T/b.$r" 2>/dev/null & cp=$!
+    out=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$T/b.$r" 2>"$T/e.$r.b")
+    rc=$?
+    kill $cp 2>/dev/null; rm -f "$T/b.$r"
+    [ $rc = 255 ] || break
+    shift 3
+  done
+  printf '%s\n' "$out" | awk -F '\t' -v r="$r" -v rc="$rc" '
+    $1 == "R" {printf "@sentrel\t%s\t%s\t%s\t%s\t\n", r, rc, $2, $3}
+    $1 == "@hop" {printf "@sentrel\t%s\t%s\t%s\t%s\trelayed\n", $2, $3, $5, $6}'
+  printf '@batch\t%s\t%s\t%s\n' "$r" "$rc" "$(tail -n 1 "$T/e.$r.b" 2>/dev/null | tr '\t' ' ')"
+  exit 0
+fi
 if [ "$m" = w ]; then
   # the connection to this receiver opened (and its relay hops', QWARM) while the download starts
   QWARM=true
@@ -242,12 +297,18 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     carries = {rec.name: list(dict.fromkeys(wants.get(rec.name, []) + [rel for i, _ in rec.relay
                                                                          for rel in wants.get(receivers[i].name, [])]))
                for rec in receivers}
+    # receiver -> the small files it gets whole: one channel for all of them (batch_put), once the
+    # last of them is on the source (downloaded and verified, or held already)
+    batches: dict[int, list[int]] = {}
     for r, rec in enumerate(receivers):
         if r in relayed:
             continue  # reached through the receiver before it
         for rel in carries[rec.name]:
             n = index[rel]
             mode = "r" if rel in rec.partial else "c"
+            if mode == "c" and not items[n].large:
+                batches.setdefault(r, []).append(n)
+                continue
             by_item.setdefault(n, []).append(f"{r} {n} {mode}")
             if mode == "c" and items[n].large:
                 streamed.setdefault(n, []).append(f"{r} {n} s")
@@ -264,9 +325,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     checks: dict[int, str] = {}
     for n in sorted(by_item):
         it = items[n]
-        check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
-                                                 it.link or "", it.link_target or ""))
-        checks[n] = check
+        check = checks[n] = _check(it)
         # the receiver's side of the one-channel put (after FUNCS, with the store as $1): the
         # bytes from stdin into staging, then the check that hashes and publishes them
         put = (f'S=$1; f="$S/.sparkprov/staging/"{quote(it.rel)}; mkdir -p "$(dirname "$f")" && '
@@ -274,6 +333,17 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)}; "
                           f"QPUT={quote(quote(put))};;")
     relays_case = []
+    for r, ns in batches.items():
+        for n in ns:
+            checks.setdefault(n, _check(items[n]))
+        rec = receivers[r]
+        batch = [(items[n], checks[n], items[n].rel in wants.get(rec.name, [])) for n in ns]
+        chain = [(i, receivers[i], addr, [items[n].rel in wants.get(receivers[i].name, []) for n in ns])
+                 for i, addr in rec.relay]
+        while chain and not any(chain[-1][3]):
+            chain.pop()  # nobody further on needs any of them
+        cat = " ".join('"$SRC"/' + quote(items[n].rel) for n in ns)
+        relays_case.append(f"{r}.b) QPUT={quote(quote(batch_put(batch, chain)))}; __sp_cat() {{ cat {cat}; }};;")
     for r, rec in enumerate(receivers):
         for n in sorted(by_item) if rec.relay else ():
             it = items[n]
@@ -283,7 +353,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
             if chain:
                 put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []))
                 relays_case.append(f"{r}.{n}) QPUT={quote(quote(put))};;")
-    heads = sorted({int(job.split()[0]) for jobs in by_item.values() for job in jobs})
+    heads = sorted({int(job.split()[0]) for jobs in by_item.values() for job in jobs} | set(batches))
     warms_case = [f"{r}) QWARM={quote(quote(relay_warm([(i, receivers[i], addr) for i, addr in receivers[r].relay])))};;"
                   for r in heads if receivers[r].relay]
     # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
@@ -307,8 +377,9 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         f'> "$T/streamed" 2>&1 &',
         "__sp_xargs_s=$!",
         'exec 3>"$T/q" 4>"$T/qs"',
-        _queue_fn("__sp_queue", 3, by_item),      # a file the source holds already
-        _queue_fn("__sp_queue_after", 3, after),  # SPARKPROV-FETCHED n: downloaded and verified
+        _batch_fn(batches),
+        _queue_fn("__sp_queue", 3, by_item, batch=True),      # a file the source holds already
+        _queue_fn("__sp_queue_after", 3, after, batch=True),  # SPARKPROV-FETCHED n: downloaded and verified
         _queue_fn("__sp_stream", 4, streamed),    # SPARKPROV-FETCHING n: its download begins
     ]) + "\n"
     feed = ('while IFS= read -r line; do printf \'%s\\n\' "$line"; case "$line" in '
@@ -326,9 +397,29 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     return start, feed, finish
 
 
-def _queue_fn(name: str, fd: int, jobs: dict[int, list[str]]) -> str:
+def _check(it: Item) -> str:
+    """The receiver's hash-and-publish of a staged file (verify.FUNCS' __sp_check)."""
+    return " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
+                                            it.link or "", it.link_target or ""))
+
+
+def _batch_fn(batches: dict[int, list[int]]) -> str:
+    """__sp_batch N: file N is on the source; a receiver's batch goes once all of its files are."""
+    counts = "; ".join(f"__sp_left_{r}={len(ns)}" for r, ns in sorted(batches.items()))
+    per: dict[int, list[int]] = {}
+    for r, ns in batches.items():
+        for n in ns:
+            per.setdefault(n, []).append(r)
+    cases = " ".join(f"{n}) " + "; ".join(f"__sp_left_{r}=$((__sp_left_{r} - 1)); if [ \"$__sp_left_{r}\" = 0 ]; "
+                                           f"then printf '%s\\n' '{r} b b' >&3; fi" for r in rs) + ";;"
+                     for n, rs in sorted(per.items()))
+    return (counts + "\n" if counts else "") + f"__sp_batch() {{ case $1 in {cases} esac; }}"
+
+
+def _queue_fn(name: str, fd: int, jobs: dict[int, list[str]], batch: bool = False) -> str:
     cases = " ".join(f"{n}) printf '%s\\n' {' '.join(quote(j) for j in js)} >&{fd};;" for n, js in sorted(jobs.items()))
-    return f"{name}() {{ case $1 in {cases} esac; }}"
+    first = '__sp_batch "$1"; ' if batch else ""
+    return f"{name}() {{ {first}case $1 in {cases} esac; }}"
 
 
 def queue_now(rels: list[str], items: list[Item]) -> str:
@@ -341,9 +432,23 @@ def parse_sent(out: str, receivers: list[Receiver], items: list[Item]) -> tuple[
     """(receiver -> rels delivered and verified there, receiver -> the first reason one was not)."""
     delivered: dict[str, list[str]] = {}
     errors: dict[str, str] = {}
+    by_rel = {it.rel: n for n, it in enumerate(items)}
     for line in out.splitlines():
         b = line.split("\t")
-        if not line.startswith("@sent\t") or len(b) < 5:
+        if line.startswith("@batch\t") and len(b) >= 3:
+            # a batch's channel: its files' verdicts came as @sentrel lines; a failed channel says why
+            try:
+                rec = receivers[int(b[1])]
+            except (ValueError, IndexError):
+                continue
+            if b[2] != "0" and rec.name not in errors:
+                errors[rec.name] = f"the small files to {rec.name}: send exit status {b[2]}" + (
+                    f": {b[3]}" if len(b) > 3 and b[3] else "")
+            continue
+        if line.startswith("@sentrel\t") and len(b) >= 5 and b[3] in by_rel:
+            # a batch's file, named by its path: as an @sent line
+            b = ["@sent", b[1], str(by_rel[b[3]]), b[2], b[4]] + b[5:]
+        elif not line.startswith("@sent\t") or len(b) < 5:
             continue
         try:
             rec, it = receivers[int(b[1])], items[int(b[2])]

@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import subprocess
+from pathlib import Path
 
 from sparkprov.staging import fanout
 from sparkprov.staging.plan import Item
@@ -267,3 +268,101 @@ def test_the_relay_hops_connections_open_while_the_download_starts(tmp_path):
     start, _, _ = fanout.pipeline("/src", ring, ITEMS, wants, streams=4)
     assert [ln.split()[3] for ln in start.splitlines() if " - w'" in ln] == ["'0", "'2"]
     assert "0) QWARM=" in start and "1) QWARM=" not in start and "2) QWARM=" not in start
+
+
+def small_files(src, names: list[str]) -> list[Item]:
+    """Git-blob files (config, tokenizer: no sha256) written into the source store."""
+    out = []
+    for k, name in enumerate(names):
+        data = os.urandom(1000 + 997 * k)
+        oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        it = Item(repo="org/model", revision="main", commit="c" * 40, path=name, size=len(data), oid=oid, sha256=None)
+        (src / it.rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / it.rel).write_bytes(data)
+        out.append(it)
+    return out
+
+
+SMALL = ["config.json", "tokenizer.json", "it's $(touch pwned).json", "generation_config.json"]
+
+
+def fan_out_here(tmp_path, receivers, items, wants) -> list[str]:
+    """The pipeline run by real shells, every file the source holds queued at once; each receiver's
+    store checked for its files; the ssh calls it made."""
+    env = fake_ssh(tmp_path)
+    src = tmp_path / "src"
+    start, feed, finish = fanout.pipeline(str(src), receivers, items, wants, streams=4)
+    out = run_pipeline(tmp_path, start + fanout.queue_now([it.rel for it in items], items), "true", feed, finish,
+                       {**env, "HOME": str(tmp_path)})
+    delivered, errors = fanout.parse_sent(out.stdout, receivers, items)
+    assert not errors, (out.stdout, out.stderr)
+    assert {r: sorted(v) for r, v in delivered.items()} == {r: sorted(v) for r, v in wants.items()}, (out.stdout,
+                                                                                                        out.stderr)
+    stores = {r.name: Path(r.store) for r in receivers}
+    for name, rels in wants.items():
+        for rel in rels:
+            assert (stores[name] / rel).read_bytes() == (src / rel).read_bytes(), (name, rel)
+        assert not list((stores[name] / ".sparkprov" / "staging").rglob("*.json"))
+    assert not (tmp_path / "pwned").exists()
+    return (tmp_path / "bin" / "calls").read_text().splitlines()
+
+
+def test_a_ring_gets_the_small_files_on_one_channel_per_hop(tmp_path):
+    """The pipeline on a 4-ring from spark1, run by real shells with an ssh that runs the remote
+    command here: spark2 relays to spark3, spark4 is the other way round. The small files (git blobs)
+    go to each neighbour as one batch, and on through the relay as one batch, each hashed and
+    published on every receiver; a weight goes on its own channel. The SSH sessions the fan-out opens
+    do not grow with the number of small files: per way round, a warm-up, the batch and the weight,
+    each one session per hop it crosses (spark1-spark2-spark3 and spark1-spark4: 3 + 3 + 2, the
+    weight stopping at spark2, as spark3 holds it); one session per file and hop before, and no warm-up
+    (14 here)."""
+    src = tmp_path / "src"
+    items = [weights(src, {0: 200_000})[0]] + small_files(src, SMALL)
+    ring = [fanout.Receiver("spark2", "nvidia", str(tmp_path / "spark2"), [("192.168.100.12", fanout.SSH_BASE)],
+                            relay=((1, "192.168.101.13"),)),
+            fanout.Receiver("spark3", "nvidia", str(tmp_path / "spark3"), []),
+            fanout.Receiver("spark4", "nvidia", str(tmp_path / "spark4"), [("192.168.103.14", fanout.SSH_BASE)])]
+    every = [it.rel for it in items]
+    # spark3 holds the weight already: spark2 relays it only as far as spark2 itself needs it
+    wants = {"spark2": every, "spark3": every[1:], "spark4": every}
+    assert fan_out_here(tmp_path, ring, items, wants) == ["call"] * 8
+
+
+def test_a_pair_gets_the_small_files_on_one_channel(tmp_path):
+    """The same for a pair: the warm-up, the batch of small files, the weight: 3 SSH sessions (5 before:
+    one per file and the weight)."""
+    src = tmp_path / "src"
+    items = [weights(src, {0: 200_000})[0]] + small_files(src, SMALL)
+    pair = [fanout.Receiver("spark2", "nvidia", str(tmp_path / "spark2"), [("192.168.100.12", fanout.SSH_BASE)])]
+    assert fan_out_here(tmp_path, pair, items, {"spark2": [it.rel for it in items]}) == ["call"] * 3
+
+
+def test_a_batch_whose_next_hop_dies_still_lands_every_file_here(tmp_path):
+    """batch_put run by a real shell: the next hop cannot be reached (ssh's 255 at once); this
+    receiver still reads every file to its size, in step with the stream (tee -p), and publishes
+    them; the next hop's files are reported lost, for the send play to send from a neighbour."""
+    from sparkprov.staging.verify import FUNCS
+
+    src = tmp_path / "src"
+    items = small_files(src, SMALL)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "ssh").write_text('#!/bin/sh\ncase "$*" in *192.168.101.13*) exit 255;; esac\n'
+                              'for last; do :; done\nexec sh -c "$last"\n')
+    (bin_ / "ssh").chmod(0o755)
+    here, nxt = tmp_path / "spark2", fanout.Receiver("spark3", "nvidia", str(tmp_path / "spark3"), [])
+    batch = [(it, fanout._check(it), True) for it in items]
+    put = fanout.batch_put(batch, [(1, nxt, "192.168.101.13", [True] * len(items))])
+    data = b"".join((src / it.rel).read_bytes() for it in items)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", FUNCS + put, "sh", str(here)], input=data, capture_output=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.decode().splitlines()
+    assert sorted(ln.split("\t")[1] for ln in lines if ln.startswith("R\t") and ln.split("\t")[2] == "ok") == sorted(
+        it.rel for it in items), lines
+    for it in items:
+        assert (here / it.rel).read_bytes() == (src / it.rel).read_bytes()
+    assert [ln.split("\t")[:3] + ln.split("\t")[5:6] for ln in lines if ln.startswith("@hop")] == [
+        ["@hop", "1", "255", "lost"]]
+    assert not (tmp_path / "spark3").exists()
