@@ -17,8 +17,13 @@ the download too and nothing is left to hash at the end:
   A channel cut mid-file leaves a partial file, and the next route, or the send play, resumes it
   by rsync.
 
+A receiver's small files (git blobs: config, tokenizer) that it has no byte of go together, on
+one channel, once the last of them is on the source (batch_put: each read to its size, then
+checked): on a small model the per-file channels, not the bytes, were the fan-out's cost.
+
 At most `streams` jobs run at once (xargs -P); each receiver's jobs share one SSH connection
-(ControlMaster), so a file costs a channel, not a handshake.
+(ControlMaster), so a file costs a channel, not a handshake. That connection, and each relay hop's
+on a ring, is opened while the downloader starts (relay_warm), so no file waits for a handshake.
 
 On a ring (each Spark cabled to two neighbours only) the source sends to its two neighbours, and
 each receiver relays: the bytes it receives go through `tee` into its own staging file and, over
@@ -32,6 +37,9 @@ What the pipeline delivered (sent and verified on the receiver) is reported on s
 
     @sent<TAB>RECEIVER<TAB>ITEM<TAB>RSYNC_RC<TAB>VERIFY<TAB>ERROR
 
+(a batch's files as @sentrel lines, naming the file by its path, and the batch's channel as
+@batch<TAB>RECEIVER<TAB>RC<TAB>ERROR)
+
 and the send play afterwards sends only what it did not deliver (a cut route, a file held only
 by another host), so nothing is sent twice.
 """
@@ -43,7 +51,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 
-from sparkprov.staging.plan import Item
+from sparkprov.staging.plan import Item, repo_dir
 from sparkprov.staging.verify import FUNCS
 from sparkprov.transport.shell import quote
 
@@ -99,7 +107,8 @@ class Receiver:
     relay: tuple[tuple[int, str], ...] = ()
 
 
-def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, bool]], need: bool) -> str:
+def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, bool]], need: bool,
+              funcs: str = FUNCS) -> str:
     """The receiver's side of a one-channel put that relays (see the module docstring), as the shell
     run with the store as $1 after FUNCS: the bytes from stdin into staging (when `need`) and, through
     tee, to the next receiver of `chain` ((index, receiver, its address, whether it needs the item)),
@@ -108,8 +117,8 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
     if not chain:
         return (f'S=$1; f={f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {size_check}\n')
     (idx, nxt, addr, nxt_need), rest = chain[0], chain[1:]
-    inner = relay_put(it, size_check, rest, nxt_need)
-    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}")
+    inner = relay_put(it, size_check, rest, nxt_need, funcs)
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(funcs + inner)} sh {quote(nxt.store)}")
     keep = f'mkdir -p "$(dirname "$f")" && head -c {int(it.size)} | tee "$H/p" > "$f"' if need else \
         f'head -c {int(it.size)} > "$H/p"'
     return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
@@ -123,7 +132,8 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
             + (f'[ $kr = 0 ] && {size_check}\n' if need else f"printf 'R\\t%s\\trelayed\\t\\n' {quote(it.rel)}\n"))
 
 
-def batch_put(batch: list[tuple[Item, str, bool]], chain: list[tuple[int, Receiver, str, list[bool]]]) -> str:
+def batch_put(batch: list[tuple[Item, str, bool]], chain: list[tuple[int, Receiver, str, list[bool]]],
+              funcs: str = FUNCS) -> str:
     """The receiver's side of one channel carrying several whole files, one after another (the
     small files of a stage: config, tokenizer), as the shell run with the store as $1 after FUNCS:
     `batch` is (item, its check, whether this receiver needs it), in the order the bytes come. Each
@@ -146,8 +156,8 @@ def batch_put(batch: list[tuple[Item, str, bool]], chain: list[tuple[int, Receiv
     if not chain:
         return "S=$1\n" + "\n".join(body) + "\nwait\n"
     (idx, nxt, addr, nxt_needs), rest = chain[0], chain[1:]
-    inner = batch_put([(it, check, n) for (it, check, _), n in zip(batch, nxt_needs)], rest)
-    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}")
+    inner = batch_put([(it, check, n) for (it, check, _), n in zip(batch, nxt_needs)], rest, funcs)
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(funcs + inner)} sh {quote(nxt.store)}")
     return ('S=$1; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
             f'{ssh} < "$H/p" > "$H/o" 2>"$H/e" & hp=$!\n'
             'exec 3>"$H/p"\n' + "\n".join(body) + "\nexec 3>&-\nwait $hp; hr=$?\nwait\n"
@@ -322,10 +332,12 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         # QDEST: the store as the receiver's shell reads it (quoted for that shell)
         routes_case.append(f"{r}) QDEST={quote(quote(rec.store))}; "
                            f"set -- {' '.join(quote(w) for w in words)};;")
+    refs = refs_fn(items)
+    funcs = FUNCS + refs
     checks: dict[int, str] = {}
     for n in sorted(by_item):
         it = items[n]
-        check = checks[n] = _check(it)
+        check = checks[n] = _check(it, bool(refs))
         # the receiver's side of the one-channel put (after FUNCS, with the store as $1): the
         # bytes from stdin into staging, then the check that hashes and publishes them
         put = (f'S=$1; f="$S/.sparkprov/staging/"{quote(it.rel)}; mkdir -p "$(dirname "$f")" && '
@@ -335,7 +347,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     relays_case = []
     for r, ns in batches.items():
         for n in ns:
-            checks.setdefault(n, _check(items[n]))
+            checks.setdefault(n, _check(items[n], bool(refs)))
         rec = receivers[r]
         batch = [(items[n], checks[n], items[n].rel in wants.get(rec.name, [])) for n in ns]
         chain = [(i, receivers[i], addr, [items[n].rel in wants.get(receivers[i].name, []) for n in ns])
@@ -343,7 +355,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         while chain and not any(chain[-1][3]):
             chain.pop()  # nobody further on needs any of them
         cat = " ".join('"$SRC"/' + quote(items[n].rel) for n in ns)
-        relays_case.append(f"{r}.b) QPUT={quote(quote(batch_put(batch, chain)))}; __sp_cat() {{ cat {cat}; }};;")
+        relays_case.append(f"{r}.b) QPUT={quote(quote(batch_put(batch, chain, funcs)))}; __sp_cat() {{ cat {cat}; }};;")
     for r, rec in enumerate(receivers):
         for n in sorted(by_item) if rec.relay else ():
             it = items[n]
@@ -351,17 +363,17 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
             while chain and not chain[-1][3]:
                 chain.pop()  # nobody further on needs it
             if chain:
-                put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []))
+                put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []), funcs)
                 relays_case.append(f"{r}.{n}) QPUT={quote(quote(put))};;")
     heads = sorted({int(job.split()[0]) for jobs in by_item.values() for job in jobs} | set(batches))
     warms_case = [f"{r}) QWARM={quote(quote(relay_warm([(i, receivers[i], addr) for i, addr in receivers[r].relay])))};;"
                   for r in heads if receivers[r].relay]
     # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
-    send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
+    send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(funcs))}\n" + _SEND).replace(
         "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case)).replace(
         "@RELAYS@", "\n".join(relays_case)).replace("@WARMS@", "\n".join(warms_case))
     start = "\n".join([
-        f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
+        f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{funcs}SPARKPROV_VERIFY',
         f'cat > "$T/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
         'mkfifo "$T/q" "$T/qs"',
         # the lifeline: streams follow a growing file until it dies (when the download is over)
@@ -397,10 +409,32 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     return start, feed, finish
 
 
-def _check(it: Item) -> str:
-    """The receiver's hash-and-publish of a staged file (verify.FUNCS' __sp_check)."""
-    return " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
-                                            it.link or "", it.link_target or ""))
+def _check(it: Item, refs: bool = False) -> str:
+    """The receiver's hash-and-publish of a staged file (verify.FUNCS' __sp_check), then, when the
+    stage's refs are the fan-out's to write (refs_fn), __sp_refs."""
+    check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
+                                             it.link or "", it.link_target or ""))
+    return check + (" && __sp_refs" if refs else "")
+
+
+MAX_REF_LINKS = 64  # a stage with more files leaves its refs to the publish play (the put's shell stays small)
+
+
+def refs_fn(items: list[Item]) -> str:
+    """__sp_refs, run on a receiver after each file it checked: once every snapshot link of the stage
+    resolves to a published file (a file is linked only after its hash matched), the refs naming the
+    commit are written (tmp + rename), as the publish play would write them, so that play has nothing
+    left to change. Whichever file lands last writes them; never before the last. "" when the stage
+    has no refs to write, or too many links to list in every put."""
+    refs = {f"{repo_dir(i.repo)}/refs/{i.revision}": i.commit for i in items if i.dest is None and i.revision != i.commit}
+    links = sorted({i.link for i in items if i.link})
+    if not refs or len(links) > MAX_REF_LINKS:
+        return ""
+    body = [f'for l in {" ".join(quote(x) for x in links)}; do [ -f "$S/$l" ] || return 0; done']
+    for ref, commit in sorted(refs.items()):
+        body.append(f'mkdir -p "$(dirname "$S"/{quote(ref)})" && printf %s {quote(commit)} > "$S"/{quote(ref)}.sp$$ '
+                    f'&& mv -f "$S"/{quote(ref)}.sp$$ "$S"/{quote(ref)}')
+    return "__sp_refs() {\n  " + "\n  ".join(body) + "\n  return 0\n}\n"
 
 
 def _batch_fn(batches: dict[int, list[int]]) -> str:

@@ -326,6 +326,11 @@ def test_a_ring_gets_the_small_files_on_one_channel_per_hop(tmp_path):
     # spark3 holds the weight already: spark2 relays it only as far as spark2 itself needs it
     wants = {"spark2": every, "spark3": every[1:], "spark4": every}
     assert fan_out_here(tmp_path, ring, items, wants) == ["call"] * 8
+    # the refs the publish play would write, written by whichever file landed last; not on spark3,
+    # which lacks the weight (its snapshot link dangles)
+    ref = Path("hub/models--org--model/refs/main")
+    assert (tmp_path / "spark2" / ref).read_text() == (tmp_path / "spark4" / ref).read_text() == "c" * 40
+    assert not (tmp_path / "spark3" / ref).exists()
 
 
 def test_a_pair_gets_the_small_files_on_one_channel(tmp_path):
@@ -366,3 +371,15 @@ def test_a_batch_whose_next_hop_dies_still_lands_every_file_here(tmp_path):
     assert [ln.split("\t")[:3] + ln.split("\t")[5:6] for ln in lines if ln.startswith("@hop")] == [
         ["@hop", "1", "255", "lost"]]
     assert not (tmp_path / "spark3").exists()
+
+
+def test_the_refs_are_the_fan_outs_only_for_a_stage_that_has_them_and_lists_its_links_in_full():
+    pinned = [Item(repo="org/model", revision="c" * 40, commit="c" * 40, path="config.json", size=1, oid="b" * 40,
+                   sha256=None)]
+    assert fanout.refs_fn(pinned) == ""                       # a commit asked for: no refs file
+    assert fanout.refs_fn(ITEMS).count("[ -f \"$S/$l\" ]") == 1
+    fn = fanout.refs_fn(ITEMS)
+    assert all(quote(it.link) in fn for it in ITEMS) and "refs/main" in fn
+    many = [item(f"model-{k:05d}.safetensors") for k in range(fanout.MAX_REF_LINKS + 1)]
+    assert fanout.refs_fn(many) == ""                         # left to the publish play
+    assert subprocess.run(["sh", "-n"], input=fn, text=True).returncode == 0
