@@ -1,6 +1,6 @@
 """Benchmark: stage-weights lab-tiny on the lab's 4-Spark ring against one download (issue 34).
 
-    /work/bin/lablock sudo .venv/bin/python bench/stage_ring.py [--runs 3] [--json] [--keep]
+    sudo .venv/bin/python bench/stage_ring.py [--runs 3] [--json] [--keep]
 
 Brings up the 4-ring (`lab.up --hosts 4 --topology ring`, with dockerd: the download runs in the
 serving image), provisions it once (the per-link addressing and the SSH mesh between nodes the relay

@@ -109,7 +109,7 @@ def weights(src, sizes: dict[int, int]) -> dict[int, Item]:
 
 
 def run_pipeline(tmp_path, start, runner, feed, finish, env) -> subprocess.CompletedProcess:
-    script = ('T=$(mktemp -d)\ntrap \'kill ${__sp_life:-} 2>/dev/null || true; rm -rf "$T"\' EXIT\n' + start
+    script = ('set -e\nT=$(mktemp -d)\ntrap \'kill ${__sp_life:-} 2>/dev/null || true; rm -rf "$T"\' EXIT\n' + start
               + "{ " + runner + "\n} | " + feed + "\n" + finish)
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
 
