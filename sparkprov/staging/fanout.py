@@ -402,7 +402,7 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         'kill "$__sp_life" 2>/dev/null',
         'wait "$__sp_xargs" || true',
         'wait "$__sp_xargs_s" || true',
-        'for p in $__sp_warm; do wait "$p"; done',
+        'for p in $__sp_warm; do wait "$p" || true; done',
         'cat "$T/sent" "$T/streamed"',
         'for s in "$T"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
     ]) + "\n"
