@@ -17,8 +17,13 @@ the download too and nothing is left to hash at the end:
   A channel cut mid-file leaves a partial file, and the next route, or the send play, resumes it
   by rsync.
 
+A receiver's small files (git blobs: config, tokenizer) that it has no byte of go together, on
+one channel, once the last of them is on the source (batch_put: each read to its size, then
+checked): on a small model the per-file channels, not the bytes, were the fan-out's cost.
+
 At most `streams` jobs run at once (xargs -P); each receiver's jobs share one SSH connection
-(ControlMaster), so a file costs a channel, not a handshake.
+(ControlMaster), so a file costs a channel, not a handshake. That connection, and each relay hop's
+on a ring, is opened while the downloader starts (relay_warm), so no file waits for a handshake.
 
 On a ring (each Spark cabled to two neighbours only) the source sends to its two neighbours, and
 each receiver relays: the bytes it receives go through `tee` into its own staging file and, over
@@ -32,6 +37,9 @@ What the pipeline delivered (sent and verified on the receiver) is reported on s
 
     @sent<TAB>RECEIVER<TAB>ITEM<TAB>RSYNC_RC<TAB>VERIFY<TAB>ERROR
 
+(a batch's files as @sentrel lines, naming the file by its path, and the batch's channel as
+@batch<TAB>RECEIVER<TAB>RC<TAB>ERROR)
+
 and the send play afterwards sends only what it did not deliver (a cut route, a file held only
 by another host), so nothing is sent twice.
 """
@@ -43,7 +51,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 
-from sparkprov.staging.plan import Item
+from sparkprov.staging.plan import Item, repo_dir
 from sparkprov.staging.verify import FUNCS
 from sparkprov.transport.shell import quote
 
@@ -99,7 +107,8 @@ class Receiver:
     relay: tuple[tuple[int, str], ...] = ()
 
 
-def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, bool]], need: bool) -> str:
+def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, bool]], need: bool,
+              funcs: str = FUNCS) -> str:
     """The receiver's side of a one-channel put that relays (see the module docstring), as the shell
     run with the store as $1 after FUNCS: the bytes from stdin into staging (when `need`) and, through
     tee, to the next receiver of `chain` ((index, receiver, its address, whether it needs the item)),
@@ -108,11 +117,8 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
     if not chain:
         return (f'S=$1; f={f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {size_check}\n')
     (idx, nxt, addr, nxt_need), rest = chain[0], chain[1:]
-    inner = relay_put(it, size_check, rest, nxt_need)
-    # one connection per hop for all the files it relays (the first file's makes it; ~ expands in ssh)
-    ssh = " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
-                                                 "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
-                                                 f"sh -c {quote(FUNCS + inner)} sh {quote(nxt.store)}"])
+    inner = relay_put(it, size_check, rest, nxt_need, funcs)
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(funcs + inner)} sh {quote(nxt.store)}")
     keep = f'mkdir -p "$(dirname "$f")" && head -c {int(it.size)} | tee "$H/p" > "$f"' if need else \
         f'head -c {int(it.size)} > "$H/p"'
     return (f'S=$1; f={f}; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
@@ -124,6 +130,63 @@ def relay_put(it: Item, size_check: str, chain: list[tuple[int, Receiver, str, b
             f'[ -s "$H/o" ] || printf \'@hop\\t%s\\t%s\\tR\\t%s\\tlost\\t\\n\' {idx} "$hr" {quote(it.rel)}\n'
             f'rm -rf "$H"\n'
             + (f'[ $kr = 0 ] && {size_check}\n' if need else f"printf 'R\\t%s\\trelayed\\t\\n' {quote(it.rel)}\n"))
+
+
+def batch_put(batch: list[tuple[Item, str, bool]], chain: list[tuple[int, Receiver, str, list[bool]]],
+              funcs: str = FUNCS) -> str:
+    """The receiver's side of one channel carrying several whole files, one after another (the
+    small files of a stage: config, tokenizer), as the shell run with the store as $1 after FUNCS:
+    `batch` is (item, its check, whether this receiver needs it), in the order the bytes come. Each
+    file's bytes are read to its size (`head -c`), kept in staging when needed and checked there in
+    the background, and, on a ring, passed through `tee` on one channel to the next receiver of
+    `chain` ((index, receiver, its address, which items it needs)), whose own batch put does the
+    same; the next ones' checks come back as `@hop` lines. A hop that dies leaves this one reading
+    on (`tee -p`): every file here still gets its bytes, in step with the stream."""
+    keep = 'mkdir -p "$(dirname "$f")" && head -c {size} | tee -p "$f" >&3'
+    body = []
+    for it, check, need in batch:
+        f = f'f="$S/.sparkprov/staging/"{quote(it.rel)}'
+        if not chain:
+            body.append(f'{f}; mkdir -p "$(dirname "$f")" && head -c {int(it.size)} > "$f" && {{ {check} & }}'
+                        if need else f"head -c {int(it.size)} >/dev/null; printf 'R\t%s\trelayed\t\n' {quote(it.rel)}")
+        elif need:
+            body.append(f'{f}; {keep.format(size=int(it.size))} && {{ {check} & }}')
+        else:
+            body.append(f"head -c {int(it.size)} | tee -p /dev/null >&3; printf 'R\t%s\trelayed\t\n' {quote(it.rel)}")
+    if not chain:
+        return "S=$1\n" + "\n".join(body) + "\nwait\n"
+    (idx, nxt, addr, nxt_needs), rest = chain[0], chain[1:]
+    inner = batch_put([(it, check, n) for (it, check, _), n in zip(batch, nxt_needs)], rest, funcs)
+    ssh = _hop_ssh(nxt, addr, f"sh -c {quote(funcs + inner)} sh {quote(nxt.store)}")
+    return ('S=$1; H=$(mktemp -d); mkfifo "$H/p"; mkdir -p ~/.cache/sparkprov\n'
+            f'{ssh} < "$H/p" > "$H/o" 2>"$H/e" & hp=$!\n'
+            'exec 3>"$H/p"\n' + "\n".join(body) + "\nexec 3>&-\nwait $hp; hr=$?\nwait\n"
+            f"awk -F '\\t' -v i={idx} -v rc=$hr '$1 == \"R\" {{print \"@hop\\t\" i \"\\t\" rc \"\\t\" $0; next}} "
+            f"$1 == \"@hop\" {{print}}' \"$H/o\"\n"
+            # a next hop that said nothing (it could not be reached): its first file is reported lost
+            + (f'[ -s "$H/o" ] || printf \'@hop\\t%s\\t%s\\tR\\t%s\\tlost\\t\\n\' {idx} "$hr" '
+               f'{quote(next(it.rel for (it, _, _), n in zip(batch, nxt_needs) if n))}\n')
+            + 'rm -rf "$H"\n')
+
+
+def _hop_ssh(nxt: Receiver, addr: str, command: str) -> str:
+    """The ssh a relaying receiver runs `command` with on the next one: one connection per hop for
+    all the files it relays (the first use makes it; ~ expands in ssh)."""
+    return " ".join(quote(w) for w in SSH_BASE + ["-o", "ControlMaster=auto", "-o", "ControlPersist=15", "-o",
+                                                  "ControlPath=~/.cache/sparkprov/relay-%C", f"{nxt.user}@{addr}",
+                                                  command])
+
+
+def relay_warm(chain: list[tuple[int, Receiver, str]]) -> str:
+    """The shell a relaying receiver runs while the source's download starts: the connection to the
+    next receiver of `chain` ((index, receiver, its address)) opened, and through it the next one's,
+    so that no file waits for an SSH handshake on any hop (each hop is one more handshake otherwise,
+    paid by the first file that crosses it). Never fails: a hop it cannot open is the put's to report."""
+    if not chain:
+        return "true"
+    (_, nxt, addr), rest = chain[0], chain[1:]
+    return (f"mkdir -p ~/.cache/sparkprov; {_hop_ssh(nxt, addr, f'sh -c {quote(relay_warm(rest))}')} "
+            "</dev/null >/dev/null 2>&1; true")
 
 
 def _rsync_dest(user: str, address: str, store: str) -> str:
@@ -146,6 +209,34 @@ esac
 case "$r.$i" in
 @RELAYS@
 esac
+if [ "$m" = b ]; then
+  # the small files on one channel (batch_put), in the order __sp_cat writes them; each one's
+  # verdict as @sentrel (by its path), then the channel's own status
+  rc=255; out=
+  while [ $# -ge 3 ]; do
+    mkfifo "$T/b.$r"
+    __sp_cat > "$T/b.$r" 2>/dev/null & cp=$!
+    out=$(sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QFUNCS$QPUT sh $QDEST" < "$T/b.$r" 2>"$T/e.$r.b")
+    rc=$?
+    kill $cp 2>/dev/null; rm -f "$T/b.$r"
+    [ $rc = 255 ] || break
+    shift 3
+  done
+  printf '%s\n' "$out" | awk -F '\t' -v r="$r" -v rc="$rc" '
+    $1 == "R" {printf "@sentrel\t%s\t%s\t%s\t%s\t\n", r, rc, $2, $3}
+    $1 == "@hop" {printf "@sentrel\t%s\t%s\t%s\t%s\trelayed\n", $2, $3, $5, $6}'
+  printf '@batch\t%s\t%s\t%s\n' "$r" "$rc" "$(tail -n 1 "$T/e.$r.b" 2>/dev/null | tr '\t' ' ')"
+  exit 0
+fi
+if [ "$m" = w ]; then
+  # the connection to this receiver opened (and its relay hops', QWARM) while the download starts
+  QWARM=true
+  case $r in
+@WARMS@
+  esac
+  sh -c "$1 $CP \"\$0\" \"\$1\"" "$2" "sh -c $QWARM" </dev/null >/dev/null 2>&1
+  exit 0
+fi
 # the one-channel put: SSH_ARGV DEST from FILE (the receiver writes, hashes and publishes it);
 # sets rc (ssh's: 255 when the connection failed) and v (the check's verdict)
 __sp_put() {
@@ -216,12 +307,18 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
     carries = {rec.name: list(dict.fromkeys(wants.get(rec.name, []) + [rel for i, _ in rec.relay
                                                                          for rel in wants.get(receivers[i].name, [])]))
                for rec in receivers}
+    # receiver -> the small files it gets whole: one channel for all of them (batch_put), once the
+    # last of them is on the source (downloaded and verified, or held already)
+    batches: dict[int, list[int]] = {}
     for r, rec in enumerate(receivers):
         if r in relayed:
             continue  # reached through the receiver before it
         for rel in carries[rec.name]:
             n = index[rel]
             mode = "r" if rel in rec.partial else "c"
+            if mode == "c" and not items[n].large:
+                batches.setdefault(r, []).append(n)
+                continue
             by_item.setdefault(n, []).append(f"{r} {n} {mode}")
             if mode == "c" and items[n].large:
                 streamed.setdefault(n, []).append(f"{r} {n} s")
@@ -235,12 +332,12 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         # QDEST: the store as the receiver's shell reads it (quoted for that shell)
         routes_case.append(f"{r}) QDEST={quote(quote(rec.store))}; "
                            f"set -- {' '.join(quote(w) for w in words)};;")
+    refs = refs_fn(items)
+    funcs = FUNCS + refs
     checks: dict[int, str] = {}
     for n in sorted(by_item):
         it = items[n]
-        check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
-                                                 it.link or "", it.link_target or ""))
-        checks[n] = check
+        check = checks[n] = _check(it, bool(refs))
         # the receiver's side of the one-channel put (after FUNCS, with the store as $1): the
         # bytes from stdin into staging, then the check that hashes and publishes them
         put = (f'S=$1; f="$S/.sparkprov/staging/"{quote(it.rel)}; mkdir -p "$(dirname "$f")" && '
@@ -248,6 +345,17 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         items_case.append(f"{n}) REL={quote(it.rel)}; CHECK={quote(check)}; "
                           f"QPUT={quote(quote(put))};;")
     relays_case = []
+    for r, ns in batches.items():
+        for n in ns:
+            checks.setdefault(n, _check(items[n], bool(refs)))
+        rec = receivers[r]
+        batch = [(items[n], checks[n], items[n].rel in wants.get(rec.name, [])) for n in ns]
+        chain = [(i, receivers[i], addr, [items[n].rel in wants.get(receivers[i].name, []) for n in ns])
+                 for i, addr in rec.relay]
+        while chain and not any(chain[-1][3]):
+            chain.pop()  # nobody further on needs any of them
+        cat = " ".join('"$SRC"/' + quote(items[n].rel) for n in ns)
+        relays_case.append(f"{r}.b) QPUT={quote(quote(batch_put(batch, chain, funcs)))}; __sp_cat() {{ cat {cat}; }};;")
     for r, rec in enumerate(receivers):
         for n in sorted(by_item) if rec.relay else ():
             it = items[n]
@@ -255,18 +363,25 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
             while chain and not chain[-1][3]:
                 chain.pop()  # nobody further on needs it
             if chain:
-                put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []))
+                put = relay_put(it, checks[n], chain, it.rel in wants.get(rec.name, []), funcs)
                 relays_case.append(f"{r}.{n}) QPUT={quote(quote(put))};;")
+    heads = sorted({int(job.split()[0]) for jobs in by_item.values() for job in jobs} | set(batches))
+    warms_case = [f"{r}) QWARM={quote(quote(relay_warm([(i, receivers[i], addr) for i, addr in receivers[r].relay])))};;"
+                  for r in heads if receivers[r].relay]
     # two quoted words side by side are one word to the remote shell: sh -c 'FUNCS''PUT' sh 'STORE'
-    send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(FUNCS))}\n" + _SEND).replace(
+    send = (f"SRC={quote(source_store)}\nQFUNCS={quote(quote(funcs))}\n" + _SEND).replace(
         "@ROUTES@", "\n".join(routes_case)).replace("@ITEMS@", "\n".join(items_case)).replace(
-        "@RELAYS@", "\n".join(relays_case))
+        "@RELAYS@", "\n".join(relays_case)).replace("@WARMS@", "\n".join(warms_case))
     start = "\n".join([
-        f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{FUNCS}SPARKPROV_VERIFY',
+        f'cat > "$T/funcs" <<\'SPARKPROV_VERIFY\'\n{funcs}SPARKPROV_VERIFY',
         f'cat > "$T/send" <<\'SPARKPROV_SEND\'\n{send}SPARKPROV_SEND',
         'mkfifo "$T/q" "$T/qs"',
         # the lifeline: streams follow a growing file until it dies (when the download is over)
         'sleep 2147483647 </dev/null >/dev/null 2>&1 & __sp_life=$!; echo $__sp_life > "$T/life"',
+        # each receiver's connection, and its relay hops', opened while the downloader starts
+        "__sp_warm=",
+        *[f'sh "$T/send" "$T" {quote(f"{r} - w")} </dev/null >/dev/null 2>&1 & __sp_warm="$__sp_warm $!"'
+          for r in heads],
         f'xargs -r -d \'\\n\' -n 1 -P {max(1, streams)} sh "$T/send" "$T" < "$T/q" > "$T/sent" 2>&1 &',
         "__sp_xargs=$!",
         # a stream is as fast as the download: one per receiver, beside the `streams` sends
@@ -274,8 +389,9 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         f'> "$T/streamed" 2>&1 &',
         "__sp_xargs_s=$!",
         'exec 3>"$T/q" 4>"$T/qs"',
-        _queue_fn("__sp_queue", 3, by_item),      # a file the source holds already
-        _queue_fn("__sp_queue_after", 3, after),  # SPARKPROV-FETCHED n: downloaded and verified
+        _batch_fn(batches),
+        _queue_fn("__sp_queue", 3, by_item, batch=True),      # a file the source holds already
+        _queue_fn("__sp_queue_after", 3, after, batch=True),  # SPARKPROV-FETCHED n: downloaded and verified
         _queue_fn("__sp_stream", 4, streamed),    # SPARKPROV-FETCHING n: its download begins
     ]) + "\n"
     feed = ('while IFS= read -r line; do printf \'%s\\n\' "$line"; case "$line" in '
@@ -286,15 +402,58 @@ def pipeline(source_store: str, receivers: list[Receiver], items: list[Item], wa
         'kill "$__sp_life" 2>/dev/null',
         'wait "$__sp_xargs" || true',
         'wait "$__sp_xargs_s" || true',
+        'for p in $__sp_warm; do wait "$p" || true; done',
         'cat "$T/sent" "$T/streamed"',
         'for s in "$T"/c-*; do [ -S "$s" ] && ssh -o ControlPath="$s" -O exit sparkprov >/dev/null 2>&1; done; true',
     ]) + "\n"
     return start, feed, finish
 
 
-def _queue_fn(name: str, fd: int, jobs: dict[int, list[str]]) -> str:
+def _check(it: Item, refs: bool = False) -> str:
+    """The receiver's hash-and-publish of a staged file (verify.FUNCS' __sp_check), then, when the
+    stage's refs are the fan-out's to write (refs_fn), __sp_refs."""
+    check = " ".join(quote(str(w)) for w in ("__sp_check", "staged", it.rel, it.size, int(it.large), it.digest,
+                                             it.link or "", it.link_target or ""))
+    return check + (" && __sp_refs" if refs else "")
+
+
+MAX_REF_LINKS = 64  # a stage with more files leaves its refs to the publish play (the put's shell stays small)
+
+
+def refs_fn(items: list[Item]) -> str:
+    """__sp_refs, run on a receiver after each file it checked: once every snapshot link of the stage
+    resolves to a published file (a file is linked only after its hash matched), the refs naming the
+    commit are written (tmp + rename), as the publish play would write them, so that play has nothing
+    left to change. Whichever file lands last writes them; never before the last. "" when the stage
+    has no refs to write, or too many links to list in every put."""
+    refs = {f"{repo_dir(i.repo)}/refs/{i.revision}": i.commit for i in items if i.dest is None and i.revision != i.commit}
+    links = sorted({i.link for i in items if i.link})
+    if not refs or len(links) > MAX_REF_LINKS:
+        return ""
+    body = [f'for l in {" ".join(quote(x) for x in links)}; do [ -f "$S/$l" ] || return 0; done']
+    for ref, commit in sorted(refs.items()):
+        body.append(f'mkdir -p "$(dirname "$S"/{quote(ref)})" && printf %s {quote(commit)} > "$S"/{quote(ref)}.sp$$ '
+                    f'&& mv -f "$S"/{quote(ref)}.sp$$ "$S"/{quote(ref)}')
+    return "__sp_refs() {\n  " + "\n  ".join(body) + "\n  return 0\n}\n"
+
+
+def _batch_fn(batches: dict[int, list[int]]) -> str:
+    """__sp_batch N: file N is on the source; a receiver's batch goes once all of its files are."""
+    counts = "; ".join(f"__sp_left_{r}={len(ns)}" for r, ns in sorted(batches.items()))
+    per: dict[int, list[int]] = {}
+    for r, ns in batches.items():
+        for n in ns:
+            per.setdefault(n, []).append(r)
+    cases = " ".join(f"{n}) " + "; ".join(f"__sp_left_{r}=$((__sp_left_{r} - 1)); if [ \"$__sp_left_{r}\" = 0 ]; "
+                                           f"then printf '%s\\n' '{r} b b' >&3; fi" for r in rs) + ";;"
+                     for n, rs in sorted(per.items()))
+    return (counts + "\n" if counts else "") + f"__sp_batch() {{ case $1 in {cases} esac; }}"
+
+
+def _queue_fn(name: str, fd: int, jobs: dict[int, list[str]], batch: bool = False) -> str:
     cases = " ".join(f"{n}) printf '%s\\n' {' '.join(quote(j) for j in js)} >&{fd};;" for n, js in sorted(jobs.items()))
-    return f"{name}() {{ case $1 in {cases} esac; }}"
+    first = '__sp_batch "$1"; ' if batch else ""
+    return f"{name}() {{ {first}case $1 in {cases} esac; }}"
 
 
 def queue_now(rels: list[str], items: list[Item]) -> str:
@@ -307,9 +466,23 @@ def parse_sent(out: str, receivers: list[Receiver], items: list[Item]) -> tuple[
     """(receiver -> rels delivered and verified there, receiver -> the first reason one was not)."""
     delivered: dict[str, list[str]] = {}
     errors: dict[str, str] = {}
+    by_rel = {it.rel: n for n, it in enumerate(items)}
     for line in out.splitlines():
         b = line.split("\t")
-        if not line.startswith("@sent\t") or len(b) < 5:
+        if line.startswith("@batch\t") and len(b) >= 3:
+            # a batch's channel: its files' verdicts came as @sentrel lines; a failed channel says why
+            try:
+                rec = receivers[int(b[1])]
+            except (ValueError, IndexError):
+                continue
+            if b[2] != "0" and rec.name not in errors:
+                errors[rec.name] = f"the small files to {rec.name}: send exit status {b[2]}" + (
+                    f": {b[3]}" if len(b) > 3 and b[3] else "")
+            continue
+        if line.startswith("@sentrel\t") and len(b) >= 5 and b[3] in by_rel:
+            # a batch's file, named by its path: as an @sent line
+            b = ["@sent", b[1], str(by_rel[b[3]]), b[2], b[4]] + b[5:]
+        elif not line.startswith("@sent\t") or len(b) < 5:
             continue
         try:
             rec, it = receivers[int(b[1])], items[int(b[2])]

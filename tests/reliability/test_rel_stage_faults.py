@@ -84,6 +84,12 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
 
     server, repo = hub
     inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {server.url}\n")
+    from sparklab.image import ensure_images
+    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
+
+    # the serving image the download runs in, in the lab registry (lab.up does not push it; run alone,
+    # on a fresh lab, this test found no image and its download failed before any byte moved)
+    ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [IMAGE])
     converge(inv)  # the SSH mesh and the fabric addresses the fan-out uses
     folder = "hub/models--" + MODEL.replace("/", "--")
     blobs = _blobs(repo)

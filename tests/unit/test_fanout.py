@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
+from pathlib import Path
 
 from sparkprov.staging import fanout
 from sparkprov.staging.plan import Item
@@ -107,7 +109,7 @@ def weights(src, sizes: dict[int, int]) -> dict[int, Item]:
 
 
 def run_pipeline(tmp_path, start, runner, feed, finish, env) -> subprocess.CompletedProcess:
-    script = ('T=$(mktemp -d)\ntrap \'kill ${__sp_life:-} 2>/dev/null || true; rm -rf "$T"\' EXIT\n' + start
+    script = ('set -e\nT=$(mktemp -d)\ntrap \'kill ${__sp_life:-} 2>/dev/null || true; rm -rf "$T"\' EXIT\n' + start
               + "{ " + runner + "\n} | " + feed + "\n" + finish)
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
 
@@ -163,14 +165,14 @@ def test_a_weight_streams_to_the_receivers_while_it_downloads(tmp_path):
     assert fanout.parse_sent(out.stdout, [rec3], items) == ({"spark2": [blobs[0].rel]}, {}), out.stdout
     assert (dst3 / blobs[0].rel).read_bytes() == data
     # a receiver that cannot be reached: the stream fails once, and is not tried again whole (the
-    # send play resumes it, once): one call, exit status 255
+    # send play resumes it, once): the warm-up's connection and the stream's, exit status 255
     dead = fanout.Receiver("spark3", "nvidia", str(tmp_path / "dst4"), [("127.0.0.1", fanout.SSH_BASE + ["-p", "2222"])])
     start, feed, finish = fanout.pipeline(str(src), [dead], items, {"spark3": [blobs[0].rel]}, streams=1)
     (tmp_path / "bin" / "calls").unlink()
     out = run_pipeline(tmp_path, start, fast, feed, finish, env)
     delivered, errors = fanout.parse_sent(out.stdout, [dead], items)
     assert not delivered and "send exit status 255" in errors["spark3"], out.stdout
-    assert (tmp_path / "bin" / "calls").read_text().splitlines() == ["dead"]
+    assert (tmp_path / "bin" / "calls").read_text().splitlines() == ["dead", "dead"]
 
 
 def test_a_file_the_receiver_lacks_goes_on_one_channel_and_a_partial_one_by_rsync(tmp_path):
@@ -235,3 +237,149 @@ def test_a_ring_relay_puts_the_bytes_on_every_hop_as_they_pass(tmp_path):
                    for ln in lines if ln.startswith("@hop"))
     delivered, errors = fanout.parse_sent(sent + "@sent\t0\t0\t0\tok\t\n", recs, [it])
     assert delivered == {"spark2": [it.rel], "spark4": [it.rel]} and errors == {}
+
+
+def test_the_relay_hops_connections_open_while_the_download_starts(tmp_path):
+    """relay_warm run by a real shell: the first receiver opens its connection to the next, through
+    which the next opens its own, each with the ControlPath the relayed puts reuse, in ring order; the
+    pipeline starts one warm-up per receiver it sends to (the chains' first hops), none for a receiver
+    reached through another."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    # an ssh that logs its destination and options, then runs the remote command here
+    (bin_ / "ssh").write_text('#!/bin/sh\nfor last; do :; done\n'
+                              'printf "%s\\n" "$*" >> "$(dirname "$0")/calls"\nexec sh -c "$last"\n')
+    (bin_ / "ssh").chmod(0o755)
+    recs = [fanout.Receiver(f"spark{i}", "nvidia", str(tmp_path / f"store{i}"), []) for i in (2, 3, 4)]
+    chain = [(1, recs[1], "192.168.101.13"), (2, recs[2], "192.168.102.14")]
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", fanout.relay_warm(chain)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    calls = (bin_ / "calls").read_text().splitlines()
+    assert [re.search(r"nvidia@(\S+)", c).group(1) for c in calls] == ["192.168.101.13", "192.168.102.14"], calls
+    assert all("ControlPath=~/.cache/sparkprov/relay-%C" in c and "ControlPersist=15" in c for c in calls)
+    assert fanout.relay_warm([]) == "true"
+    # a ring from spark1: spark2 relays to spark3; spark4 alone on the other way round
+    head = fanout.Receiver("spark2", "nvidia", "/s", [("192.168.100.12", fanout.SSH_BASE)],
+                           relay=((1, "192.168.101.13"),))
+    other = fanout.Receiver("spark4", "nvidia", "/s", [("192.168.103.14", fanout.SSH_BASE)])
+    ring = [head, fanout.Receiver("spark3", "nvidia", "/s", []), other]
+    wants = {"spark2": [ITEMS[0].rel], "spark3": [ITEMS[0].rel], "spark4": [ITEMS[0].rel]}
+    start, _, _ = fanout.pipeline("/src", ring, ITEMS, wants, streams=4)
+    assert [ln.split()[3] for ln in start.splitlines() if " - w'" in ln] == ["'0", "'2"]
+    assert "0) QWARM=" in start and "1) QWARM=" not in start and "2) QWARM=" not in start
+
+
+def small_files(src, names: list[str]) -> list[Item]:
+    """Git-blob files (config, tokenizer: no sha256) written into the source store."""
+    out = []
+    for k, name in enumerate(names):
+        data = os.urandom(1000 + 997 * k)
+        oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        it = Item(repo="org/model", revision="main", commit="c" * 40, path=name, size=len(data), oid=oid, sha256=None)
+        (src / it.rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / it.rel).write_bytes(data)
+        out.append(it)
+    return out
+
+
+SMALL = ["config.json", "tokenizer.json", "it's $(touch pwned).json", "generation_config.json"]
+
+
+def fan_out_here(tmp_path, receivers, items, wants) -> list[str]:
+    """The pipeline run by real shells, every file the source holds queued at once; each receiver's
+    store checked for its files; the ssh calls it made."""
+    env = fake_ssh(tmp_path)
+    src = tmp_path / "src"
+    start, feed, finish = fanout.pipeline(str(src), receivers, items, wants, streams=4)
+    out = run_pipeline(tmp_path, start + fanout.queue_now([it.rel for it in items], items), "true", feed, finish,
+                       {**env, "HOME": str(tmp_path)})
+    delivered, errors = fanout.parse_sent(out.stdout, receivers, items)
+    assert not errors, (out.stdout, out.stderr)
+    assert {r: sorted(v) for r, v in delivered.items()} == {r: sorted(v) for r, v in wants.items()}, (out.stdout,
+                                                                                                        out.stderr)
+    stores = {r.name: Path(r.store) for r in receivers}
+    for name, rels in wants.items():
+        for rel in rels:
+            assert (stores[name] / rel).read_bytes() == (src / rel).read_bytes(), (name, rel)
+        assert not list((stores[name] / ".sparkprov" / "staging").rglob("*.json"))
+    assert not (tmp_path / "pwned").exists()
+    return (tmp_path / "bin" / "calls").read_text().splitlines()
+
+
+def test_a_ring_gets_the_small_files_on_one_channel_per_hop(tmp_path):
+    """The pipeline on a 4-ring from spark1, run by real shells with an ssh that runs the remote
+    command here: spark2 relays to spark3, spark4 is the other way round. The small files (git blobs)
+    go to each neighbour as one batch, and on through the relay as one batch, each hashed and
+    published on every receiver; a weight goes on its own channel. The SSH sessions the fan-out opens
+    do not grow with the number of small files: per way round, a warm-up, the batch and the weight,
+    each one session per hop it crosses (spark1-spark2-spark3 and spark1-spark4: 3 + 3 + 2, the
+    weight stopping at spark2, as spark3 holds it); one session per file and hop before, and no warm-up
+    (14 here)."""
+    src = tmp_path / "src"
+    items = [weights(src, {0: 200_000})[0]] + small_files(src, SMALL)
+    ring = [fanout.Receiver("spark2", "nvidia", str(tmp_path / "spark2"), [("192.168.100.12", fanout.SSH_BASE)],
+                            relay=((1, "192.168.101.13"),)),
+            fanout.Receiver("spark3", "nvidia", str(tmp_path / "spark3"), []),
+            fanout.Receiver("spark4", "nvidia", str(tmp_path / "spark4"), [("192.168.103.14", fanout.SSH_BASE)])]
+    every = [it.rel for it in items]
+    # spark3 holds the weight already: spark2 relays it only as far as spark2 itself needs it
+    wants = {"spark2": every, "spark3": every[1:], "spark4": every}
+    assert fan_out_here(tmp_path, ring, items, wants) == ["call"] * 8
+    # the refs the publish play would write, written by whichever file landed last; not on spark3,
+    # which lacks the weight (its snapshot link dangles)
+    ref = Path("hub/models--org--model/refs/main")
+    assert (tmp_path / "spark2" / ref).read_text() == (tmp_path / "spark4" / ref).read_text() == "c" * 40
+    assert not (tmp_path / "spark3" / ref).exists()
+
+
+def test_a_pair_gets_the_small_files_on_one_channel(tmp_path):
+    """The same for a pair: the warm-up, the batch of small files, the weight: 3 SSH sessions (5 before:
+    one per file and the weight)."""
+    src = tmp_path / "src"
+    items = [weights(src, {0: 200_000})[0]] + small_files(src, SMALL)
+    pair = [fanout.Receiver("spark2", "nvidia", str(tmp_path / "spark2"), [("192.168.100.12", fanout.SSH_BASE)])]
+    assert fan_out_here(tmp_path, pair, items, {"spark2": [it.rel for it in items]}) == ["call"] * 3
+
+
+def test_a_batch_whose_next_hop_dies_still_lands_every_file_here(tmp_path):
+    """batch_put run by a real shell: the next hop cannot be reached (ssh's 255 at once); this
+    receiver still reads every file to its size, in step with the stream (tee -p), and publishes
+    them; the next hop's files are reported lost, for the send play to send from a neighbour."""
+    from sparkprov.staging.verify import FUNCS
+
+    src = tmp_path / "src"
+    items = small_files(src, SMALL)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "ssh").write_text('#!/bin/sh\ncase "$*" in *192.168.101.13*) exit 255;; esac\n'
+                              'for last; do :; done\nexec sh -c "$last"\n')
+    (bin_ / "ssh").chmod(0o755)
+    here, nxt = tmp_path / "spark2", fanout.Receiver("spark3", "nvidia", str(tmp_path / "spark3"), [])
+    batch = [(it, fanout._check(it), True) for it in items]
+    put = fanout.batch_put(batch, [(1, nxt, "192.168.101.13", [True] * len(items))])
+    data = b"".join((src / it.rel).read_bytes() for it in items)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", FUNCS + put, "sh", str(here)], input=data, capture_output=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.decode().splitlines()
+    assert sorted(ln.split("\t")[1] for ln in lines if ln.startswith("R\t") and ln.split("\t")[2] == "ok") == sorted(
+        it.rel for it in items), lines
+    for it in items:
+        assert (here / it.rel).read_bytes() == (src / it.rel).read_bytes()
+    assert [ln.split("\t")[:3] + ln.split("\t")[5:6] for ln in lines if ln.startswith("@hop")] == [
+        ["@hop", "1", "255", "lost"]]
+    assert not (tmp_path / "spark3").exists()
+
+
+def test_the_refs_are_the_fan_outs_only_for_a_stage_that_has_them_and_lists_its_links_in_full():
+    pinned = [Item(repo="org/model", revision="c" * 40, commit="c" * 40, path="config.json", size=1, oid="b" * 40,
+                   sha256=None)]
+    assert fanout.refs_fn(pinned) == ""                       # a commit asked for: no refs file
+    assert fanout.refs_fn(ITEMS).count("[ -f \"$S/$l\" ]") == 1
+    fn = fanout.refs_fn(ITEMS)
+    assert all(quote(it.link) in fn for it in ITEMS) and "refs/main" in fn
+    many = [item(f"model-{k:05d}.safetensors") for k in range(fanout.MAX_REF_LINKS + 1)]
+    assert fanout.refs_fn(many) == ""                         # left to the publish play
+    assert subprocess.run(["sh", "-n"], input=fn, text=True).returncode == 0
