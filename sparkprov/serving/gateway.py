@@ -257,14 +257,18 @@ def writer_program(config: dict[str, Any], ondemand: dict[str, Any] | None) -> s
     return "".join(f"{k} = {v!r}\n" for k, v in data.items()) + HOST_WRITER
 
 
-def container_mounts(ondemand: bool) -> list[str]:
-    """The gateway container's read-only mounts, host path (under HOST_DIR) -> its path in the container."""
+def mounts(ondemand: bool) -> list[tuple[str, str]]:
+    """The gateway container's read-only mounts: (its path under DIR, its path in the container)."""
     files = [(CONFIG, f"{APP}/config.yaml")]
     if ondemand:
         files += [(ONDEMAND_CONFIG, f"{APP}/{ONDEMAND_CONFIG}"),
                   (f"{HOOK_DIR}/{gateway_hook.MODULE}.py", f"{APP}/{gateway_hook.MODULE}.py"),
                   (f"{HOOK_DIR}/sparkprov_node", f"{APP}/sparkprov_node")]
-    return [f'-v "{HOST_DIR}/{src}:{dst}:ro"' for src, dst in files]
+    return files
+
+
+def container_mounts(ondemand: bool) -> list[str]:
+    return [f'-v "{HOST_DIR}/{src}:{dst}:ro"' for src, dst in mounts(ondemand)]
 
 
 def up_script(*, image: str, port: int, bind: str, config: dict[str, Any], digest: str, timeout: float,
