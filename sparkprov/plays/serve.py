@@ -45,7 +45,7 @@ from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: t
 from sparkprov.plays.options import UpOptions
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
-from sparkprov.serving.gateway import Route
+from sparkprov.serving.gateway import Route, mark_idle
 
 
 def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,
@@ -272,6 +272,9 @@ def read_status(inv, targets: list[str], options: RunOptions,
                  "problem": failed, "remote_calls": tally.remote_calls}
         if ports:
             st[h]["ports"] = PORTS.read(runner.exports, h)
+    # how long each serving on-demand deployment has had no request: the gateway's hook's view, read
+    # where the gateway runs (any target)
+    mark_idle(st, [(SERVING_STATUS.read(runner.exports, h) or {}).get("ondemand_view") or {} for h in targets])
     return st, report.exit_code()
 
 

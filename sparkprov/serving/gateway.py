@@ -46,6 +46,8 @@ READY_PATH = "/health/liveliness"  # LiteLLM's own liveness endpoint: up once th
 ONDEMAND_CONFIG = "ondemand.json"
 ONDEMAND_KEY = "ondemand_key"
 HOOK_DIR = "hook"
+VIEW_DIR = "state"    # the hook writes its view here (mounted read-write): `invoke status` reads it
+VIEW_FILE = "ondemand-view.json"
 APP = "/app"          # the container's folder of config.yaml
 CALLBACK = f"{gateway_hook.MODULE}.proxy_handler_instance"
 
@@ -232,12 +234,14 @@ cfg["general_settings"]["master_key"] = open(kf).read().strip()
 hook = os.path.join(d, HOOK_DIR)
 if ondemand is None:
     shutil.rmtree(hook, ignore_errors=True)
+    shutil.rmtree(os.path.join(d, VIEW_DIR), ignore_errors=True)
     if os.path.exists(os.path.join(d, ONDEMAND_CONFIG)):
         os.remove(os.path.join(d, ONDEMAND_CONFIG))
 else:
     ondemand["key"] = open(os.path.join(d, ONDEMAND_KEY)).read().strip()
     write(os.path.join(d, ONDEMAND_CONFIG), json.dumps(ondemand, indent=1), 0o600)
     shutil.rmtree(hook, ignore_errors=True)
+    os.makedirs(os.path.join(d, VIEW_DIR), mode=0o700, exist_ok=True)
     for name, text in HOOK_FILES.items():
         os.makedirs(os.path.dirname(os.path.join(hook, name)), mode=0o755, exist_ok=True)
         write(os.path.join(hook, name), text, 0o644)
@@ -252,23 +256,47 @@ HOST_DIR = "$HOME/" + DIR[2:]  # the same folder, as the shell on the host names
 def writer_program(config: dict[str, Any], ondemand: dict[str, Any] | None) -> str:
     """HOST_WRITER with its data: every value a Python literal made by repr of json's text."""
     data = {"CONFIG_JSON": json.dumps(config), "ONDEMAND_JSON": json.dumps(ondemand), "HOOK_DIR": HOOK_DIR,
+            "VIEW_DIR": VIEW_DIR,
             "ONDEMAND_CONFIG": ONDEMAND_CONFIG, "ONDEMAND_KEY": ONDEMAND_KEY,
             "HOOK_FILES": hook_files() if ondemand is not None else {}}
     return "".join(f"{k} = {v!r}\n" for k, v in data.items()) + HOST_WRITER
 
 
-def mounts(ondemand: bool) -> list[tuple[str, str]]:
-    """The gateway container's read-only mounts: (its path under DIR, its path in the container)."""
-    files = [(CONFIG, f"{APP}/config.yaml")]
+def mounts(ondemand: bool) -> list[tuple[str, str, bool]]:
+    """The gateway container's mounts: (its path under DIR, its path in the container, read-only).
+    Only the hook's view folder is writable (the hook writes its view there)."""
+    files = [(CONFIG, f"{APP}/config.yaml", True)]
     if ondemand:
-        files += [(ONDEMAND_CONFIG, f"{APP}/{ONDEMAND_CONFIG}"),
-                  (f"{HOOK_DIR}/{gateway_hook.MODULE}.py", f"{APP}/{gateway_hook.MODULE}.py"),
-                  (f"{HOOK_DIR}/sparkprov_node", f"{APP}/sparkprov_node")]
+        files += [(ONDEMAND_CONFIG, f"{APP}/{ONDEMAND_CONFIG}", True),
+                  (f"{HOOK_DIR}/{gateway_hook.MODULE}.py", f"{APP}/{gateway_hook.MODULE}.py", True),
+                  (f"{HOOK_DIR}/sparkprov_node", f"{APP}/sparkprov_node", True),
+                  (VIEW_DIR, f"{APP}/{VIEW_DIR}", False)]
     return files
 
 
 def container_mounts(ondemand: bool) -> list[str]:
-    return [f'-v "{HOST_DIR}/{src}:{dst}:ro"' for src, dst in mounts(ondemand)]
+    return [f'-v "{HOST_DIR}/{src}:{dst}' + (':ro"' if ro else '"') for src, dst, ro in mounts(ondemand)]
+
+
+def mark_idle(status: dict[str, dict], views: list[dict]) -> None:
+    """Each on-demand container of the status play gets `idle_for_s` (idle_for; None: not idle or
+    no view), from the hook's views read on the targets (empty ones where no gateway runs)."""
+    views = [v for v in views if v.get("view")]
+    for doc in status.values():
+        for c in doc.get("containers") or []:
+            if c.get("on_demand"):
+                c["idle_for_s"] = idle_for(views, (c.get("labels") or {}).get("sparkprov.deployment") or "")
+
+
+def idle_for(views: list[dict], deployment: str) -> float | None:
+    """How long an on-demand deployment has had no request, from the hook's view files the status
+    play read ({"now": the host's epoch, "view": Activator.view()}): its idle_s when written plus
+    the time since (the view is rewritten every sweep, 10 s); None where no view holds it idle."""
+    for v in views:
+        doc = (v.get("view") or {}).get("deployments", {}).get(deployment) or {}
+        if doc.get("idle_s") is not None:
+            return round(float(doc["idle_s"]) + max(0.0, float(v["now"]) - float(v["view"]["written"])), 1)
+    return None
 
 
 def up_script(*, image: str, port: int, bind: str, config: dict[str, Any], digest: str, timeout: float,
@@ -306,4 +334,4 @@ def down_script() -> str:
     (it holds the on-demand key), the hook's files and the on-demand key; the master key stays, so
     that clients keep theirs across a down and an up."""
     return (cmd("docker", "rm", "-f", CONTAINER) + f' >/dev/null 2>&1 || true\nrm -f "{HOST_DIR}/{CONFIG}" '
-            f'"{HOST_DIR}/{ONDEMAND_CONFIG}" "{HOST_DIR}/{ONDEMAND_KEY}"\nrm -rf "{HOST_DIR}/{HOOK_DIR}"\n')
+            f'"{HOST_DIR}/{ONDEMAND_CONFIG}" "{HOST_DIR}/{ONDEMAND_KEY}"\nrm -rf "{HOST_DIR}/{HOOK_DIR}" "{HOST_DIR}/{VIEW_DIR}"\n')

@@ -151,12 +151,13 @@ def proxy(tmp_path_factory):
                    text=True, check=True, env={**os.environ, "HOME": str(home)})
     app = d / "app"
     app.mkdir()
-    for src, dst in gw.mounts(True):
+    for src, dst, _ in gw.mounts(True):
         (app / dst[len(gw.APP) + 1:]).symlink_to(home / gw.DIR[2:] / src)
     world.master = (home / gw.DIR[2:] / gw.MASTER_KEY).read_text().strip()
     port = _port()
     env = {**os.environ, "PYTHONPATH": SITE, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "SPARKPROV_ONDEMAND_CONFIG": str(app / gw.ONDEMAND_CONFIG), "NO_PROXY": "*"}
+           "SPARKPROV_ONDEMAND_CONFIG": str(app / gw.ONDEMAND_CONFIG),
+           "SPARKPROV_ONDEMAND_VIEW": str(app / gw.VIEW_DIR / gw.VIEW_FILE), "NO_PROXY": "*"}
     log = open(d / "proxy.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", "from litellm import run_server; run_server()", "--config",
                              str(app / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
@@ -211,3 +212,21 @@ def test_a_request_the_guard_refuses_to_start_gets_503_with_the_reason(proxy):
     code, doc = chat(port, "model-b", world.master)
     assert code == 503, (code, doc, (d / "proxy.log").read_text()[-3000:])
     assert "holds sparkprov-b stopped (stall)" in json.dumps(doc)
+
+
+def test_the_hook_writes_its_view_where_status_reads_it(proxy):
+    """At each sweep (10 s) the hook writes its view into the gateway's folder (the one writable
+    mount): `invoke status` reads each on-demand deployment's idle time from it."""
+    port, world, d = proxy
+    assert chat(port, "model-a", world.master)[0] == 200   # a serves again (b's start stopped it for room)
+    answered = time.time()
+    view_file = d / "home" / gw.DIR[2:] / gw.VIEW_DIR / gw.VIEW_FILE
+    for _ in range(30):
+        if view_file.exists() and json.loads(view_file.read_text())["written"] > answered:
+            break
+        time.sleep(0.5)
+    view = json.loads(view_file.read_text())
+    assert view["deployments"]["a"]["state"] == od.SERVING and view["deployments"]["a"]["idle_s"] is not None
+    assert view["deployments"]["b"]["state"] == od.PARKED
+    assert gw.idle_for([{"now": time.time(), "view": view}], "a") >= view["deployments"]["a"]["idle_s"]
+

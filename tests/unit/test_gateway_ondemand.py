@@ -151,6 +151,9 @@ def test_gateway_plan_mounts_the_hook_read_only_and_keeps_the_key_off_argv_and_d
                   '"$HOME/.config/sparkprov/gateway/hook/sparkprov_ondemand.py:/app/sparkprov_ondemand.py:ro"',
                   '"$HOME/.config/sparkprov/gateway/hook/sparkprov_node:/app/sparkprov_node:ro"'):
         assert f"-v {mount}" in run_line, mount
+    # the one writable mount: the folder the hook writes its view to (status reads it)
+    assert '-v "$HOME/.config/sparkprov/gateway/state:/app/state" ' in run_line
+    assert run_line.count(" -v ") == 5
     # the on-demand key is not even in the script: the gateway host reads it from its own file
     assert KEY not in change.script and KEY not in change.diff.after and KEY not in json.dumps(p.exports)
     assert all(SERVER_KEY not in w for w in _argv_words(change.script))
@@ -243,6 +246,7 @@ def test_host_writer_writes_the_hook_and_its_0600_config_and_removes_them_withou
     import yaml
     assert yaml.safe_load((d / gw.CONFIG).read_text())["litellm_settings"]["callbacks"] == [gw.CALLBACK]
     hook = d / gw.HOOK_DIR
+    assert (d / gw.VIEW_DIR).is_dir()
     assert sorted(str(p.relative_to(hook)) for p in hook.rglob("*.py")) == [
         "sparkprov_node/__init__.py", "sparkprov_node/activate.py", "sparkprov_node/ondemand.py",
         "sparkprov_ondemand.py"]
@@ -260,13 +264,15 @@ def test_host_writer_writes_the_hook_and_its_0600_config_and_removes_them_withou
         for name in set(sys.modules) - set(saved):
             del sys.modules[name]
     write(None, gw.litellm_config([r for r in routes if not r["on_demand"]], KEYS))
-    assert not (d / gw.ONDEMAND_CONFIG).exists() and not hook.exists()
+    assert not (d / gw.ONDEMAND_CONFIG).exists() and not hook.exists() and not (d / gw.VIEW_DIR).exists()
     assert "callbacks" not in yaml.safe_load((d / gw.CONFIG).read_text())["litellm_settings"]
 
 
 def test_down_removes_what_up_wrote_but_the_master_key(tmp_path):
     d = tmp_path / gw.DIR[2:]
     (d / gw.HOOK_DIR / "sparkprov_node").mkdir(parents=True)
+    (d / gw.VIEW_DIR).mkdir()
+    (d / gw.VIEW_DIR / gw.VIEW_FILE).write_text("{}")
     for name in (gw.CONFIG, gw.ONDEMAND_CONFIG, gw.ONDEMAND_KEY, gw.MASTER_KEY, f"{gw.HOOK_DIR}/sparkprov_ondemand.py"):
         (d / name).write_text("x")
     bindir = tmp_path / "bin"
