@@ -77,13 +77,22 @@ def test_a_parked_model_is_started_by_a_request_answered_and_stopped_when_idle(e
     timings.append(f"od parked, keep serving: {time.monotonic() - t0:.1f}s")
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [gw.IMAGE])
+    # --check: the plan (a key to make and place, the gateway to start), nothing written or started
+    rc, chk, out = cli(env, "gateway", "up", "--host", "spark1", "--check")
+    assert rc == 0, out
+    assert {r["module"] for r in changed(chk)} >= {"ondemand_key", "gateway"}, out
+    assert lab.ssh("spark1", f"ls -a {gw.DIR} 2>/dev/null").stdout.split() in ([], [".", ".."]), "check wrote"
+    assert lab.ssh("spark1", "sudo -S test -e /etc/sparkprov/ondemand.key && echo there",
+                   input=lab.password + "\n").stdout.strip() == ""
+    assert containers(lab, "spark1") == ["sparkprov-od"]
     t0 = time.monotonic()
     rc, g, out = cli(env, "gateway", "up", "--host", "spark1", timeout=600)
     assert rc == 0, out
     timings.append(f"gateway up: {time.monotonic() - t0:.1f}s")
     gd = g["gateway"]
-    assert sorted(gd["models"]) == [MODEL, OD_MODEL], gd
-    assert {r["model"]: r["on_demand"] for r in gd["routes"]} == {MODEL: False, OD_MODEL: True}
+    keep_model = deps["keep"]["model"]          # the recipe's served name (sparkprov-lab/lab-tiny)
+    assert sorted(gd["models"]) == sorted([keep_model, OD_MODEL]), gd
+    assert {r["model"]: r["on_demand"] for r in gd["routes"]} == {keep_model: False, OD_MODEL: True}
     assert state_of(lab, "spark1", "sparkprov-od") == "created"     # up routes it, starts nothing
     # the key: 0600 root where spark1's guard reads it, the same in the gateway's 0600 configuration;
     # spark2 holds no on-demand deployment and gets none; never in docker inspect or the output
@@ -113,7 +122,7 @@ def test_a_parked_model_is_started_by_a_request_answered_and_stopped_when_idle(e
     assert state_of(lab, "spark1", "sparkprov-od") == "running"
     journal = lab.ssh("spark1", "grep -F on-demand- /var/lib/sparkprov/guard/events.jsonl").stdout.splitlines()
     assert [json.loads(x)["kind"] for x in journal] == ["on-demand-start"], journal  # one start for the four
-    assert "204" in ask(gd["endpoint"], MODEL, master)                 # keep, through the same endpoint
+    assert "204" in ask(gd["endpoint"], keep_model, master)            # keep, through the same endpoint
     assert "204" in ask(deps["od"]["endpoint"], OD_MODEL, key_of(env, deps["od"]))  # od itself, with its key
 
     # status: serving on demand, idle since the last answer (the hook's view, written at its sweep)
@@ -133,7 +142,7 @@ def test_a_parked_model_is_started_by_a_request_answered_and_stopped_when_idle(e
     timings.append(f"od stopped {time.monotonic() - t0 + 12 + 1:.0f}s after its last answer (idle_stop_s "
                    f"{IDLE_STOP_S}, sweep every 10s)")
     assert state_of(lab, "spark2", "sparkprov-keep") == "running"
-    assert "204" in ask(gd["endpoint"], MODEL, master)
+    assert "204" in ask(gd["endpoint"], keep_model, master)
     rc, st, out = cli(env, "status")
     assert next(c for c in st["hosts"]["spark1"]["containers"] if c["name"] == "sparkprov-od")["on_demand"] == "parked"
 
