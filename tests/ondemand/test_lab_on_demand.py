@@ -27,7 +27,7 @@ import pytest
 
 from tests.lab.conftest import real_env  # noqa: F401 (the fixture: the lab provisioned, lab-tiny staged)
 from tests.lab.test_cluster import changed, cli, containers
-from tests.lab.test_real_vllm import INVOKE, MODEL, REPO_ROOT, ask, key_of
+from tests.lab.test_real_vllm import INVOKE, MODEL, REPO_ROOT, ask
 
 pytestmark = [pytest.mark.lab, pytest.mark.ondemand]
 
@@ -119,11 +119,13 @@ def test_a_parked_model_is_started_by_a_request_answered_and_stopped_when_idle(e
     took = time.monotonic() - t0
     assert all("204" in a for a in answers), answers
     timings.append(f"4 requests for the parked model answered {took:.1f}s after they were sent")
+    print(f"\n[on demand] {timings}", flush=True)
     assert state_of(lab, "spark1", "sparkprov-od") == "running"
     journal = lab.ssh("spark1", "grep -F on-demand- /var/lib/sparkprov/guard/events.jsonl").stdout.splitlines()
     assert [json.loads(x)["kind"] for x in journal] == ["on-demand-start"], journal  # one start for the four
     assert "204" in ask(gd["endpoint"], keep_model, master)            # keep, through the same endpoint
-    assert "204" in ask(deps["od"]["endpoint"], OD_MODEL, key_of(env, deps["od"]))  # od itself, with its key
+    # od itself on its own port, with its API key (the one the hook's configuration holds)
+    assert "204" in ask("http://10.77.0.11:8001/v1", OD_MODEL, hook_conf["deployments"][0]["api_key"])
 
     # status: serving on demand, idle since the last answer (the hook's view, written at its sweep)
     time.sleep(12)
@@ -161,4 +163,4 @@ def test_a_parked_model_is_started_by_a_request_answered_and_stopped_when_idle(e
                    input=lab.password + "\n").stdout.strip() == ""
     assert lab.ssh("spark1", f"ls {gw.DIR}").stdout.split() == [gw.MASTER_KEY]
     assert containers(lab, "spark1") == ["sparkprov-od"]
-    print("\n[on demand, real vLLM] " + "; ".join(timings))
+    print("\n[on demand, real vLLM] " + "; ".join(timings), flush=True)
