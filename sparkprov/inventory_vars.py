@@ -528,6 +528,10 @@ _DECLARED: list[Var] = [
     Var("gateway_port", PORT, 4000, "LiteLLM's default port", (GATEWAY,), "the gateway's port"),
     Var("gateway_image", IMAGE, "ghcr.io/berriai/litellm:main-stable", "LiteLLM's image (pin it)", (GATEWAY,),
         "the gateway's image"),
+    Var("ondemand_budget_gib", number(0, 1024, unit="GiB"), None,
+        "none: host_memory_gib less min_headroom_gib less what the deployments not on demand that run there "
+        "reserve (0.9 of the host each: vLLM's default; their containers do not say theirs)", (GATEWAY,),
+        "what on-demand deployments may take of this host (the gateway's admission, docs/on-demand.md)"),
     Var("monitor_host", INVENTORY_HOST, None, "none: the first target host", (MONITOR,), "where Prometheus runs"),
     Var("prometheus_port", PORT, 9090, "Prometheus' default port", (MONITOR,), "Prometheus' port"),
     Var("prometheus_image", IMAGE, "prom/prometheus:v3.5.0", "an LTS release of upstream's image (pin a digest)",

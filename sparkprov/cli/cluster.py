@@ -226,6 +226,11 @@ def _health_cell(c: dict) -> str:
     return f"{c.get('health')}, NO TOKEN ({'HTTP ' + str(live['status']) if live.get('status') else live.get('error')})"
 
 
+def _duration(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s" if s >= 60 else f"{s}s"
+
+
 def print_status(st) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -261,7 +266,9 @@ def print_status(st) -> None:
             acc = m.get("spec_acceptance")
             labels = c.get("labels") or {}
             t.add_row(host, c["name"], labels.get("sparkprov.deployment") or "", labels.get("sparkprov.role") or "",
-                      (f"{c['on_demand']} (on demand)" if c.get("on_demand") else c["status"])
+                      (f"{c['on_demand']} (on demand" + (f", idle {_duration(c['idle_for_s'])}"
+                                                         if c.get("idle_for_s") is not None else "") + ")"
+                       if c.get("on_demand") else c["status"])
                       + (f" (restarts {c['restarts']})" if c["restarts"] else ""),
                       f"{ray['nodes']} nodes, {ray['gpus']:g} GPUs" if ray else "",
                       _health_cell(c) if c.get("port") else "",

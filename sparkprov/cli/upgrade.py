@@ -57,7 +57,7 @@ def history(c, o: HistoryOptions):
     good = hist.last_good(records)
     if o.json:
         print(_json.dumps({"ok": True, "deployment": name, "host": head, "last_good": good["n"] if good else None,
-                           "records": records}, indent=2, default=str))
+                           "records": records, "on_demand": found.on_demand}, indent=2, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -73,6 +73,13 @@ def history(c, o: HistoryOptions):
         if r.get("problem"):
             print(f"#{r['n']}: {r['problem']}")
     print(f"last good: #{good['n']}" if good else "no start has passed its smoke test")
+    if found.on_demand:
+        od = Table(title=f"on-demand starts and stops of {name} (the guards' journals)")
+        for col in ("time", "host", "action", "reason", "result"):
+            od.add_column(col, overflow="fold")
+        for e in found.on_demand:
+            od.add_row(e["time"], e["host"], e["action"], e["reason"], e["result"])
+        Console(width=200).print(od)
 
 
 @command(RollbackOptions)

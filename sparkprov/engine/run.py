@@ -205,7 +205,8 @@ class Runner:
                 hr.transport.connect()
             tasks = self._selected_tasks(play)
             become = play.become or any(t.become for t in tasks)
-            ahead = self._later_facts(play, hr) if self.options.gather_ahead and not hr.info else []
+            ahead = (self._later_facts(play, hr, root=become) if self.options.gather_ahead and not hr.info
+                     else [])
             self._gather(play, hr, tasks, become=become, extra=ahead, play_hosts=play_hosts)
             batch = _Batch()
             for task in tasks:
@@ -225,9 +226,12 @@ class Runner:
             hr.dead = True
             self.report.record(TaskResult(name, play.name, "setup", "-", "failed", exc.line(), subject=play.subject))
 
-    def _later_facts(self, play: Play, hr: HostRun) -> list[Fact]:
+    def _later_facts(self, play: Play, hr: HostRun, root: bool = True) -> list[Fact]:
         """The facts the host's tasks in the plays after `play` will read, as far as they can be
-        known before those plays run (a task whose arguments need exports is left to its play)."""
+        known before those plays run (a task whose arguments need exports is left to its play).
+        root False (a gather without become): not the facts that need root of a task with become,
+        which only a gather with become reads as root (read without it, a 0600 root file's digest
+        fails, and that error would stand for the task)."""
         plays = self.playbook.plays
         later = plays[plays.index(play) + 1:]
         info = self._pre_info(hr)
@@ -239,9 +243,11 @@ class Runner:
             live = [h for h in targets if h in self.runs]
             for task in self._selected_tasks(p):
                 try:
-                    out += self._task_facts(p, hr, task, info, live) or []
+                    facts = self._task_facts(p, hr, task, info, live) or []
                 except (SparkprovError, KeyError, ValueError):
                     continue
+                as_root = self._become(p, task)
+                out += [f for f in facts if root or not (f.needs_root and as_root)]
         return out
 
     def _pre_info(self, hr: HostRun) -> dict[str, str]:

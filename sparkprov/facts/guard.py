@@ -178,6 +178,7 @@ class GuardSummary(TypedDict):
     acted: bool                     # an action of it stands (held, or stood down)
     problems: list[str]             # what makes status exit 2
     unread: list[str]               # what of its files did not fit (skipped, named)
+    listen: list[str]               # the addresses its HTTP port listens on (/metrics, on-demand requests)
 
 
 def guard_summary(fact: dict[str, Any]) -> GuardSummary:
@@ -224,7 +225,8 @@ def guard_summary(fact: dict[str, Any]) -> GuardSummary:
             "nvrm_lines": sum(int(e.get("count") or 1) for e in nvrm),
             "restarts": len(restarts), "restart_budget": budget.get("restarts"), "restart_window_h": budget.get("window_h"),
             "held": held, "stood_down": down, "events": events,
-            "acted": bool(held or down), "problems": problems, "unread": fact.get("unread") or []}
+            "acted": bool(held or down), "problems": problems, "unread": fact.get("unread") or [],
+            "listen": [a for a in state.get("listen") or [] if isinstance(a, str)]}
 
 
 def describe(host: str, s: GuardSummary) -> str:

@@ -33,6 +33,28 @@ class HistoryFile(Fact):
         return {"exists": head.strip() == "@present", "text": rest}
 
 
+ON_DEMAND_LINES = 500  # the newest on-demand lines of the guard's journal
+
+
+@dataclass(frozen=True)
+class OnDemandJournal(Fact):
+    """The guard's journal lines of on-demand starts and stops (node/guard.py on_demand journals
+    each as `on-demand-start` or `on-demand-stop`), the newest ON_DEMAND_LINES ("" without a journal)."""
+
+    path: str
+
+    def command(self, sh: ShellCtx) -> str:
+        f = quote(self.path)
+        return (f"if [ -r {f} ]; then echo @present; tail -c {MAX_BYTES * 8} {f} | grep -F '\"on-demand-' "
+                f"| tail -n {ON_DEMAND_LINES}; else echo @absent; fi")
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        head, _, rest = out.partition("\n")
+        if head.strip() not in ("@present", "@absent"):
+            raise FactError(f"guard journal unreadable: {(err.strip() or out.strip())[:200]}")
+        return {"exists": head.strip() == "@present", "text": rest}
+
+
 _FORMAT = ("{{.Name}}\t{{.Id}}\t{{.Image}}\t{{.Config.Image}}\t{{.State.Status}}\t"
            '{{index .Config.Labels "sparkprov.recipe_hash"}}')
 

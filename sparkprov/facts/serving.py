@@ -290,3 +290,35 @@ class ImageDigests(Fact):
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, str]:
         return parse_digests(out)
+
+
+VIEW_BYTES = 256 * 1024  # the hook's view: a few hundred bytes per deployment and its last 20 events
+
+
+@dataclass(frozen=True)
+class OnDemandView(Fact):
+    """The gateway hook's view of the on-demand deployments, as it last wrote it on the gateway's
+    host (serving/gateway_hook.py: state, requests in flight, idle_s, as of `written`), with this
+    host's clock: {"now": epoch, "view": the document or None (no gateway with on-demand
+    deployments here, or a file that is no view)}."""
+
+    path: str
+
+    def command(self, sh: ShellCtx) -> str:
+        p = sh.path(self.path)
+        return f'date +%s\np={p}\n[ -f "$p" ] && head -c {VIEW_BYTES} "$p"; echo'
+
+    def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
+        head, _, rest = out.partition("\n")
+        try:
+            now = float(head.strip())
+        except ValueError:
+            raise FactError(f"no clock in {out[:100]!r}") from None
+        try:
+            view = json.loads(rest) if rest.strip() else None
+        except ValueError:
+            view = None
+        ok = isinstance(view, dict) and isinstance(view.get("deployments"), dict) \
+            and isinstance(view.get("written"), (int, float))
+        return {"now": now, "view": view if ok else None}
+

@@ -18,6 +18,7 @@ from sparkprov.facts.serving import KeyFile, Listeners, ManagedContainers
 from sparkprov.modules.base import Change, Diff, Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.serving import gateway as gw
 from sparkprov.modules.gateway_keys import GATEWAY_KEYS
+from sparkprov.modules.ondemand_key import ONDEMAND_KEY
 
 
 class Route(BaseModel):
@@ -27,6 +28,19 @@ class Route(BaseModel):
     host: str
     api_base: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
     key_file: str | None = None
+    on_demand: bool = False
+    idle_stop_s: int | None = Field(default=None, ge=1)
+    utilization: float | None = Field(default=None, gt=0, le=1)
+
+
+class OnDemandArgs(BaseModel):
+    """What the hook needs beyond the routes (plays/gateway.py reads it from the status play and
+    the inventory): each on-demand host's guard address, its budget and memory (GiB)."""
+    model_config = ConfigDict(extra="forbid")
+    guard_port: int = Field(ge=1, le=65535)
+    addresses: dict[str, str]
+    budgets_gib: dict[str, float]
+    host_gib: dict[str, float]
 
 
 class Args(ModuleArgs):
@@ -35,6 +49,7 @@ class Args(ModuleArgs):
     port: int = Field(default=gw.PORT, ge=1, le=65535)
     bind: str = "0.0.0.0"
     routes: list[Route] = Field(default_factory=list)
+    ondemand: OnDemandArgs | None = None
     timeout: float = Field(default=180, gt=0, le=3600)
 
 
@@ -78,7 +93,14 @@ class Gateway(Module):
                 keys[(r.host, r.key_file)] = key
         routes = [r.model_dump() for r in args.routes]
         config = gw.litellm_config(routes, keys)
-        digest = gw.state_hash(args.image, args.port, args.bind, config)
+        ondemand, key = None, None
+        if any(r.on_demand for r in args.routes):
+            key = ONDEMAND_KEY.read(host.exports, host.name)
+            if not args.ondemand or not key:
+                return Plan.fail(f"{host.name}: the on-demand key or the guards' addresses were not given (the "
+                                 "ondemand_key task failed or did not run)")
+            ondemand = gw.ondemand_config(routes, keys, **args.ondemand.model_dump())
+        digest = gw.state_hash(args.image, args.port, args.bind, config, ondemand, key)
         endpoint: Endpoint = {"host": host.name, "port": args.port, "master_key_file": f"{host.name}:{gw.DIR}/{gw.MASTER_KEY}",
                     "models": sorted({r.model for r in args.routes}), "routes": routes}
         if have and have["status"] == "running" and have["labels"].get("sparkprov.gateway_hash") == digest \
@@ -89,7 +111,7 @@ class Gateway(Module):
                              "(fix: --port another one)")
         change = Change(("replace" if have else "start") + f" {gw.CONTAINER} on port {args.port}: {_summary(args.routes)}",
                         gw.up_script(image=args.image, port=args.port, bind=args.bind, config=config, digest=digest,
-                                     timeout=args.timeout),
+                                     timeout=args.timeout, ondemand=ondemand),
                         Diff(f"{host.name}: gateway routes", _table(have), _routes_text(args.routes)),
                         touches=[ManagedContainers(), KeyFile(f"{gw.DIR}/{gw.MASTER_KEY}")],
                         timeout=args.timeout + 120)
@@ -103,7 +125,8 @@ def _summary(routes: list[Route]) -> str:
 
 
 def _routes_text(routes: list[Route]) -> str:
-    return "".join(f"{r.model} -> {r.api_base} ({r.deployment} on {r.host})\n" for r in routes)
+    return "".join(f"{r.model} -> {r.api_base} ({r.deployment} on {r.host}"
+                   + (f", on demand, idle_stop_s {r.idle_stop_s or '-'}" if r.on_demand else "") + ")\n" for r in routes)
 
 
 def _table(have: dict | None) -> str:

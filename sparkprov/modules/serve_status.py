@@ -10,9 +10,10 @@ from sparkprov.facts.accounts import docker_problem
 from sparkprov.facts.guard import GuardState, guard_summary
 from sparkprov.facts.topology import TopologyRecord, host_view
 from sparkprov.facts.hardware import GpuSensors, MemInfo
-from sparkprov.facts.serving import ServingStatus
+from sparkprov.facts.serving import OnDemandView, ServingStatus
 from sparkprov.modules.base import Export, FactView, HostContext, Module, ModuleArgs, Plan
 from sparkprov.node import guard
+from sparkprov.serving import gateway as gw
 from typing import Any, TypedDict
 
 
@@ -25,6 +26,7 @@ class ServingStatusReport(TypedDict, total=False):
     error: str | None
     containers: list[dict[str, Any]]      # facts/serving.py ServingStatus: name, status, labels, health, ray, ...
     host: dict[str, Any]                  # memory, swap, GPU sensors, the node guard's summary
+    ondemand_view: dict[str, Any]         # the gateway's hook's view, where the gateway runs (facts OnDemandView)
 
 
 SERVING_STATUS: Export[ServingStatusReport] = Export("serving_status", ServingStatusReport,
@@ -38,7 +40,8 @@ class ServeStatus(Module):
 
     def needs(self, args: Args, host: HostContext):
         return {"status": ServingStatus(), "mem": MemInfo(), "sensors": GpuSensors(),
-                "guard": GuardState(**guard.paths()), "topology": TopologyRecord()}
+                "guard": GuardState(**guard.paths()), "topology": TopologyRecord(),
+                "view": OnDemandView(f"{gw.DIR}/{gw.VIEW_DIR}/{gw.VIEW_FILE}")}
 
     def plan(self, args: Args, facts: FactView, host: HostContext) -> Plan:
         mem = facts.mem
@@ -47,7 +50,8 @@ class ServeStatus(Module):
             "swap_total": mem.get("SwapTotal"), "swap_used": (mem.get("SwapTotal") or 0) - (mem.get("SwapFree") or 0),
             **facts.sensors, "guard": guard_summary(facts.guard),
             # the fabric's topology as provision recorded it (facts/topology.py): kind and this host's links
-            "fabric_topology": host_view(facts.topology, host.name) if facts.topology else None}}
+            "fabric_topology": host_view(facts.topology, host.name) if facts.topology else None},
+              "ondemand_view": facts.view}
         if not st["access"]:
             return Plan.fail(f"{host.name}: {docker_problem(st['error'], host.name, host.user)}",
                              exports=SERVING_STATUS(st))

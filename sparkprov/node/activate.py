@@ -223,6 +223,19 @@ class Activator:
             if self.state[n] != od.PARKED:
                 self.last_used.setdefault(n, now)
 
+    def view(self) -> dict:
+        """What `invoke status` shows of the hook's view (written to a file on the gateway's host at
+        each sweep): each deployment's state, requests in flight, idle_stop_s and, when it serves
+        with none in flight, for how long no request came (idle_s), as of `written` (epoch)."""
+        now = self.clock()
+        deps = {}
+        for n, d in self.deployments.items():
+            st = self.state.get(n, od.PARKED)
+            idle = (round(now - self.last_used[n], 1) if st == od.SERVING and not self.inflight.get(n)
+                    and n in self.last_used else None)
+            deps[n] = {"state": st, "inflight": self.inflight.get(n, 0), "idle_s": idle, "idle_stop_s": d.idle_stop_s}
+        return {"written": round(time.time(), 3), "deployments": deps, "events": self.events[-20:]}
+
     def _event(self, name: str, kind: str, reason: str) -> None:
         self.events.append({"time": time.time(), "deployment": name, "kind": kind, "reason": reason})
         del self.events[:-200]

@@ -24,6 +24,9 @@ import time
 # a start of the same argv would.
 ON_DEMAND_LABEL = "sparkprov.on_demand"
 IDLE_STOP_LABEL = "sparkprov.idle_stop_s"
+# its --gpu-memory-utilization: the gateway's admission reserves that share of the host on a start
+# (catalog/memory.py budget_gib), the planner's figure for one vLLM instance
+UTILIZATION_LABEL = "sparkprov.gpu_memory_utilization"
 
 # What `invoke status` shows of an on-demand container (`state`).
 PARKED, STARTING, SERVING = "parked", "starting", "serving"

@@ -16,6 +16,7 @@ from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.modules.gateway import GATEWAY
+from sparkprov.node import ondemand as od
 from sparkprov.plays.book import run_book
 from sparkprov.plays.fleet import refuse_unknown
 from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
@@ -28,6 +29,7 @@ class GatewayRoute(TypedDict):
     deployment: str
     host: str
     api_base: str
+    on_demand: bool
 
 
 class GatewaySummary(TypedDict, total=False):
@@ -66,7 +68,9 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     if action == "down":
         if current is None:
             return report, {"message": "no gateway runs on " + ", ".join(everyone)}
-        run_book(inv, gateway_down_book(current["host"]), [current["host"]], options, report)
+        key_hosts = sorted(h for h in everyone if any(od.is_on_demand(c) for c in st[h].get("containers") or []))
+        run_book(inv, gateway_down_book(current["host"], key_hosts), sorted({current["host"], *key_hosts}), options,
+                 report)
         return report, {"removed": current["host"], "message": f"gateway on {current['host']} "
                         + ("would be removed" if check else "removed")}
     if current and current["host"] != where:
@@ -78,14 +82,47 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
             "bind": bind or (current or {}).get("bind") or "0.0.0.0", "timeout": timeout}
     addresses = {h: inv.hosts[h].address for h in everyone}
     routes = gw.routes_from_status({h: st[h] for h in everyone}, addresses)
+    ondemand = ondemand_args(inv, st, routes, where)
+    if ondemand:
+        args["ondemand"] = ondemand
     runner = run_book(inv, gateway_book(where, routes, **args), sorted({where} | {r["host"] for r in routes}),
                       options, report)
     bind_at = reached_at(args["bind"], inv.hosts[where].address)
     return report, {"host": where, "endpoint": f"http://{bind_at}:{args['port']}/v1", "image": args["image"],
                     "models": GATEWAY.entry(runner.exports, where, "models") or sorted({r["model"] for r in routes}),
                     "routes": [GatewayRoute(model=r["model"], deployment=r["deployment"], host=r["host"],
-                                            api_base=r["api_base"]) for r in routes],
+                                            api_base=r["api_base"], on_demand=r["on_demand"]) for r in routes],
                     "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}
+
+
+def ondemand_args(inv: Inventory, st: dict, routes: list[gw.Route], gateway_host: str) -> dict | None:
+    """What the gateway's hook needs of the hosts of on-demand routes (None: there are none): each
+    one's guard address as the gateway's host reaches it (the guard's listening addresses, from the
+    status play), the guards' port, each host's memory and on-demand budget (inventory). Refused
+    before any host is changed where a guard cannot be reached."""
+    hosts = sorted({r["host"] for r in routes if r["on_demand"]})
+    if not hosts:
+        return None
+    ports = {iv.value(inv.hosts[h].vars, "guard_port") for h in hosts}
+    if len(ports) > 1:
+        raise SparkprovError(f"the guards of {', '.join(hosts)} listen on different ports ({sorted(ports)}): the "
+                             "gateway reaches them on one", fix="give guard_port one value for these hosts")
+    addresses = {}
+    for h in hosts:
+        guard = (st[h].get("host") or {}).get("guard") or {}
+        at = gw.guard_address(h, gateway_host, guard.get("listen") or [])
+        if at is None:
+            raise SparkprovError(f"{h} holds an on-demand deployment, but its guard "
+                                 + ("listens on loopback only" if guard.get("running") else "does not run")
+                                 + f": the gateway on {gateway_host} cannot start it",
+                                 fix=f"invoke provision --hosts {h} (the guard, on the fabric), or run the gateway "
+                                     f"on {h}")
+        addresses[h] = at
+    host_gib = {h: float(iv.value(inv.hosts[h].vars, "host_memory_gib")) for h in hosts}
+    budgets = gw.ondemand_budgets(st, hosts, host_gib,
+                                  {h: float(iv.value(inv.hosts[h].vars, "min_headroom_gib")) for h in hosts},
+                                  {h: iv.value(inv.hosts[h].vars, "ondemand_budget_gib") for h in hosts})
+    return {"guard_port": ports.pop(), "addresses": addresses, "budgets_gib": budgets, "host_gib": host_gib}
 
 
 def refresh(inv: Inventory, options: RunOptions) -> str | None:

@@ -45,7 +45,7 @@ from sparkprov.plays.book import play, run_book, task  # noqa: F401 (run_book: t
 from sparkprov.plays.options import UpOptions
 from sparkprov.serving import node
 from sparkprov.serving.deployment import Deployment
-from sparkprov.serving.gateway import Route
+from sparkprov.serving.gateway import Route, mark_idle
 
 
 def playbook_deployments(inv, path: str, *, tp: int | None, hosts: str | None, names: list[str] | None,
@@ -272,6 +272,9 @@ def read_status(inv, targets: list[str], options: RunOptions,
                  "problem": failed, "remote_calls": tally.remote_calls}
         if ports:
             st[h]["ports"] = PORTS.read(runner.exports, h)
+    # how long each serving on-demand deployment has had no request: the gateway's hook's view, read
+    # where the gateway runs (any target)
+    mark_idle(st, [(SERVING_STATUS.read(runner.exports, h) or {}).get("ondemand_view") or {} for h in targets])
     return st, report.exit_code()
 
 
@@ -307,7 +310,9 @@ def bench_book(hosts: list[str], **bench: Any) -> Playbook:
 
 
 def gateway_book(gateway_host: str, routes: list[Route], **gateway: Any) -> Playbook:
-    """The serving hosts hand over their servers' keys (no_log), then the gateway host converges."""
+    """The serving hosts hand over their servers' keys (no_log); with on-demand routes the gateway
+    host makes (once) or reads the on-demand key and the hosts of on-demand deployments place it
+    where their guard reads it (as root, no_log); then the gateway host converges."""
     where = ("gateway", None, None)
     key_files: dict[str, list[str]] = {}
     for r in routes:
@@ -317,18 +322,34 @@ def gateway_book(gateway_host: str, routes: list[Route], **gateway: Any) -> Play
                 key_files[r["host"]].append(r["key_file"])
     plays = []
     for host, files in key_files.items():
-        t = task("server keys", "gateway_keys", {"key_files": files}, where)
-        t.no_log = True
-        plays.append(play(f"gateway: keys on {host}", [host], [t], where=where))
+        plays.append(play(f"gateway: keys on {host}", [host],
+                          [_no_log(task("server keys", "gateway_keys", {"key_files": files}, where))], where=where))
+    nodes = sorted({r["host"] for r in routes if r.get("on_demand")})
+    if nodes:
+        plays.append(play("gateway: on-demand key", [gateway_host],
+                          [_no_log(task("on-demand key", "ondemand_key", {"role": "gateway"}, where))], where=where))
+        plays.append(play("gateway: on-demand key on the nodes", nodes,
+                          [_no_log(task("on-demand key", "ondemand_key", {"role": "node", "source": gateway_host},
+                                        where))], become=True, where=where))
     plays.append(play("gateway", [gateway_host], [task("gateway", "gateway", {**gateway, "routes": routes}, where)],
                       where=where))
     return Playbook("gateway", plays)
 
 
-def gateway_down_book(gateway_host: str) -> Playbook:
+def _no_log(t):
+    t.no_log = True
+    return t
+
+
+def gateway_down_book(gateway_host: str, key_hosts: list[str] = ()) -> Playbook:
+    """The gateway and what its up wrote on its host; the on-demand key on `key_hosts` (root's)."""
     where = ("gateway", None, None)
-    return Playbook("gateway", [play("gateway", [gateway_host], [task("gateway", "gateway", {"state": "absent"},
-                                                                      where)], where=where)])
+    plays = [play("gateway", [gateway_host], [task("gateway", "gateway", {"state": "absent"}, where)], where=where)]
+    if key_hosts:
+        plays.append(play("gateway: on-demand key on the nodes", list(key_hosts),
+                          [_no_log(task("on-demand key", "ondemand_key", {"role": "node", "state": "absent"},
+                                        where))], become=True, where=where))
+    return Playbook("gateway", plays)
 
 
 def failed_deployments(report: Report, deployments: list[Deployment]) -> list[Deployment]:

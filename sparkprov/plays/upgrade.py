@@ -30,6 +30,7 @@ from sparkprov.engine.run import RunOptions
 from sparkprov.modules.base import Exports
 from sparkprov.modules.deployment_history import HISTORY, HistoryRead
 from sparkprov.modules.vllm_container import REPLACED
+from sparkprov.node.guard import JOURNAL_PATH
 from sparkprov.plays.book import play, run_book, task
 from sparkprov.plays.serve import UpOptions, down_book, failed_deployments, started_anything, up_book
 from sparkprov.serving import bench as sb
@@ -329,17 +330,25 @@ class DeploymentHistory:
     host: str  # its rank 0: the host whose history of it is the newest
     records: list[history.Record]
     skipped: list[str] = field(default_factory=list)  # lines of its file that are no record, and why
+    # its on-demand starts and stops by the gateway, as every target's guard journaled them, oldest first
+    on_demand: list[history.OnDemandEvent] = field(default_factory=list)
 
 
-def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_host_keys: bool) -> DeploymentHistory:
+def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_host_keys: bool,
+                 journal: str = JOURNAL_PATH) -> DeploymentHistory:
     """A deployment's recorded starts, read on every target (one gather): the host whose history
-    of it is the newest is its rank 0."""
+    of it is the newest is its rank 0; and its on-demand starts and stops from each target's guard
+    journal (`journal`, the same gather)."""
     from sparkprov.engine.gather import gather_facts
     from sparkprov.errors import SparkprovError
-    from sparkprov.facts.history import HistoryFile
+    from sparkprov.facts.history import HistoryFile, OnDemandJournal
 
-    got = gather_facts(inv, targets, {"history": HistoryFile(history.history_file(name))}, forks=forks,
+    got = gather_facts(inv, targets, {"history": HistoryFile(history.history_file(name)),
+                                      "ondemand": OnDemandJournal(journal)}, forks=forks,
                        accept_new_host_keys=accept_new_host_keys)
+    on_demand = sorted((e for h, r in got.items() if "ondemand" in r["facts"]
+                        for e in history.on_demand_events(r["facts"]["ondemand"]["text"], name, h)),
+                       key=lambda e: (e["epoch"], e["host"]))
     read = {h: history.read(r["facts"]["history"]["text"]) for h, r in got.items()
             if r["ok"] and r["facts"]["history"]["exists"]}
     found = {h: recs for h, (recs, _) in read.items() if recs}
@@ -350,7 +359,7 @@ def find_history(inv, targets: list[str], name: str, *, forks: int, accept_new_h
                              fix="check the name (invoke status lists deployments); a start is recorded on its rank 0 "
                                  "from this version of sparkprov on")
     head = max(found, key=lambda h: (found[h][-1].get("time") or "", len(found[h])))
-    return DeploymentHistory(name, head, found[head], read[head][1])
+    return DeploymentHistory(name, head, found[head], read[head][1], on_demand)
 
 
 def rollback_target(hist: DeploymentHistory, to: int | None) -> history.Record:

@@ -29,11 +29,24 @@ else:
     from sparkprov.node import activate
 
 CONFIG = os.environ.get("SPARKPROV_ONDEMAND_CONFIG", "/app/ondemand.json")
+# the hook's view (Activator.view), rewritten at each sweep: `invoke status` reads it on the gateway's host
+VIEW = os.environ.get("SPARKPROV_ONDEMAND_VIEW", "/app/state/ondemand-view.json")
 SWEEP_EVERY_S = 10.0
 
 
-def make_handler(base: type, http_exception: type, load, sweep_every_s: float = SWEEP_EVERY_S) -> type:
-    """The hook class over LiteLLM's CustomLogger (`base`); `load()` gives the Activator."""
+def write_view(path: str, view: dict) -> None:
+    """The view to its file, atomically (a reader never sees half of it), readable by the host's user."""
+    tmp = path + ".new"
+    with open(tmp, "w") as fh:
+        json.dump(view, fh)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def make_handler(base: type, http_exception: type, load, sweep_every_s: float = SWEEP_EVERY_S,
+                 view_path: str | None = VIEW) -> type:
+    """The hook class over LiteLLM's CustomLogger (`base`); `load()` gives the Activator; its view
+    goes to `view_path` at each sweep (None: nowhere)."""
 
     class SparkprovOnDemand(base):  # type: ignore[misc, valid-type]
         def __init__(self):
@@ -63,6 +76,11 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
                     await self.act.sweep()
                 except Exception as e:  # noqa: BLE001 - the sweeper goes on; the next round tries again
                     print(f"sparkprov on-demand sweep: {type(e).__name__}: {e}", flush=True)
+                if view_path:
+                    try:
+                        write_view(view_path, self.act.view())
+                    except OSError as e:  # status shows no idle time then; serving goes on
+                        print(f"sparkprov on-demand view: {e}", flush=True)
 
         async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
             act = await self._ready()

@@ -278,3 +278,41 @@ def rows(records: list[Record]) -> list[dict[str, str]]:
                         "overrides": json.dumps(spec.get("overrides") or {}) if i == 0 and spec.get("overrides") else "",
                         "problem": (r.get("problem") or "") if i == 0 else ""})
     return out
+
+
+class OnDemandEvent(TypedDict):
+    """A start or stop of an on-demand deployment by the gateway, as a node's guard journaled it."""
+    time: str       # UTC, ISO 8601
+    epoch: float
+    host: str
+    action: str     # start | stop
+    reason: str     # why the gateway asked (a request for MODEL; least recently used: room for B; idle Ns)
+    result: str     # what the guard did (started/stopped CONTAINER, or the docker error)
+
+
+ON_DEMAND_KINDS = {"on-demand-start": "start", "on-demand-stop": "stop"}
+
+
+def on_demand_events(text: str, deployment: str, host: str) -> list[OnDemandEvent]:
+    """The deployment's on-demand starts and stops in a guard's journal lines (node/guard.py writes
+    each event's `reading` as "NAME: REASON"); lines that are no such event are left out."""
+    out: list[OnDemandEvent] = []
+    prefix = f"{deployment}: "
+    for line in text.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(e, dict) or e.get("kind") not in ON_DEMAND_KINDS:
+            continue
+        reading = str(e.get("reading") or "")
+        if not reading.startswith(prefix):
+            continue
+        try:
+            epoch = float(e.get("epoch") or 0)
+        except (TypeError, ValueError):
+            epoch = 0.0
+        out.append({"time": str(e.get("time") or ""), "epoch": epoch, "host": host,
+                    "action": ON_DEMAND_KINDS[e["kind"]], "reason": reading[len(prefix):],
+                    "result": str(e.get("action") or "")})
+    return out

@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import Any
 
 from sparkprov.catalog.derive import ImageChoice, choose_image
+from sparkprov.catalog.lint import VLLM_DEFAULT_UTILIZATION
 from sparkprov.catalog.lint import WARNING, lint_launch
 from sparkprov.catalog.load import Catalog, load_catalog
 from sparkprov.catalog.render import HostServeContext, Launch, render_launch
@@ -158,7 +159,10 @@ def container(dep: Deployment, host: str, node_launch: Launch, head_ip: str | No
     if not dep.cluster:
         spec = specmod.single(dep.name, host, node_launch, foreground=foreground)
         # on demand: created and left stopped, the gateway starts it (a service manager's unit is no park)
-        return specmod.parked(spec, dep.idle_stop_s) if dep.on_demand and not foreground else spec
+        if dep.on_demand and not foreground:
+            return specmod.parked(spec, dep.idle_stop_s, node_launch.number("--gpu-memory-utilization")
+                                  or VLLM_DEFAULT_UTILIZATION)
+        return spec
     rank = dep.rank(host)
     if dep.executor == "native":
         return specmod.native_rank(dep.name, host, node_launch, rank=rank, nnodes=dep.nodes, pp=dep.pp,

@@ -36,7 +36,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from sparkprov.catalog.render import KEY_PATH, WRAPPER_NAME, Launch
-from sparkprov.node.ondemand import IDLE_STOP_LABEL, ON_DEMAND_LABEL
+from sparkprov.node.ondemand import IDLE_STOP_LABEL, ON_DEMAND_LABEL, UTILIZATION_LABEL
 from sparkprov.serving import supervise
 
 ROLE_SERVER, ROLE_HEAD, ROLE_WORKER = "server", "ray-head", "ray-worker"
@@ -183,13 +183,15 @@ def assemble(launch: Launch, *, name: str, role: str, labels: dict[str, str], co
                          launch.ctx.port if serves else None, labels)
 
 
-def parked(spec: ContainerSpec, idle_stop_s: int | None) -> ContainerSpec:
+def parked(spec: ContainerSpec, idle_stop_s: int | None, utilization: float) -> ContainerSpec:
     """The container of an on-demand deployment, created and left stopped (cluster-up --park): the
-    same `docker run -d` argv as `docker create`, with the on-demand labels after its own. Labels are
+    same `docker run -d` argv as `docker create`, with the on-demand labels after its own (its
+    idle_stop_s and its --gpu-memory-utilization, which the gateway's admission reads). Labels are
     outside the recipe hash: it is the hash a start of the same container carries."""
     if spec.argv[:3] != ["docker", "run", "-d"]:
         raise ValueError(f"{spec.name}: only a detached container can be parked")
-    extra = {ON_DEMAND_LABEL: "1", **({IDLE_STOP_LABEL: str(idle_stop_s)} if idle_stop_s else {})}
+    extra = {ON_DEMAND_LABEL: "1", **({IDLE_STOP_LABEL: str(idle_stop_s)} if idle_stop_s else {}),
+             UTILIZATION_LABEL: f"{utilization:g}"}
     last = max(i for i, w in enumerate(spec.argv) if w == "--label") + 2
     words = [w for k, v in extra.items() for w in ("--label", f"{k}={v}")]
     argv = ["docker", "create", *spec.argv[3:last], *words, *spec.argv[last:]]

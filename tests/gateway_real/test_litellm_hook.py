@@ -16,7 +16,6 @@ import concurrent.futures
 import http.server
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from sparkprov.node import ondemand as od
+from sparkprov.serving import gateway as gw
 
 pytestmark = pytest.mark.litellm
 SITE = os.environ.get("SPARKPROV_LITELLM_SITE")
@@ -130,28 +130,38 @@ def proxy(tmp_path_factory):
         pytest.skip("SPARKPROV_LITELLM_SITE is not set (LiteLLM's site-packages)")
     d = tmp_path_factory.mktemp("gateway")
     world = World()
-    apis = {n: f"http://127.0.0.1:{s.server_address[1]}/v1" for n, s in world.engines.items()}
-    # the gateway's folder as `gateway up` would write it: config, the hook file, the node package
-    shutil.copy(REPO / "sparkprov/serving/gateway_hook.py", d / "sparkprov_ondemand.py")
-    shutil.copytree(REPO / "sparkprov/node", d / "sparkprov_node", ignore=shutil.ignore_patterns("__pycache__"))
-    config = {"model_list": [{"model_name": f"model-{n}", "litellm_params": {"model": f"hosted_vllm/model-{n}",
-                                                                            "api_base": apis[n], "api_key": "none"}}
-                             for n in ("a", "b")],
-              "litellm_settings": {"drop_params": True, "callbacks": ["sparkprov_ondemand.proxy_handler_instance"]},
-              "general_settings": {"master_key": "sk-test"}}
-    (d / "config.yaml").write_text(json.dumps(config))
-    (d / "ondemand.json").write_text(json.dumps({
-        "key": KEY.hex(), "guard_port": world.guard.server_address[1], "addresses": {"spark1": "127.0.0.1"},
-        "budgets_gib": {"spark1": 10}, "bound_s": 20,
-        "deployments": [{"name": n, "model": f"model-{n}", "hosts": ["spark1"], "memory_gib": {"spark1": 8},
-                         "api_base": apis[n], "api_key": None, "idle_stop_s": 600} for n in ("a", "b")]}))
+    # the gateway's folder as `gateway up` writes it (serving/gateway.py, its host writer run for real
+    # with the routes and hook configuration it makes of the status play's parked containers), laid
+    # out as the container's mounts place it (gw.mounts)
+    status = {"spark1": {"containers": [
+        {"name": f"sparkprov-{n}", "id": n, "status": "created", "exit_code": 0, "restarts": 0, "started": "",
+         "image": "img", "image_id": "sha256:1",
+         "labels": {"sparkprov.managed": "1", "sparkprov.role": "server", "sparkprov.deployment": n,
+                    "sparkprov.model": f"model-{n}", "sparkprov.port": str(s.server_address[1]),
+                    od.ON_DEMAND_LABEL: "1", od.IDLE_STOP_LABEL: "600", od.UTILIZATION_LABEL: "0.4"}}
+        for n, s in world.engines.items()]}}
+    routes = gw.routes_from_status(status, {"spark1": "127.0.0.1"})
+    ondemand = gw.ondemand_config(routes, {}, guard_port=world.guard.server_address[1],
+                                  addresses={"spark1": "127.0.0.1"}, budgets_gib={"spark1": 10},
+                                  host_gib={"spark1": 20}, bound_s=20)   # each 0.4 x 20 = 8 GiB: one at a time
+    home = d / "home"
+    (home / gw.DIR[2:]).mkdir(parents=True)
+    (home / gw.DIR[2:] / gw.ONDEMAND_KEY).write_text(KEY.hex() + "\n")   # the ondemand_key task's
+    subprocess.run([sys.executable, "-", gw.DIR], input=gw.writer_program(gw.litellm_config(routes, {}), ondemand),
+                   text=True, check=True, env={**os.environ, "HOME": str(home)})
+    app = d / "app"
+    app.mkdir()
+    for src, dst, _ in gw.mounts(True):
+        (app / dst[len(gw.APP) + 1:]).symlink_to(home / gw.DIR[2:] / src)
+    world.master = (home / gw.DIR[2:] / gw.MASTER_KEY).read_text().strip()
     port = _port()
     env = {**os.environ, "PYTHONPATH": SITE, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "SPARKPROV_ONDEMAND_CONFIG": str(d / "ondemand.json"), "NO_PROXY": "*"}
+           "SPARKPROV_ONDEMAND_CONFIG": str(app / gw.ONDEMAND_CONFIG),
+           "SPARKPROV_ONDEMAND_VIEW": str(app / gw.VIEW_DIR / gw.VIEW_FILE), "NO_PROXY": "*"}
     log = open(d / "proxy.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", "from litellm import run_server; run_server()", "--config",
-                             str(d / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+                             str(app / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(240):
             try:
@@ -173,11 +183,11 @@ def proxy(tmp_path_factory):
         world.close()
 
 
-def chat(port: int, model: str) -> tuple[int, dict]:
+def chat(port: int, model: str, key: str) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
                                  data=json.dumps({"model": model, "messages": [{"role": "user", "content": "who"}],
                                                   "max_tokens": 4}).encode(),
-                                 headers={"Authorization": "Bearer sk-test", "Content-Type": "application/json"})
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -189,7 +199,7 @@ def test_a_request_for_a_parked_model_is_held_and_answered_and_concurrent_ones_s
     port, world, _ = proxy
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: chat(port, "model-a"), range(8)))
+        answers = list(pool.map(lambda _: chat(port, "model-a", world.master), range(8)))
     took = time.time() - t0
     assert [code for code, _ in answers] == [200] * 8, answers
     assert {doc["choices"][0]["message"]["content"] for _, doc in answers} == {"I am a"}
@@ -199,6 +209,24 @@ def test_a_request_for_a_parked_model_is_held_and_answered_and_concurrent_ones_s
 
 def test_a_request_the_guard_refuses_to_start_gets_503_with_the_reason(proxy):
     port, world, d = proxy
-    code, doc = chat(port, "model-b")
+    code, doc = chat(port, "model-b", world.master)
     assert code == 503, (code, doc, (d / "proxy.log").read_text()[-3000:])
     assert "holds sparkprov-b stopped (stall)" in json.dumps(doc)
+
+
+def test_the_hook_writes_its_view_where_status_reads_it(proxy):
+    """At each sweep (10 s) the hook writes its view into the gateway's folder (the one writable
+    mount): `invoke status` reads each on-demand deployment's idle time from it."""
+    port, world, d = proxy
+    assert chat(port, "model-a", world.master)[0] == 200   # a serves again (b's start stopped it for room)
+    answered = time.time()
+    view_file = d / "home" / gw.DIR[2:] / gw.VIEW_DIR / gw.VIEW_FILE
+    for _ in range(30):
+        if view_file.exists() and json.loads(view_file.read_text())["written"] > answered:
+            break
+        time.sleep(0.5)
+    view = json.loads(view_file.read_text())
+    assert view["deployments"]["a"]["state"] == od.SERVING and view["deployments"]["a"]["idle_s"] is not None
+    assert view["deployments"]["b"]["state"] == od.PARKED
+    assert gw.idle_for([{"now": time.time(), "view": view}], "a") >= view["deployments"]["a"]["idle_s"]
+

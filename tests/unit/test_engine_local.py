@@ -347,3 +347,31 @@ def test_a_play_built_for_a_deployment_marks_its_results_with_it(setup):
     # every play cluster-up builds for a deployment carries its name
     book = up_book([Deployment(name="x", model="lab-tiny", hosts=["s1", "s2"], tp=2, executor="native")], UpOptions())
     assert {p.subject for p in book.plays} == {"x"}
+
+
+def test_gather_ahead_leaves_a_fact_that_needs_root_to_its_become_play(setup, tmp_path):
+    """A fact that needs root (a 0600 root file's digest) is read as root only in a gather with
+    become: read ahead in a play without become it failed, and that error stood for the become play
+    after it (found on the lab: `gateway up`'s second run could not read the on-demand key it had
+    placed on the node). A gather without become leaves it to its play; one with become, or a later
+    play without become, reads it ahead as before."""
+    from sparkprov.facts.files import PathState
+
+    inv, _ = setup
+    book = tmp_path / "three.yaml"
+    book.write_text("".join(f"""
+- name: play {name}
+  hosts: all
+  become: {become}
+  tasks:
+    - name: {name}
+      file: {{path: {tmp_path}/{name}, content: {name}}}
+""" for name, become in (("a", "false"), ("b", "true"), ("c", "false"))))
+    inventory = load_inventory(inv)
+    runner = Runner(inventory, load_playbook(book), ["first"], RunOptions(gather_ahead=True),
+                    Report(open(os.devnull, "w")))
+    first, hr = runner.playbook.plays[0], runner.runs["first"]
+    def files(root):
+        return {f.path for f in runner._later_facts(first, hr, root=root) if isinstance(f, PathState)}
+    assert f"{tmp_path}/b" not in files(False) and f"{tmp_path}/c" in files(False)
+    assert {f"{tmp_path}/b", f"{tmp_path}/c"} <= files(True)

@@ -5,7 +5,6 @@ tests/lab/test_cluster.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -104,7 +103,7 @@ def test_plan_refuses_a_taken_port_and_a_missing_key():
 
 def test_host_writer_makes_the_master_key_once_and_a_0600_config(tmp_path):
     cfg = gw.litellm_config(gw.routes_from_status(STATUS, ADDR), {})
-    program = "CONFIG_JSON = " + repr(json.dumps(cfg)) + "\n" + gw.HOST_WRITER
+    program = gw.writer_program(cfg, None)
     env = dict(os.environ, HOME=str(tmp_path))
 
     def write():

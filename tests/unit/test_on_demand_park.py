@@ -44,7 +44,8 @@ def test_a_parked_container_is_the_started_ones_argv_as_docker_create_with_the_s
     create_line = next(line for line in create.script.splitlines() if "docker create" in line)
     # the same words, `run -d` as `create`, the on-demand labels after the container's own
     assert create_line.replace("docker create ", "docker run -d ").replace(
-        " --label sparkprov.on_demand=1 --label sparkprov.idle_stop_s=600", "") == run_line
+        " --label sparkprov.on_demand=1 --label sparkprov.idle_stop_s=600"
+        f" --label {ondemand.UTILIZATION_LABEL}=0.85", "") == run_line  # the recipe's --gpu-memory-utilization
     # no load, so no page-cache drop as root
     assert not any(c.become for c in plan(PARKED).changes)
 
