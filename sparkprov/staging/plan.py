@@ -223,8 +223,10 @@ def _file_state(item: Item, facts: StoreFacts, rehash: bool = False) -> FileStat
         if staged.size == item.size and status is Status.MISSING:
             return FileState(item, Status.STAGED, have=staged.size)
         if staged.size < item.size:
-            return FileState(item, Status.PARTIAL if status is Status.MISSING else status,
-                             have=staged.size, remove=remove)
+            # an empty one (a receiver opened it and no byte came: a link cut first) holds nothing
+            # to resume: missing, not partial
+            partial = staged.size > 0 and status is Status.MISSING
+            return FileState(item, Status.PARTIAL if partial else status, have=staged.size, remove=remove)
         remove.append(item.staged)
     elif staged is not None:
         remove.append(item.staged)

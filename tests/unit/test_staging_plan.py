@@ -67,6 +67,17 @@ def test_statuses():
     assert plan_host("h", [ok], f, rehash=True).files[ok.rel].status is Status.UNVERIFIED
 
 
+def test_an_empty_staged_file_is_missing_not_partial():
+    """A receiver that opened the file before a cut link let any byte through leaves it empty: nothing
+    to resume, so the publish play's message does not say partial files are kept (CI, 2026-11-29:
+    tests/reliability/test_rel_stage_faults.py saw the claim with a 0-byte file)."""
+    a = item("a")
+    f = _facts()
+    f.entries[a.staged] = Entry("f", 0, 5, "")
+    fs = plan_host("h", [a], f).files[a.rel]
+    assert fs.status is Status.MISSING and fs.have == 0
+
+
 def test_complete_host_is_a_noop_plan():
     a = item("a")
     f = _facts()
