@@ -16,7 +16,7 @@ builds, pushes and is pulled here beside the steps, in the order they need it (I
 prints what it does and, when it ends, how long it took, and the background stages' times come at
 the end (their own output goes to a log file, named). Measured on this machine's kind (2 cores,
 shared): 342 s with every cache of the lab cold (the real vLLM's image and lab-tiny built: 250 s of
-it before stage-weights can start), 114 s warm (the image's pull on both hosts: 35-60 s of it).
+it before stage-weights can start), 122-129 s warm (the stand-in's pull, then lab-tiny's image's on both hosts: 75-85 s of it, before stage-weights can run).
 """
 
 from __future__ import annotations
