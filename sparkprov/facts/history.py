@@ -16,6 +16,14 @@ MAX_LINES = 500
 MAX_BYTES = 2 * 2**20
 
 
+def _present_or_absent(out: str, err: str, what: str) -> dict[str, Any]:
+    """A file read by a command that prints @present then its text, or @absent."""
+    head, _, rest = out.partition("\n")
+    if head.strip() not in ("@present", "@absent"):
+        raise FactError(f"{what} unreadable: {(err.strip() or out.strip())[:200]}")
+    return {"exists": head.strip() == "@present", "text": rest}
+
+
 @dataclass(frozen=True)
 class HistoryFile(Fact):
     """The newest lines of a deployment's history file ("" when there is none)."""
@@ -27,10 +35,7 @@ class HistoryFile(Fact):
                 f"tail -n {MAX_LINES}; else echo @absent; fi")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
-        head, _, rest = out.partition("\n")
-        if head.strip() not in ("@present", "@absent"):
-            raise FactError(f"history file unreadable: {(err.strip() or out.strip())[:200]}")
-        return {"exists": head.strip() == "@present", "text": rest}
+        return _present_or_absent(out, err, "history file")
 
 
 ON_DEMAND_LINES = 500  # the newest on-demand lines of the guard's journal
@@ -49,10 +54,7 @@ class OnDemandJournal(Fact):
                 f"| tail -n {ON_DEMAND_LINES}; else echo @absent; fi")
 
     def parse(self, out: str, err: str, rc: int) -> dict[str, Any]:
-        head, _, rest = out.partition("\n")
-        if head.strip() not in ("@present", "@absent"):
-            raise FactError(f"guard journal unreadable: {(err.strip() or out.strip())[:200]}")
-        return {"exists": head.strip() == "@present", "text": rest}
+        return _present_or_absent(out, err, "guard journal")
 
 
 _FORMAT = ("{{.Name}}\t{{.Id}}\t{{.Image}}\t{{.Config.Image}}\t{{.State.Status}}\t"

@@ -70,3 +70,16 @@ def test_history_reads_the_guards_journal_of_the_gateways_starts_and_stops(guard
         ("first", "start", "a request for lab-tiny", "started sparkprov-a"),
         ("first", "stop", "least recently used: room for b", "stopped sparkprov-a")]
     assert found.on_demand[0]["epoch"] <= found.on_demand[1]["epoch"]
+
+
+def test_history_and_journal_facts_read_present_absent_and_name_what_is_unreadable():
+    import pytest
+
+    from sparkprov.facts.base import FactError
+    from sparkprov.facts.history import HistoryFile, OnDemandJournal
+
+    for fact, what in ((HistoryFile("~/h"), "history file"), (OnDemandJournal("/j"), "guard journal")):
+        assert fact.parse("@present\na\nb\n", "", 0) == {"exists": True, "text": "a\nb\n"}
+        assert fact.parse("@absent\n", "", 0) == {"exists": False, "text": ""}
+        with pytest.raises(FactError, match=f"^{what} unreadable: denied"):
+            fact.parse("", "denied", 1)
