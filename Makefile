@@ -25,12 +25,12 @@ demo: deps venv
 # hub repos, the Ray venv, the real vLLM's rootfs: sparklab/prebuild.py; a test that needs one
 # waits on its lock); beside the lab's tests, which wait on engines most of their time, the tests
 # that need no lab of namespaces (tests/unit, and tests/sparklab: the lab's own parts run on
-# loopback), at a lower CPU priority: the lab's tests are the longest path, so they get the cores
+# loopback), at the lowest CPU priority (nice 19): the lab's tests are the longest path, so they get the cores
 # first and the others fill the gaps. Each suite prints its own summary; either failing fails the run.
 test: deps venv lint
 	@mkdir -p .lab-cache
 	@$(BIN)/python -m sparklab.prebuild > .lab-cache/prebuild.log 2>&1 & pre=$$!; \
-	nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/sparklab > .lab-cache/unit.log 2>&1 & unit=$$!; \
+	nice -n 19 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/sparklab > .lab-cache/unit.log 2>&1 & unit=$$!; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 tests/lab tests/reliability; lab_rc=$$?; \
 	wait $$unit; unit_rc=$$?; wait $$pre; \
 	echo "--- tests/unit and tests/sparklab (run beside the lab's tests):"; cat .lab-cache/unit.log; \

@@ -56,9 +56,12 @@ from sparkprov.staging.verify import FUNCS
 from sparkprov.transport.shell import quote
 
 # AES-GCM first: the CPU's AES instructions (x86 AES-NI, Arm's crypto extensions on Grace) move
-# bytes at about twice ChaCha20's speed, OpenSSH's first choice otherwise
+# bytes at about twice ChaCha20's speed, OpenSSH's first choice otherwise. A cut cable sends no FIN:
+# the peer's sshd answers a keep-alive from its event loop however busy the disk or rsync is, so four
+# unanswered ones 5 s apart mean the link is gone (20 s; rsync's own --timeout stays the bound for a
+# receiver that is alive but writes nothing)
 SSH_BASE = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-o", "Compression=no",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=4", "-o", "Compression=no",
             "-o", "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com", "-T", "-x"]
 RSYNC = ["rsync", "-a", "--mkpath", "--partial", "--append-verify", "--timeout=60"]
 

@@ -30,6 +30,10 @@ IMAGE = "vllm/vllm-openai:cu130-nightly"   # the serving image: huggingface_hub 
 MiB = 1024 * 1024
 TOTAL = 48 * MiB
 RATE = "40mbit"                            # ~5 MB/s on the rail: the fan-out takes ~10 s
+# A cut cable sends no FIN: the sender's ssh gives up after four unanswered keep-alives 5 s apart
+# (staging/fanout.py SSH_BASE), the play ends a few seconds later (34 s measured; 86 s with the
+# keep-alives 15 s apart that it had before)
+CUT_NOTICED_BOUND_S = 50
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +114,7 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
             box["error"] = exc
 
     faults.slow_link("spark1", iface, rate=RATE)
-    cut = False
+    cut = 0.0
     try:
         t = threading.Thread(target=first, daemon=True)
         t.start()
@@ -120,12 +124,14 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
                 sum(s for p, s in _sizes(lab, "spark2", f"{folder}/blobs").items())
             if arrived > TOTAL // 2:
                 faults.cut_link("spark2", iface)
-                cut = True
+                cut = time.monotonic()
                 break
             time.sleep(0.2)
         assert cut, ("the fan-out ended before the cut", box, report.results)
         t.join(timeout=180)
         assert not t.is_alive(), "the stage did not notice the cut link"
+        noticed = time.monotonic() - cut
+        assert noticed < CUT_NOTICED_BOUND_S, f"the stage took {noticed:.0f}s to notice the cut link"
         # The receiving `rsync --server` on spark2 does not time out: its generator's keep-alives go
         # into the socket buffer (rsync counts that as progress) and sshd has no ClientAlive. It
         # holds its files open, idle, until TCP gives up; the rerun goes on beside it (--append
@@ -158,8 +164,8 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     # implies them on disk.
     if "partial files are kept" in recv.msg:
         assert partial, (recv.msg, staged)
-    print(f"before the rerun spark2 has {kept / MiB:.1f} MiB: {len(whole)} whole files, {len(partial)} partial; "
-          f"{len(stale)} stale rsync receivers")
+    print(f"the cut noticed after {noticed:.1f}s; before the rerun spark2 has {kept / MiB:.1f} MiB: {len(whole)} "
+          f"whole files, {len(partial)} partial; {len(stale)} stale rsync receivers")
     assert whole and kept > TOTAL // 3 and missing > 4 * MiB, (published, staged)
 
     deadline = time.monotonic() + 10  # carrier back on both ends
