@@ -53,17 +53,15 @@ def admit(target: OnDemand, deployments: dict[str, OnDemand], budgets: dict[str,
         return sum(d.memory_gib.get(host, 0.0) for n, d in deployments.items()
                    if n != target.name and n not in gone and state.get(n, od.PARKED) != od.PARKED)
 
+    never = never_fits(target, budgets)
+    if never:
+        return [], never
     evict: list[str] = []
     candidates = sorted((n for n, d in deployments.items() if n != target.name and n not in busy
                          and state.get(n) == od.SERVING and set(d.hosts) & set(target.hosts)),
                         key=lambda n: last_used.get(n, 0.0))
     for host in target.hosts:
-        need, budget = target.memory_gib.get(host, 0.0), budgets.get(host)
-        if budget is None:
-            return [], f"{target.name}: no memory budget for {host} in the gateway's configuration"
-        if need > budget:
-            return [], (f"{target.name} needs {need:.1f} GiB on {host}, more than the {budget:.1f} GiB on-demand "
-                        f"deployments may take there")
+        need, budget = target.memory_gib.get(host, 0.0), budgets[host]
         for n in candidates:
             if used(host, evict) + need <= budget:
                 break
@@ -77,6 +75,19 @@ def admit(target: OnDemand, deployments: dict[str, OnDemand], budgets: dict[str,
             return [], (f"{target.name} needs {need:.1f} GiB on {host}; of its {budget:.1f} GiB "
                         + ", ".join(held) + " cannot be stopped now")
     return evict, None
+
+
+def never_fits(target: OnDemand, budgets: dict[str, float]) -> str | None:
+    """Why `target` can never fit its hosts' budgets, whatever else is stopped (a request for it is
+    refused at once); None when it fits once the others make room."""
+    for host in target.hosts:
+        need, budget = target.memory_gib.get(host, 0.0), budgets.get(host)
+        if budget is None:
+            return f"{target.name}: no memory budget for {host} in the gateway's configuration"
+        if need > budget:
+            return (f"{target.name} needs {need:.1f} GiB on {host}, more than the {budget:.1f} GiB on-demand "
+                    f"deployments may take there")
+    return None
 
 
 @dataclass
@@ -97,6 +108,7 @@ class Activator:
     last_used: dict[str, float] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)     # activations and stops, with their reasons
+    waiting: dict[str, str] = field(default_factory=dict)  # deployments waiting for room: why they wait
     _tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     _admission: asyncio.Lock | None = None
 
@@ -123,6 +135,9 @@ class Activator:
             await asyncio.wait_for(asyncio.shield(task), self.bound_s)
         except asyncio.TimeoutError:
             self.done(model)
+            why = self.waiting.get(d.name)
+            if why:
+                raise Unavailable(f"{model} waited {self.bound_s:g}s for room and got none: {why}") from None
             raise Unavailable(f"{model} is starting on {', '.join(d.hosts)} and did not answer within "
                               f"{self.bound_s:g}s; try again shortly") from None
         except Unavailable:
@@ -146,12 +161,34 @@ class Activator:
         return self._admission
 
     async def _activate(self, d: OnDemand) -> None:
+        never = never_fits(d, self.budgets)
+        if never:
+            raise Unavailable(never)
+        # Room held by deployments in use or starting is waited for (a switch under load: their
+        # requests end, then they are idle and make room), while a request still waits for this one.
+        while not await self._admitted(d):
+            if not self.inflight.get(d.name):
+                raise Unavailable(self.waiting.pop(d.name, f"{d.name}: no request waits for it"))
+            await asyncio.sleep(self.poll_s)
+        started = self.clock()
+        while not await self.token(d):
+            if self.clock() - started > self.bound_s:
+                raise Unavailable(f"{d.name} did not answer a token within {self.bound_s:g}s of its start")
+            await asyncio.sleep(self.poll_s)
+        self.state[d.name] = od.SERVING
+        self._event(d.name, "serving", f"answered a token {self.clock() - started:.1f}s after its start")
+
+    async def _admitted(self, d: OnDemand) -> bool:
+        """One admission of `d` (under the lock): the least recently used idle ones stopped and `d`
+        started on its hosts (True); False, with why in `waiting`, while the others cannot make room."""
         async with self._lock():
             if self.state.get(d.name) != od.STARTING:
                 busy = {n for n, k in self.inflight.items() if k > 0}
                 evict, refusal = admit(d, self.deployments, self.budgets, self.state, busy, self.last_used)
                 if refusal:
-                    raise Unavailable(refusal)
+                    self.waiting[d.name] = refusal
+                    return False
+                self.waiting.pop(d.name, None)
                 for n in evict:
                     await self.stop(n, f"least recently used: room for {d.name}")
                 self.state[d.name] = od.STARTING
@@ -163,13 +200,7 @@ class Activator:
                     if code != 200:
                         self.state[d.name] = od.PARKED
                         raise Unavailable(f"{host}'s guard did not start {d.name}: {doc.get('error') or code}")
-        started = self.clock()
-        while not await self.token(d):
-            if self.clock() - started > self.bound_s:
-                raise Unavailable(f"{d.name} did not answer a token within {self.bound_s:g}s of its start")
-            await asyncio.sleep(self.poll_s)
-        self.state[d.name] = od.SERVING
-        self._event(d.name, "serving", f"answered a token {self.clock() - started:.1f}s after its start")
+        return True
 
     async def stop(self, name: str, reason: str) -> None:
         d = self.deployments[name]

@@ -110,16 +110,48 @@ def test_a_request_for_b_while_a_serves_stops_a_then_starts_b():
                                                                 for e in act.events]
 
 
-def test_a_model_in_use_is_not_stopped_and_the_request_for_the_other_gets_the_reason():
+def test_a_request_for_b_while_a_is_in_use_waits_until_a_is_idle_then_a_is_stopped_and_b_served():
     nodes = Nodes()
     act = activator(nodes)
 
     async def go():
-        await act.hold("model-a")            # still in flight
-        with pytest.raises(Unavailable, match=r"b needs 6.0 GiB on h1; of its 6.0 GiB a 6.0 GiB \(serving, in use\)"):
-            await act.hold("model-b")
+        await act.hold("model-a")            # in flight
+        b = asyncio.ensure_future(act.hold("model-b"))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not b.done() and nodes.calls == [("start", "a")]      # held, a not stopped under its request
+        assert act.waiting["b"].startswith("b needs 6.0 GiB on h1; of its 6.0 GiB a 6.0 GiB (serving, in use)")
+        act.done("model-a")                  # a's request answered: a is idle now
+        await asyncio.wait_for(b, 2)
     asyncio.run(go())
-    assert nodes.calls == [("start", "a")] and act.inflight == {"a": 1, "b": 0}
+    assert nodes.calls == [("start", "a"), ("stop", "a"), ("start", "b")] and act.state == {"a": od.PARKED,
+                                                                                            "b": od.SERVING}
+    assert act.waiting == {}
+
+
+def test_a_model_in_use_past_the_bound_is_not_stopped_and_the_request_for_the_other_gets_503_with_the_reason():
+    nodes = Nodes()
+    act = activator(nodes, bound_s=0.2)
+
+    async def go():
+        await act.hold("model-a")            # in flight throughout
+        with pytest.raises(Unavailable, match=r"model-b waited 0.2s for room and got none: b needs 6.0 GiB on h1; "
+                                              r"of its 6.0 GiB a 6.0 GiB \(serving, in use\) cannot be stopped now"):
+            await act.hold("model-b")
+        await act.settle()                   # its activation gives up too: no request waits for it
+    asyncio.run(go())
+    assert nodes.calls == [("start", "a")] and act.inflight == {"a": 1, "b": 0} and "b" not in act.state
+
+
+def test_a_model_that_never_fits_is_refused_at_once():
+    nodes = Nodes()
+    act = activator(nodes, budget=5.0, bound_s=30.0)
+
+    async def go():
+        with pytest.raises(Unavailable, match="a needs 6.0 GiB on h1, more than the 5.0 GiB"):
+            await asyncio.wait_for(act.hold("model-a"), 1)
+    asyncio.run(go())
+    assert nodes.calls == []
 
 
 def test_a_request_held_past_the_bound_gets_the_reason_and_the_start_goes_on():
