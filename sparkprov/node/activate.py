@@ -26,6 +26,7 @@ from . import ondemand as od
 STOPPING = "stopping"
 BOUND_S = 300.0     # how long a request is held for an activation before its 503
 POLL_S = 1.0        # between one-token probes while it starts
+GUARD_WAIT_S = 60.0  # how long a rebuild asks a guard that does not answer (the gateway's host booting)
 
 
 class Unavailable(Exception):
@@ -103,6 +104,7 @@ class Activator:
     token: object
     bound_s: float = BOUND_S
     poll_s: float = POLL_S
+    guard_wait_s: float = GUARD_WAIT_S
     clock: object = time.monotonic
     state: dict[str, str] = field(default_factory=dict)
     last_used: dict[str, float] = field(default_factory=dict)
@@ -128,9 +130,7 @@ class Activator:
             return
         task = self._tasks.get(d.name)
         if task is None or task.done():
-            task = self._tasks[d.name] = asyncio.ensure_future(self._activate(d))
-            # its failure is each waiter's; one that fails after every waiter gave up is no loose error
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task = self._task(d.name, self._activate(d))
         try:
             await asyncio.wait_for(asyncio.shield(task), self.bound_s)
         except asyncio.TimeoutError:
@@ -170,6 +170,10 @@ class Activator:
             if not self.inflight.get(d.name):
                 raise Unavailable(self.waiting.pop(d.name, f"{d.name}: no request waits for it"))
             await asyncio.sleep(self.poll_s)
+        await self._serving(d)
+
+    async def _serving(self, d: OnDemand) -> None:
+        """`d` started: serving once it answers a token (within the bound)."""
         started = self.clock()
         while not await self.token(d):
             if self.clock() - started > self.bound_s:
@@ -177,6 +181,12 @@ class Activator:
             await asyncio.sleep(self.poll_s)
         self.state[d.name] = od.SERVING
         self._event(d.name, "serving", f"answered a token {self.clock() - started:.1f}s after its start")
+
+    def _task(self, name: str, work) -> asyncio.Task:
+        task = self._tasks[name] = asyncio.ensure_future(work)
+        # its failure is each waiter's; one that fails after every waiter gave up is no loose error
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
 
     async def _admitted(self, d: OnDemand) -> bool:
         """One admission of `d` (under the lock): the least recently used idle ones stopped and `d`
@@ -240,19 +250,29 @@ class Activator:
 
     async def rebuild(self) -> None:
         """After the gateway's restart: what each node's guard holds (its answer), every running one
-        counted as used now (a full idle period before it is stopped)."""
+        counted as used now (a full idle period before it is stopped), one still starting watched
+        until it answers a token (then it serves, and can be stopped idle or for room). After a reboot
+        of the gateway's host the proxy may come up before the guard: a guard that does not answer is
+        asked again each poll_s, within guard_wait_s; after that its deployments count as parked."""
         now = self.clock()
         seen: dict[str, list[str]] = {}
         for host in sorted({h for d in self.deployments.values() for h in d.hosts}):
             code, doc = await self.guard(host, "GET", od.LIST_PATH, None)
+            while code != 200 and self.clock() - now < self.guard_wait_s:
+                await asyncio.sleep(self.poll_s)
+                code, doc = await self.guard(host, "GET", od.LIST_PATH, None)
+            if code != 200:
+                self._event(host, "guard-unanswered", f"{host}'s guard: {doc.get('error') or code}")
             for c in doc.get("deployments") or [] if code == 200 else []:
                 seen.setdefault(c.get("deployment"), []).append(c.get("state"))
-        for n in self.deployments:
+        for n, d in self.deployments.items():
             states = seen.get(n) or [od.PARKED]
             self.state[n] = (od.SERVING if all(s == od.SERVING for s in states) else
                              od.PARKED if all(s == od.PARKED for s in states) else od.STARTING)
             if self.state[n] != od.PARKED:
                 self.last_used.setdefault(n, now)
+            if self.state[n] == od.STARTING:
+                self._task(n, self._serving(d))
 
     def view(self) -> dict:
         """What `invoke status` shows of the hook's view (written to a file on the gateway's host at

@@ -54,16 +54,29 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
             self.act = None
             self.sweeper = None
             self.loading = None
+            self.configured = None
+            try:  # inside LiteLLM's proxy: built while its startup loads the config, in its loop
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            # the view and the sweeper now, not at the first request: a model that came back with its
+            # host (the gateway's host rebooted) is stopped when idle though no request comes
+            self._ready()
 
-        async def _ready(self):
+        def _configured(self):
+            if self.configured is None:
+                self.configured = load()
+            return self.configured
+
+        def _ready(self):
             # one view for every request: the first requests after a start of the proxy come at once,
             # and each building its own while the guards answer would start a model once per view
             if self.loading is None:
                 self.loading = asyncio.ensure_future(self._load())
-            return await asyncio.shield(self.loading)
+            return asyncio.shield(self.loading)
 
         async def _load(self):
-            act = load()
+            act = self._configured()
             await act.rebuild()            # after a restart of the proxy: what the guards hold
             self.act = act
             self.sweeper = asyncio.ensure_future(self._sweep())
@@ -83,9 +96,12 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
                         print(f"sparkprov on-demand view: {e}", flush=True)
 
         async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+            model = str(data.get("model") or "")
+            if self._configured().named(model) is None:
+                return data                # not on demand: never held, not even by a rebuild under way
             act = await self._ready()
             try:
-                await act.hold(str(data.get("model") or ""))
+                await act.hold(model)
             except activate.Unavailable as e:
                 raise http_exception(status_code=503, detail={"error": f"sparkprov on demand: {e}"}) from None
             return data

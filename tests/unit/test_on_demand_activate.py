@@ -50,16 +50,21 @@ class Nodes:
     `refuse`), the list of what they hold; and each engine's one token, answered once it has been
     asked `warmup` times since its start."""
 
-    def __init__(self, warmup=2, refuse=None):
+    def __init__(self, warmup=2, refuse=None, silent=0):
         self.calls: list[tuple[str, str]] = []
         self.running: set[str] = set()
         self.asked: dict[str, int] = {}
         self.warmup, self.refuse = warmup, refuse
+        self.silent = silent     # so many first asks unanswered (the guard not up yet: a host booting)
 
     async def guard(self, host, method, path, body):
         await asyncio.sleep(0)
+        if self.silent:
+            self.silent -= 1
+            return 0, {"error": "ConnectionRefusedError: [Errno 111] Connection refused"}
         if method == "GET" and path == od.LIST_PATH:
-            return 200, {"deployments": [{"deployment": n, "state": od.SERVING} for n in sorted(self.running)]}
+            return 200, {"deployments": [{"deployment": n, "state": od.SERVING if self.asked.get(n, 0) > self.warmup
+                                          else od.STARTING} for n in sorted(self.running)]}
         if method == "GET":
             name = path.split("/")[3]
             return 200, {"deployment": name, "containers": [
@@ -205,6 +210,7 @@ def test_an_idle_deployment_is_stopped_after_its_idle_stop_s_and_one_in_use_is_n
 def test_after_a_restart_the_view_is_rebuilt_from_the_guards():
     nodes = Nodes()
     nodes.running = {"b"}
+    nodes.asked = {"b": 3}                   # answering: serving
     act = activator(nodes, clock=lambda: 5.0)
     asyncio.run(act.rebuild())
     assert act.state == {"a": od.PARKED, "b": od.SERVING} and act.last_used == {"b": 5.0}
@@ -225,3 +231,33 @@ def test_a_deployment_stopped_under_its_feet_is_found_after_a_failed_request_and
         await act.hold("model-a")
     asyncio.run(go())
     assert nodes.calls == [("start", "a"), ("start", "a")] and act.state["a"] == od.SERVING
+
+
+def test_after_a_reboot_a_guard_not_up_yet_is_asked_again_and_its_running_model_counted():
+    """The gateway's host rebooted: the proxy may come up before the node's guard; a rebuild that took
+    the unanswered guard for "nothing runs" would start the other model beside the one that came back
+    with the host (over the budget)."""
+    nodes = Nodes(warmup=0, silent=3)
+    nodes.running, nodes.asked = {"a"}, {"a": 1}
+    act = activator(nodes)
+
+    async def go():
+        await act.rebuild()
+        assert act.state == {"a": od.SERVING, "b": od.PARKED}
+        act.last_used["a"] -= 1              # a: used before b's request, idle now
+        await act.hold("model-b")
+    asyncio.run(go())
+    assert nodes.calls == [("stop", "a"), ("start", "b")]     # room made: a stopped first
+
+
+def test_after_a_restart_a_model_found_starting_is_watched_until_it_serves_and_can_then_make_room():
+    nodes = Nodes(warmup=2)
+    nodes.running = {"a"}                    # came back with its host, still loading
+    act = activator(nodes)
+
+    async def go():
+        await act.rebuild()
+        assert act.state["a"] == od.STARTING
+        await asyncio.wait_for(act.hold("model-b"), 2)       # waits for a to serve, then a makes room
+    asyncio.run(go())
+    assert act.state == {"a": od.PARKED, "b": od.SERVING} and nodes.calls == [("stop", "a"), ("start", "b")]
