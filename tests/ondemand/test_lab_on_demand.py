@@ -84,6 +84,7 @@ def env(real_env, tmp_path):  # noqa: F811 (the fixture)
     spark1, and the serve playbook with lab-tiny-b's user recipe."""
     from sparklab.hub import ensure_lab_hub
     from sparklab.hub.manage import lab_tiny_b_repo
+    from sparklab.image import VLLM_CPU_IMAGE
     from sparklab.state import BRIDGE_IP, HUB_PORT
 
     inv = tmp_path / "inventory.yaml"
@@ -92,7 +93,8 @@ def env(real_env, tmp_path):  # noqa: F811 (the fixture)
     (tmp_path / "serve-od.yaml").write_text(PLAYBOOK)
     e = {**real_env, "inv": inv, "dir": tmp_path}
     ensure_lab_hub(real_env["lab"].state_dir, BRIDGE_IP, HUB_PORT, extra=[lab_tiny_b_repo()])
-    rc, _, out = cli(e, "stage-weights", "sparkprov-lab/lab-tiny-b", "--hosts", "spark1")
+    # a repo id, not an alias (stage-weights reads no user recipe): its downloader runs in lab-tiny's image
+    rc, _, out = cli(e, "stage-weights", "sparkprov-lab/lab-tiny-b", "--hosts", "spark1", "--image", VLLM_CPU_IMAGE)
     assert rc == 0, out
     yield e
     for args in (["gateway", "down"], ["cluster-down"]):
