@@ -7,6 +7,9 @@ provisions it (the node guard), stages lab-tiny on both, parks `od` (lab-tiny on
 idle_stop_s 10, served as lab-tiny-od) and starts `gateway up --host spark1` (LiteLLM with sparkprov's
 hook). Then, `--runs` times:
 
+  (setup)      one request for od through the gateway, its first (LiteLLM's own first-call setup and
+               od's first start), and one cluster-up of cu (its image pulled onto spark2): in no
+               figure below
   activation   od parked (the hook stopped it idle): one request for lab-tiny-od through the
                gateway (max_tokens 1, not streamed: its answer is its first token), from sending
                it to its answer; the hook holds it while spark1's guard starts od
@@ -104,17 +107,39 @@ def one_token(base: str, model: str, key: str, timeout: float = 30) -> bool:
 
 
 def first_token_through(endpoint: str, model: str, key: str) -> float:
-    """Seconds from sending one chat request (max_tokens 1) through the gateway to its answer."""
+    """Seconds from sending one chat request (max_tokens 1) through the gateway to its answer (the
+    epochs of both in LAST, for the phases)."""
     body = json.dumps({"model": model, "max_tokens": 1, "temperature": 0,
                        "messages": [{"role": "user", "content": "What is 12*17?"}]}).encode()
     req = urllib.request.Request(endpoint + "/chat/completions", data=body,
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    t0 = time.monotonic()
+    t0, LAST["sent"] = time.monotonic(), time.time()
     with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=BOUND_S) as r:
         doc = json.loads(r.read())
-    took = time.monotonic() - t0
+    took, LAST["answered"] = time.monotonic() - t0, time.time()
     assert doc["choices"], doc
     return took
+
+
+LAST: dict[str, float] = {}
+
+
+def phases(lab: Lab, sent: float, answered: float) -> dict:
+    """Where an activation's time went (one clock: the lab's hosts and the gateway's container are
+    namespaces of this machine): the hook's view (its `activate` event, just before it asks the guard;
+    its `serving` event, at the first token its probe got) and the guard's journal (its start, written
+    when docker's start returned), against the request's sending and its answer."""
+    from sparkprov.serving import gateway as gw
+
+    view = json.loads(lab.ssh("spark1", f"cat {gw.DIR}/{gw.VIEW_DIR}/{gw.VIEW_FILE}"))
+    ev = [e for e in view["events"] if e["deployment"] == "od" and e["time"] >= sent - 1]
+    act = next(e["time"] for e in ev if e["kind"] == "activate")
+    serving = next(e["time"] for e in ev if e["kind"] == "serving")
+    starts = [json.loads(x) for x in lab.ssh("spark1", "grep -F on-demand-start /var/lib/sparkprov/guard/events.jsonl")
+              .splitlines()]
+    started = next(x["epoch"] for x in reversed(starts) if x["epoch"] >= act - 1)
+    return {"to_the_hook_s": round(act - sent, 2), "guard_start_s": round(started - act, 2),
+            "start_to_token_s": round(serving - started, 2), "token_to_answer_s": round(answered - serving, 2)}
 
 
 def until_token(start, base: str, model: str, key: str, every: float = 0.2, bound: float = BOUND_S) -> float:
@@ -160,7 +185,12 @@ def setup(work: Path) -> dict:
     master = lab.ssh("spark1", f"cat {gw.DIR}/{gw.MASTER_KEY}").strip()
     conf = json.loads(lab.ssh("spark1", f"cat {gw.DIR}/{gw.ONDEMAND_CONFIG}"))
     od_key = next(d["api_key"] for d in conf["deployments"] if d["name"] == "od")
-    return {"inv": inv, "lab": lab, "endpoint": g["gateway"]["endpoint"], "master": master, "od_key": od_key,
+    # the proxy's first request (LiteLLM's own first-call setup) and od's first start, and a first
+    # cluster-up of cu (the image pulled onto spark2), in no figure
+    first = first_token_through(g["gateway"]["endpoint"], OD_MODEL, master)
+    cli(inv, "cluster-up", "--model", MODEL, "--hosts", "spark2", "--name", "cu", "--health-timeout", "300")
+    cli(inv, "cluster-down", "--deployments", "cu")
+    return {"first_request_after_gateway_up_s": round(first, 2), "inv": inv, "lab": lab, "endpoint": g["gateway"]["endpoint"], "master": master, "od_key": od_key,
             "gateway_up_s": round(took, 1)}
 
 
@@ -177,8 +207,10 @@ def one_round(env: dict, argv: list[str]) -> dict:
     od_base = f"http://{lab.addr['spark1']}:8001/v1"
     parked_by_the_hook(lab)
     activation = first_token_through(ep, OD_MODEL, env["master"])
+    sent, answered = LAST["sent"], LAST["answered"]
     warm = first_token_through(ep, OD_MODEL, env["master"])
     parked_by_the_hook(lab)
+    split = phases(lab, sent, answered)     # the view is written at each sweep: the stop's is after both
     bare_start = until_token(lambda: lab.ssh("spark1", "docker start sparkprov-od"), od_base, OD_MODEL, env["od_key"])
     lab.ssh("spark1", "docker stop sparkprov-od")     # parked, as the hook holds it
 
@@ -196,7 +228,41 @@ def one_round(env: dict, argv: list[str]) -> dict:
     return {"activation_s": round(activation, 2), "warm_s": round(warm, 2), "bare_start_s": round(bare_start, 2),
             "activation_overhead_s": round(activation - bare_start, 2), "cluster_up_s": round(cu, 2),
             "bare_run_s": round(bare_run, 2), "cluster_up_overhead_s": round(cu - bare_run, 2),
-            "image_cluster_up_ran": ran}
+            "image_cluster_up_ran": ran, "activation_phases": split}
+
+
+def stamped_cluster_up(inv: Path) -> dict:
+    """One cluster-up of cu in-process: each play's start and each host's result, seconds from the
+    start (where cluster-up's time goes); then cluster-down."""
+    import io
+
+    from sparkprov.data.inventory import load_inventory
+    from sparkprov.engine.report import Report
+    from sparkprov.plays import cluster as plays
+    from sparkprov.plays.options import UpOptions
+
+    class Stamped(Report):
+        def __init__(self):
+            super().__init__(io.StringIO(), quiet=True)
+            self.t0 = time.monotonic()
+            self.events: list[str] = []
+
+        def play(self, name, hosts):
+            self.events.append(f"{time.monotonic() - self.t0:6.2f} play {name}")
+            super().play(name, hosts)
+
+        def record(self, result):
+            self.events.append(f"{time.monotonic() - self.t0:6.2f}   {result.host} {result.status}: {result.task}")
+            super().record(result)
+
+    loaded = load_inventory(inv)
+    o = UpOptions(model=MODEL, hosts="spark2", name="cu", health_timeout=300, json=True)
+    report = Stamped()
+    deps = plays.up_deployments(loaded, o, "")
+    plays.cluster_up(loaded, deps, o, plays.up_targets(loaded, deps, None), report)
+    took = time.monotonic() - report.t0
+    cli(inv, "cluster-down", "--deployments", "cu")
+    return {"seconds": round(took, 2), "events": report.events}
 
 
 def main() -> None:
@@ -217,11 +283,14 @@ def main() -> None:
         for k in range(a.runs):
             rows.append(one_round(env, argv))
             print(f"run {k + 1}: {rows[-1]}", file=sys.stderr)
+        stamped = stamped_cluster_up(env["inv"])
+        print("\n".join(stamped["events"]), file=sys.stderr)
         keys = ("activation_s", "warm_s", "bare_start_s", "activation_overhead_s", "cluster_up_s", "bare_run_s",
                 "cluster_up_overhead_s")
         out = {"date": date.today().isoformat(), "machine": machine(), "model": MODEL, "runs": rows,
                "medians": {k: round(median([r[k] for r in rows]), 2) for k in keys}, "recipe_argv": argv,
-               "gateway_up_s": env["gateway_up_s"]}
+               "gateway_up_s": env["gateway_up_s"], "stamped_cluster_up": stamped,
+               "first_request_after_gateway_up_s": env["first_request_after_gateway_up_s"]}
         print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
         if a.json:
             RESULTS.mkdir(exist_ok=True)
