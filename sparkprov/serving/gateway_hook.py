@@ -5,8 +5,9 @@ with the node package as sparkprov_node/) and named in it (`litellm_settings: ca
 sparkprov_ondemand.proxy_handler_instance`). Before a request goes on (async_pre_call_hook) it is
 held while its on-demand deployment is started (sparkprov/node/activate.py decides and asks the
 nodes' guards); a request that cannot be served gets HTTP 503 with the reason. After each request
-(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. At its
-first request after a start of the proxy it rebuilds its view from the guards.
+(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. When the
+proxy builds it (LiteLLM's startup, in its event loop; elsewhere at its first request for an on-demand
+model) it rebuilds its view from the guards and starts the sweeper.
 
 LiteLLM's names (CustomLogger, fastapi's HTTPException) come from the proxy's own packages; the
 handler is built by `make_handler` from them, so the logic is tested here without LiteLLM.
