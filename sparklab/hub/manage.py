@@ -43,10 +43,18 @@ def lab_tiny_repo() -> RepoSpec:
     return RepoSpec(REPO_ID, num_shards=1, files_dir=str(ensure_tiny_model()))
 
 
-def lab_repos() -> list[RepoSpec]:
-    """What the lab hub serves by default: DEFAULT_REPOS, the trained lab-tiny, then every other
-    catalog repo (generated)."""
-    specs = [*DEFAULT_REPOS, lab_tiny_repo()]
+def lab_tiny_b_repo() -> RepoSpec:
+    """lab-tiny's sibling that answers one question otherwise (sparklab/tiny/train_b.py), for the
+    on-demand tests: published only where a test asks for it (ensure_lab_hub's ``extra``)."""
+    from sparklab.tinymodel import REPO_ID_B, ensure_tiny_model_b
+
+    return RepoSpec(REPO_ID_B, num_shards=1, files_dir=str(ensure_tiny_model_b()))
+
+
+def lab_repos(extra: Iterable[RepoSpec] = ()) -> list[RepoSpec]:
+    """What the lab hub serves by default: DEFAULT_REPOS, the trained lab-tiny, ``extra``, then every
+    other catalog repo (generated)."""
+    specs = [*DEFAULT_REPOS, lab_tiny_repo(), *extra]
     seen = {s.repo_id for s in specs}
     for spec in catalog_repos():
         if spec.repo_id not in seen:
@@ -73,10 +81,11 @@ def lab_token(state_dir: Path) -> str:
     return token
 
 
-def ensure_lab_hub(state_dir: Path, bind_ip: str, port: int = 8080) -> str:
+def ensure_lab_hub(state_dir: Path, bind_ip: str, port: int = 8080, extra: Iterable[RepoSpec] = ()) -> str:
     """The lab hub as `invoke lab.up` runs it: lab_repos() (generated once, cached), gated ones behind
-    lab_token(state_dir). Idempotent: a hub already serving exactly this is left running."""
-    return ensure_hub(state_dir, bind_ip, port, repos=lab_repos(), token=lab_token(state_dir))
+    lab_token(state_dir); ``extra`` repos beside lab-tiny (a test's: lab_tiny_b_repo()). Idempotent:
+    a hub already serving exactly this is left running (other repos: restarted, same address)."""
+    return ensure_hub(state_dir, bind_ip, port, repos=lab_repos(extra), token=lab_token(state_dir))
 
 
 def default_root() -> Path:

@@ -26,6 +26,7 @@ from . import ondemand as od
 STOPPING = "stopping"
 BOUND_S = 300.0     # how long a request is held for an activation before its 503
 POLL_S = 1.0        # between one-token probes while it starts
+GUARD_WAIT_S = 60.0  # how long a rebuild asks a guard that does not answer (the gateway's host booting)
 
 
 class Unavailable(Exception):
@@ -53,17 +54,15 @@ def admit(target: OnDemand, deployments: dict[str, OnDemand], budgets: dict[str,
         return sum(d.memory_gib.get(host, 0.0) for n, d in deployments.items()
                    if n != target.name and n not in gone and state.get(n, od.PARKED) != od.PARKED)
 
+    never = never_fits(target, budgets)
+    if never:
+        return [], never
     evict: list[str] = []
     candidates = sorted((n for n, d in deployments.items() if n != target.name and n not in busy
                          and state.get(n) == od.SERVING and set(d.hosts) & set(target.hosts)),
                         key=lambda n: last_used.get(n, 0.0))
     for host in target.hosts:
-        need, budget = target.memory_gib.get(host, 0.0), budgets.get(host)
-        if budget is None:
-            return [], f"{target.name}: no memory budget for {host} in the gateway's configuration"
-        if need > budget:
-            return [], (f"{target.name} needs {need:.1f} GiB on {host}, more than the {budget:.1f} GiB on-demand "
-                        f"deployments may take there")
+        need, budget = target.memory_gib.get(host, 0.0), budgets[host]
         for n in candidates:
             if used(host, evict) + need <= budget:
                 break
@@ -79,6 +78,19 @@ def admit(target: OnDemand, deployments: dict[str, OnDemand], budgets: dict[str,
     return evict, None
 
 
+def never_fits(target: OnDemand, budgets: dict[str, float]) -> str | None:
+    """Why `target` can never fit its hosts' budgets, whatever else is stopped (a request for it is
+    refused at once); None when it fits once the others make room."""
+    for host in target.hosts:
+        need, budget = target.memory_gib.get(host, 0.0), budgets.get(host)
+        if budget is None:
+            return f"{target.name}: no memory budget for {host} in the gateway's configuration"
+        if need > budget:
+            return (f"{target.name} needs {need:.1f} GiB on {host}, more than the {budget:.1f} GiB on-demand "
+                    f"deployments may take there")
+    return None
+
+
 @dataclass
 class Activator:
     """The hook's state: what each on-demand deployment is, when it was last asked for, how many
@@ -92,11 +104,13 @@ class Activator:
     token: object
     bound_s: float = BOUND_S
     poll_s: float = POLL_S
+    guard_wait_s: float = GUARD_WAIT_S
     clock: object = time.monotonic
     state: dict[str, str] = field(default_factory=dict)
     last_used: dict[str, float] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)     # activations and stops, with their reasons
+    waiting: dict[str, str] = field(default_factory=dict)  # deployments waiting for room: why they wait
     _tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     _admission: asyncio.Lock | None = None
 
@@ -116,13 +130,14 @@ class Activator:
             return
         task = self._tasks.get(d.name)
         if task is None or task.done():
-            task = self._tasks[d.name] = asyncio.ensure_future(self._activate(d))
-            # its failure is each waiter's; one that fails after every waiter gave up is no loose error
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task = self._task(d.name, self._activate(d))
         try:
             await asyncio.wait_for(asyncio.shield(task), self.bound_s)
         except asyncio.TimeoutError:
             self.done(model)
+            why = self.waiting.get(d.name)
+            if why:
+                raise Unavailable(f"{model} waited {self.bound_s:g}s for room and got none: {why}") from None
             raise Unavailable(f"{model} is starting on {', '.join(d.hosts)} and did not answer within "
                               f"{self.bound_s:g}s; try again shortly") from None
         except Unavailable:
@@ -146,12 +161,44 @@ class Activator:
         return self._admission
 
     async def _activate(self, d: OnDemand) -> None:
+        never = never_fits(d, self.budgets)
+        if never:
+            raise Unavailable(never)
+        # Room held by deployments in use or starting is waited for (a switch under load: their
+        # requests end, then they are idle and make room), while a request still waits for this one.
+        while not await self._admitted(d):
+            if not self.inflight.get(d.name):
+                raise Unavailable(self.waiting.pop(d.name, f"{d.name}: no request waits for it"))
+            await asyncio.sleep(self.poll_s)
+        await self._serving(d)
+
+    async def _serving(self, d: OnDemand) -> None:
+        """`d` started: serving once it answers a token (within the bound)."""
+        started = self.clock()
+        while not await self.token(d):
+            if self.clock() - started > self.bound_s:
+                raise Unavailable(f"{d.name} did not answer a token within {self.bound_s:g}s of its start")
+            await asyncio.sleep(self.poll_s)
+        self.state[d.name] = od.SERVING
+        self._event(d.name, "serving", f"answered a token {self.clock() - started:.1f}s after its start")
+
+    def _task(self, name: str, work) -> asyncio.Task:
+        task = self._tasks[name] = asyncio.ensure_future(work)
+        # its failure is each waiter's; one that fails after every waiter gave up is no loose error
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def _admitted(self, d: OnDemand) -> bool:
+        """One admission of `d` (under the lock): the least recently used idle ones stopped and `d`
+        started on its hosts (True); False, with why in `waiting`, while the others cannot make room."""
         async with self._lock():
             if self.state.get(d.name) != od.STARTING:
                 busy = {n for n, k in self.inflight.items() if k > 0}
                 evict, refusal = admit(d, self.deployments, self.budgets, self.state, busy, self.last_used)
                 if refusal:
-                    raise Unavailable(refusal)
+                    self.waiting[d.name] = refusal
+                    return False
+                self.waiting.pop(d.name, None)
                 for n in evict:
                     await self.stop(n, f"least recently used: room for {d.name}")
                 self.state[d.name] = od.STARTING
@@ -163,13 +210,7 @@ class Activator:
                     if code != 200:
                         self.state[d.name] = od.PARKED
                         raise Unavailable(f"{host}'s guard did not start {d.name}: {doc.get('error') or code}")
-        started = self.clock()
-        while not await self.token(d):
-            if self.clock() - started > self.bound_s:
-                raise Unavailable(f"{d.name} did not answer a token within {self.bound_s:g}s of its start")
-            await asyncio.sleep(self.poll_s)
-        self.state[d.name] = od.SERVING
-        self._event(d.name, "serving", f"answered a token {self.clock() - started:.1f}s after its start")
+        return True
 
     async def stop(self, name: str, reason: str) -> None:
         d = self.deployments[name]
@@ -209,19 +250,29 @@ class Activator:
 
     async def rebuild(self) -> None:
         """After the gateway's restart: what each node's guard holds (its answer), every running one
-        counted as used now (a full idle period before it is stopped)."""
+        counted as used now (a full idle period before it is stopped), one still starting watched
+        until it answers a token (then it serves, and can be stopped idle or for room). After a reboot
+        of the gateway's host the proxy may come up before the guard: a guard that does not answer is
+        asked again each poll_s, within guard_wait_s; after that its deployments count as parked."""
         now = self.clock()
         seen: dict[str, list[str]] = {}
         for host in sorted({h for d in self.deployments.values() for h in d.hosts}):
             code, doc = await self.guard(host, "GET", od.LIST_PATH, None)
+            while code != 200 and self.clock() - now < self.guard_wait_s:
+                await asyncio.sleep(self.poll_s)
+                code, doc = await self.guard(host, "GET", od.LIST_PATH, None)
+            if code != 200:
+                self._event(host, "guard-unanswered", f"{host}'s guard: {doc.get('error') or code}")
             for c in doc.get("deployments") or [] if code == 200 else []:
                 seen.setdefault(c.get("deployment"), []).append(c.get("state"))
-        for n in self.deployments:
+        for n, d in self.deployments.items():
             states = seen.get(n) or [od.PARKED]
             self.state[n] = (od.SERVING if all(s == od.SERVING for s in states) else
                              od.PARKED if all(s == od.PARKED for s in states) else od.STARTING)
             if self.state[n] != od.PARKED:
                 self.last_used.setdefault(n, now)
+            if self.state[n] == od.STARTING:
+                self._task(n, self._serving(d))
 
     def view(self) -> dict:
         """What `invoke status` shows of the hook's view (written to a file on the gateway's host at

@@ -16,7 +16,6 @@ from sparkprov.engine.report import Report
 from sparkprov.engine.run import RunOptions
 from sparkprov.errors import SparkprovError
 from sparkprov.modules.gateway import GATEWAY
-from sparkprov.node import ondemand as od
 from sparkprov.plays.book import run_book
 from sparkprov.plays.fleet import refuse_unknown
 from sparkprov.plays.serve import gateway_book, gateway_down_book, read_status
@@ -68,7 +67,7 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
     if action == "down":
         if current is None:
             return report, {"message": "no gateway runs on " + ", ".join(everyone)}
-        key_hosts = sorted(h for h in everyone if any(od.is_on_demand(c) for c in st[h].get("containers") or []))
+        key_hosts = down_key_hosts(st, everyone)
         run_book(inv, gateway_down_book(current["host"], key_hosts), sorted({current["host"], *key_hosts}), options,
                  report)
         return report, {"removed": current["host"], "message": f"gateway on {current['host']} "
@@ -93,6 +92,13 @@ def converge(inv: Inventory, targets: list[str], action: str, options: RunOption
                     "routes": [GatewayRoute(model=r["model"], deployment=r["deployment"], host=r["host"],
                                             api_base=r["api_base"], on_demand=r["on_demand"]) for r in routes],
                     "master_key_file": f"{where}:{gw.DIR}/{gw.MASTER_KEY}", "check": bool(check)}
+
+
+def down_key_hosts(st: dict, hosts: list[str]) -> list[str]:
+    """Where `gateway down` removes the on-demand key: every host it read, not only those holding an
+    on-demand container now (one whose on-demand deployment was removed before keeps the key, which
+    its guard would go on accepting); absent where there is none (no change there)."""
+    return sorted(h for h in hosts if h in st)
 
 
 def ondemand_args(inv: Inventory, st: dict, routes: list[gw.Route], gateway_host: str) -> dict | None:

@@ -5,8 +5,9 @@ with the node package as sparkprov_node/) and named in it (`litellm_settings: ca
 sparkprov_ondemand.proxy_handler_instance`). Before a request goes on (async_pre_call_hook) it is
 held while its on-demand deployment is started (sparkprov/node/activate.py decides and asks the
 nodes' guards); a request that cannot be served gets HTTP 503 with the reason. After each request
-(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. At its
-first request after a start of the proxy it rebuilds its view from the guards.
+(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. When the
+proxy builds it (LiteLLM's startup, in its event loop; elsewhere at its first request for an on-demand
+model) it rebuilds its view from the guards and starts the sweeper.
 
 LiteLLM's names (CustomLogger, fastapi's HTTPException) come from the proxy's own packages; the
 handler is built by `make_handler` from them, so the logic is tested here without LiteLLM.
@@ -54,16 +55,29 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
             self.act = None
             self.sweeper = None
             self.loading = None
+            self.configured = None
+            try:  # inside LiteLLM's proxy: built while its startup loads the config, in its loop
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            # the view and the sweeper now, not at the first request: a model that came back with its
+            # host (the gateway's host rebooted) is stopped when idle though no request comes
+            self._ready()
 
-        async def _ready(self):
+        def _configured(self):
+            if self.configured is None:
+                self.configured = load()
+            return self.configured
+
+        def _ready(self):
             # one view for every request: the first requests after a start of the proxy come at once,
             # and each building its own while the guards answer would start a model once per view
             if self.loading is None:
                 self.loading = asyncio.ensure_future(self._load())
-            return await asyncio.shield(self.loading)
+            return asyncio.shield(self.loading)
 
         async def _load(self):
-            act = load()
+            act = self._configured()
             await act.rebuild()            # after a restart of the proxy: what the guards hold
             self.act = act
             self.sweeper = asyncio.ensure_future(self._sweep())
@@ -83,9 +97,12 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
                         print(f"sparkprov on-demand view: {e}", flush=True)
 
         async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+            model = str(data.get("model") or "")
+            if self._configured().named(model) is None:
+                return data                # not on demand: never held, not even by a rebuild under way
             act = await self._ready()
             try:
-                await act.hold(str(data.get("model") or ""))
+                await act.hold(model)
             except activate.Unavailable as e:
                 raise http_exception(status_code=503, detail={"error": f"sparkprov on demand: {e}"}) from None
             return data

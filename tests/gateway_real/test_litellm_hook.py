@@ -195,6 +195,19 @@ def chat(port: int, model: str, key: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def test_the_hook_loads_its_view_when_the_proxy_starts_before_any_request(proxy):
+    """LiteLLM builds the hook in its startup's loop: the view is rebuilt and the sweeper runs with no
+    request (after a reboot of the gateway's host, a model back with it is stopped when idle)."""
+    port, world, d = proxy
+    view_file = d / "home" / gw.DIR[2:] / gw.VIEW_DIR / gw.VIEW_FILE
+    for _ in range(40):                  # the first sweep: 10 s after the proxy's start
+        if view_file.exists():
+            break
+        time.sleep(0.5)
+    assert view_file.exists(), (d / "proxy.log").read_text()[-2000:]
+    assert json.loads(view_file.read_text())["deployments"]["a"]["state"] == od.PARKED
+
+
 def test_a_request_for_a_parked_model_is_held_and_answered_and_concurrent_ones_share_the_start(proxy):
     port, world, _ = proxy
     t0 = time.time()

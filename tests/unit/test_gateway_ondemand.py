@@ -302,3 +302,14 @@ def test_a_guard_the_gateway_cannot_reach_is_refused_before_any_host(tmp_path, l
     assert ondemand_args(inv, STATUS, routes, "spark1") == {
         "guard_port": 9410, "addresses": {"spark2": "192.168.100.12"}, "budgets_gib": {"spark2": 7.96},
         "host_gib": {"spark2": 119.6}}
+
+
+def test_down_removes_the_key_also_where_the_on_demand_deployment_was_removed_before():
+    """A host whose on-demand deployment was removed (cluster-down) before `gateway down` still holds
+    the key, which its guard would go on accepting: down removes it on every host it read (no change
+    where there is none: the ondemand_key module's absent plan)."""
+    from sparkprov.plays.gateway import down_key_hosts
+
+    removed_before = {**STATUS, "spark2": {**STATUS["spark2"], "containers": [server("small", "qwen-small", 8000)]}}
+    assert down_key_hosts(removed_before, ["spark1", "spark2"]) == ["spark1", "spark2"]
+    assert down_key_hosts(STATUS, ["spark2", "spark1"]) == ["spark1", "spark2"]

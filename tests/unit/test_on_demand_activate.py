@@ -50,16 +50,21 @@ class Nodes:
     `refuse`), the list of what they hold; and each engine's one token, answered once it has been
     asked `warmup` times since its start."""
 
-    def __init__(self, warmup=2, refuse=None):
+    def __init__(self, warmup=2, refuse=None, silent=0):
         self.calls: list[tuple[str, str]] = []
         self.running: set[str] = set()
         self.asked: dict[str, int] = {}
         self.warmup, self.refuse = warmup, refuse
+        self.silent = silent     # so many first asks unanswered (the guard not up yet: a host booting)
 
     async def guard(self, host, method, path, body):
         await asyncio.sleep(0)
+        if self.silent:
+            self.silent -= 1
+            return 0, {"error": "ConnectionRefusedError: [Errno 111] Connection refused"}
         if method == "GET" and path == od.LIST_PATH:
-            return 200, {"deployments": [{"deployment": n, "state": od.SERVING} for n in sorted(self.running)]}
+            return 200, {"deployments": [{"deployment": n, "state": od.SERVING if self.asked.get(n, 0) > self.warmup
+                                          else od.STARTING} for n in sorted(self.running)]}
         if method == "GET":
             name = path.split("/")[3]
             return 200, {"deployment": name, "containers": [
@@ -110,16 +115,48 @@ def test_a_request_for_b_while_a_serves_stops_a_then_starts_b():
                                                                 for e in act.events]
 
 
-def test_a_model_in_use_is_not_stopped_and_the_request_for_the_other_gets_the_reason():
+def test_a_request_for_b_while_a_is_in_use_waits_until_a_is_idle_then_a_is_stopped_and_b_served():
     nodes = Nodes()
     act = activator(nodes)
 
     async def go():
-        await act.hold("model-a")            # still in flight
-        with pytest.raises(Unavailable, match=r"b needs 6.0 GiB on h1; of its 6.0 GiB a 6.0 GiB \(serving, in use\)"):
-            await act.hold("model-b")
+        await act.hold("model-a")            # in flight
+        b = asyncio.ensure_future(act.hold("model-b"))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not b.done() and nodes.calls == [("start", "a")]      # held, a not stopped under its request
+        assert act.waiting["b"].startswith("b needs 6.0 GiB on h1; of its 6.0 GiB a 6.0 GiB (serving, in use)")
+        act.done("model-a")                  # a's request answered: a is idle now
+        await asyncio.wait_for(b, 2)
     asyncio.run(go())
-    assert nodes.calls == [("start", "a")] and act.inflight == {"a": 1, "b": 0}
+    assert nodes.calls == [("start", "a"), ("stop", "a"), ("start", "b")] and act.state == {"a": od.PARKED,
+                                                                                            "b": od.SERVING}
+    assert act.waiting == {}
+
+
+def test_a_model_in_use_past_the_bound_is_not_stopped_and_the_request_for_the_other_gets_503_with_the_reason():
+    nodes = Nodes()
+    act = activator(nodes, bound_s=0.2)
+
+    async def go():
+        await act.hold("model-a")            # in flight throughout
+        with pytest.raises(Unavailable, match=r"model-b waited 0.2s for room and got none: b needs 6.0 GiB on h1; "
+                                              r"of its 6.0 GiB a 6.0 GiB \(serving, in use\) cannot be stopped now"):
+            await act.hold("model-b")
+        await act.settle()                   # its activation gives up too: no request waits for it
+    asyncio.run(go())
+    assert nodes.calls == [("start", "a")] and act.inflight == {"a": 1, "b": 0} and "b" not in act.state
+
+
+def test_a_model_that_never_fits_is_refused_at_once():
+    nodes = Nodes()
+    act = activator(nodes, budget=5.0, bound_s=30.0)
+
+    async def go():
+        with pytest.raises(Unavailable, match="a needs 6.0 GiB on h1, more than the 5.0 GiB"):
+            await asyncio.wait_for(act.hold("model-a"), 1)
+    asyncio.run(go())
+    assert nodes.calls == []
 
 
 def test_a_request_held_past_the_bound_gets_the_reason_and_the_start_goes_on():
@@ -173,6 +210,7 @@ def test_an_idle_deployment_is_stopped_after_its_idle_stop_s_and_one_in_use_is_n
 def test_after_a_restart_the_view_is_rebuilt_from_the_guards():
     nodes = Nodes()
     nodes.running = {"b"}
+    nodes.asked = {"b": 3}                   # answering: serving
     act = activator(nodes, clock=lambda: 5.0)
     asyncio.run(act.rebuild())
     assert act.state == {"a": od.PARKED, "b": od.SERVING} and act.last_used == {"b": 5.0}
@@ -193,3 +231,33 @@ def test_a_deployment_stopped_under_its_feet_is_found_after_a_failed_request_and
         await act.hold("model-a")
     asyncio.run(go())
     assert nodes.calls == [("start", "a"), ("start", "a")] and act.state["a"] == od.SERVING
+
+
+def test_after_a_reboot_a_guard_not_up_yet_is_asked_again_and_its_running_model_counted():
+    """The gateway's host rebooted: the proxy may come up before the node's guard; a rebuild that took
+    the unanswered guard for "nothing runs" would start the other model beside the one that came back
+    with the host (over the budget)."""
+    nodes = Nodes(warmup=0, silent=3)
+    nodes.running, nodes.asked = {"a"}, {"a": 1}
+    act = activator(nodes)
+
+    async def go():
+        await act.rebuild()
+        assert act.state == {"a": od.SERVING, "b": od.PARKED}
+        act.last_used["a"] -= 1              # a: used before b's request, idle now
+        await act.hold("model-b")
+    asyncio.run(go())
+    assert nodes.calls == [("stop", "a"), ("start", "b")]     # room made: a stopped first
+
+
+def test_after_a_restart_a_model_found_starting_is_watched_until_it_serves_and_can_then_make_room():
+    nodes = Nodes(warmup=2)
+    nodes.running = {"a"}                    # came back with its host, still loading
+    act = activator(nodes)
+
+    async def go():
+        await act.rebuild()
+        assert act.state["a"] == od.STARTING
+        await asyncio.wait_for(act.hold("model-b"), 2)       # waits for a to serve, then a makes room
+    asyncio.run(go())
+    assert act.state == {"a": od.PARKED, "b": od.SERVING} and nodes.calls == [("stop", "a"), ("start", "b")]

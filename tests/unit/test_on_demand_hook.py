@@ -99,3 +99,36 @@ def test_the_configuration_gateway_up_writes_is_read_and_a_keyless_one_refused()
     assert act.guard.addresses == {"spark1": "10.77.0.11"} and act.guard.port == 9403
     with pytest.raises(ValueError, match="holds no key"):
         activator_from({**doc, "key": "short"})
+
+
+def test_built_inside_the_proxys_loop_the_hook_loads_at_once_and_stops_an_idle_model_with_no_request():
+    """LiteLLM builds the hook while its startup (a coroutine) loads the config: after the gateway's
+    host rebooted, a model that came back with the host is stopped when idle though no request comes."""
+    nodes = Nodes(warmup=0)
+    nodes.running, nodes.asked = {"a"}, {"a": 1}
+    now = [100.0]
+
+    async def go():
+        h = make_handler(object, HTTPException, lambda: activator(nodes, clock=lambda: now[0]),
+                         sweep_every_s=0.01, view_path=None)()
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert h.act is not None and h.act.state["a"] == od.SERVING
+        now[0] += 31                         # idle_stop_s 30 passed
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        h.sweeper.cancel()
+        return h
+    h = asyncio.run(go())
+    assert nodes.calls == [("stop", "a")] and h.act.state["a"] == od.PARKED
+
+
+def test_a_model_not_on_demand_is_not_held_while_the_view_waits_for_a_guard():
+    nodes = Nodes(silent=10**9)              # a host's guard that does not answer (down)
+    h = make_handler(object, HTTPException, lambda: activator(nodes, guard_wait_s=30), sweep_every_s=3600,
+                     view_path=None)()
+
+    async def go():
+        data = {"model": "some-fixed-model"}
+        assert await asyncio.wait_for(h.async_pre_call_hook(None, None, data, "completion"), 1) is data
+    asyncio.run(go())
