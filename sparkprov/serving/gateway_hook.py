@@ -4,8 +4,11 @@ Shipped read-only into the gateway's container next to its config.yaml (as spark
 with the node package as sparkprov_node/) and named in it (`litellm_settings: callbacks:
 sparkprov_ondemand.proxy_handler_instance`). Before a request goes on (async_pre_call_hook) it is
 held while its on-demand deployment is started (sparkprov/node/activate.py decides and asks the
-nodes' guards); a request that cannot be served gets HTTP 503 with the reason. After each request
-(its success or failure hook) the deployment's use is counted; a sweeper stops idle ones. When the
+nodes' guards); a request that cannot be served gets HTTP 503 with the reason. Each request held
+ends once, where LiteLLM 1.108.7 ends it: an answer at its success hook, a stream where the stream
+ends (its iterator hook: the last chunk, an error, or the client gone; the proxy calls no success
+hook for a stream), a failure at the failure hook (also after a stream's error: counted once); a
+sweeper stops idle ones. When the
 proxy builds it (LiteLLM's startup, in its event loop; elsewhere at its first request for an on-demand
 model) it rebuilds its view from the guards and starts the sweeper.
 
@@ -44,6 +47,14 @@ def write_view(path: str, view: dict) -> None:
     os.replace(tmp, path)
 
 
+def request_key(data: dict) -> str | None:
+    """What names one request in every one of LiteLLM's hooks: its call id, set before the pre-call
+    hook (a uuid, or the client's x-litellm-call-id). Not its logging object: the proxy takes that out
+    of the data before the failure hook (proxy/utils.py post_call_failure_hook)."""
+    key = data.get("litellm_call_id")
+    return str(key) if key else None
+
+
 def make_handler(base: type, http_exception: type, load, sweep_every_s: float = SWEEP_EVERY_S,
                  view_path: str | None = VIEW) -> type:
     """The hook class over LiteLLM's CustomLogger (`base`); `load()` gives the Activator; its view
@@ -56,6 +67,7 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
             self.sweeper = None
             self.loading = None
             self.configured = None
+            self.held: dict[str, list[str]] = {}   # request_key -> the model of each request held under it
             try:  # inside LiteLLM's proxy: built while its startup loads the config, in its loop
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -103,19 +115,45 @@ def make_handler(base: type, http_exception: type, load, sweep_every_s: float = 
             act = await self._ready()
             try:
                 await act.hold(model)
-            except activate.Unavailable as e:
+            except activate.Unavailable as e:   # hold counted its end already: nothing held
                 raise http_exception(status_code=503, detail={"error": f"sparkprov on demand: {e}"}) from None
+            key = request_key(data)
+            if key is not None:                  # a list: a client may give concurrent requests one id
+                self.held.setdefault(key, []).append(model)
             return data
 
-        async def async_post_call_success_hook(self, data, user_api_key_dict, response):
+        def _ended(self, data: dict) -> str:
+            """The request's end, counted once however many of LiteLLM's hooks report it; its model."""
+            key = request_key(data)
+            if key is None:                      # not identifiable: counted by its model, as it comes
+                model = str(data.get("model") or "")
+            else:
+                held = self.held.get(key)
+                if not held:                     # never held (not on demand, refused) or ended already
+                    return str(data.get("model") or "")
+                model = held.pop()
+                if not held:
+                    del self.held[key]
             if self.act is not None:
-                self.act.done(str(data.get("model") or ""))
+                self.act.done(model)
+            return model
+
+        async def async_post_call_success_hook(self, data, user_api_key_dict, response):
+            self._ended(data)
+
+        async def async_post_call_streaming_iterator_hook(self, user_api_key_dict, response, request_data):
+            # a stream's end: its last chunk, an error from upstream, or the client gone (the proxy
+            # closes this generator then); the chunks pass unchanged
+            try:
+                async for chunk in response:
+                    yield chunk
+            finally:
+                self._ended(request_data)
 
         async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
                                                traceback_str=None):
+            model = self._ended(request_data)
             if self.act is not None:
-                model = str(request_data.get("model") or "")
-                self.act.done(model)
                 await self.act.recheck(model)   # a deployment stopped under its feet is started again
 
     return SparkprovOnDemand

@@ -13,6 +13,7 @@ depend on. Give their site-packages (the lab image's layers unpacked) in SPARKPR
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import http.server
 import json
 import os
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.litellm
 SITE = os.environ.get("SPARKPROV_LITELLM_SITE")
 REPO = Path(__file__).resolve().parents[2]
 KEY = bytes(range(32))
+NAMES = ("a", "b", "c")
 
 
 def _port() -> int:
@@ -57,6 +59,7 @@ class World:
         self.refused = {"b": "the node's guard holds sparkprov-b stopped (stall) until memory is back"}
         self.load_s = load_s
         self.nonces = od.NonceCache()
+        self.dropped: list[str] = []      # engines whose stream the proxy closed before its end
         world = self
 
         class Engine(http.server.BaseHTTPRequestHandler):
@@ -66,12 +69,14 @@ class World:
                 pass
 
             def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                ask = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 t = world.started.get(self.name)
                 if t is None or time.time() - t < world.load_s:
                     self.send_error(503)
                     return
                 chat = self.path.endswith("/chat/completions")
+                if chat and ask.get("stream"):
+                    return self._stream(ask)
                 body = json.dumps({"id": "x", "object": "chat.completion" if chat else "text_completion",
                                    "created": 1, "model": f"model-{self.name}",
                                    "choices": [{"index": 0, "finish_reason": "stop",
@@ -83,6 +88,30 @@ class World:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _stream(self, ask):
+                """vLLM's OpenAI stream: `data: {chunk}` frames, then `data: [DONE]`; a prompt of
+                "slow" goes on a chunk every 0.2 s for up to 20 s (a long answer a client drops)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                words = ["I", " am", f" {self.name}"]
+                if ask["messages"][-1]["content"] == "slow":
+                    words += ["."] * 100
+                frames = [{"role": "assistant", "content": ""}, *({"content": w} for w in words)]
+                try:
+                    for i, delta in enumerate(frames):
+                        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": f"model-{self.name}",
+                                 "choices": [{"index": 0, "delta": delta,
+                                              "finish_reason": "stop" if i == len(frames) - 1 else None}]}
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                        if len(frames) > 10 and i > 2:
+                            time.sleep(0.2)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except OSError:   # the proxy closed the upstream (its client dropped the stream)
+                    world.dropped.append(self.name)
 
         class Guard(http.server.BaseHTTPRequestHandler):
             def log_message(self, *a):
@@ -99,7 +128,12 @@ class World:
                 why = od.verify(KEY, "GET", self.path, dict(self.headers.items()), b"", time.time(), world.nonces)
                 if why:
                     return self._answer(401, {"error": why})
-                self._answer(200, {"deployments": [{"deployment": n, "state": od.PARKED} for n in ("a", "b")]})
+                if self.path.endswith("/state"):     # the hook's recheck after a failed request
+                    name = self.path.split("/")[3]
+                    world.calls.append(("state", name))
+                    return self._answer(200, {"deployment": name, "containers": [
+                        {"name": f"sparkprov-{name}", "state": "running" if name in world.started else od.PARKED}]})
+                self._answer(200, {"deployments": [{"deployment": n, "state": od.PARKED} for n in NAMES]})
 
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -116,7 +150,7 @@ class World:
                     world.started.pop(name, None)
                 self._answer(200, {"deployment": name, "acted": [f"sparkprov-{name}"]})
 
-        self.engines = {n: _serve(type(f"Engine{n}", (Engine,), {"name": n})) for n in ("a", "b")}
+        self.engines = {n: _serve(type(f"Engine{n}", (Engine,), {"name": n})) for n in NAMES}
         self.guard = _serve(Guard)
 
     def close(self):
@@ -243,3 +277,94 @@ def test_the_hook_writes_its_view_where_status_reads_it(proxy):
     assert view["deployments"]["b"]["state"] == od.PARKED
     assert gw.idle_for([{"now": time.time(), "view": view}], "a") >= view["deployments"]["a"]["idle_s"]
 
+
+
+def stream_chat(port: int, model: str, key: str, prompt: str = "who") -> tuple[int, str, bool]:
+    """A streamed chat completion read to its end: the status, the content of its deltas, whether it
+    ended with `data: [DONE]`."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+                                 data=json.dumps({"model": model, "stream": True, "max_tokens": 4,
+                                                  "messages": [{"role": "user", "content": prompt}]}).encode(),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    text, done = "", False
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60) as r:
+            for line in r:
+                line = line.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    for choice in json.loads(line[6:]).get("choices") or []:
+                        text += (choice.get("delta") or {}).get("content") or ""
+            return r.status, text, done
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), False
+
+
+def dropped_stream(port: int, model: str, key: str) -> str:
+    """A client that reads a long stream's first chunk and goes away (a closed chat tab)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/chat/completions",
+                 json.dumps({"model": model, "stream": True, "messages": [{"role": "user", "content": "slow"}]}),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    first = ""
+    while not first.startswith("data: "):
+        first = r.readline().decode()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    return first
+
+
+def view_after(d: Path, t: float) -> dict:
+    """The hook's view as its first sweep after `t` wrote it (a sweep every 10 s)."""
+    view_file = d / "home" / gw.DIR[2:] / gw.VIEW_DIR / gw.VIEW_FILE
+    for _ in range(50):
+        if view_file.exists() and json.loads(view_file.read_text())["written"] > t:
+            break
+        time.sleep(0.5)
+    return json.loads(view_file.read_text())
+
+
+def test_streamed_requests_for_a_parked_model_are_held_started_once_streamed_and_then_not_in_use(proxy):
+    """Chat UIs stream every answer: LiteLLM 1.108.7 does not call the post-call success hook for a
+    stream (common_request_processing.py returns the StreamingResponse before it), so the hook counts
+    a stream's end where the stream ends (its async_post_call_streaming_iterator_hook)."""
+    port, world, d = proxy
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: stream_chat(port, "model-c", world.master), range(4)))
+    took = time.time() - t0
+    assert answers == [(200, "I am c", True)] * 4, (answers, (d / "proxy.log").read_text()[-3000:])
+    assert world.calls.count(("start", "c")) == 1 and took >= world.load_s
+    view = view_after(d, time.time())
+    print(f"4 held streams answered in {took:.2f}s after one start; c in the view after: {view['deployments']['c']}")
+    assert view["deployments"]["c"]["state"] == od.SERVING
+    assert view["deployments"]["c"]["inflight"] == 0 and view["deployments"]["c"]["idle_s"] is not None
+
+
+def test_a_stream_its_client_drops_half_way_leaves_nothing_in_flight(proxy):
+    port, world, d = proxy
+    first = dropped_stream(port, "model-c", world.master)
+    assert '"role": "assistant"' in first or '"role":"assistant"' in first, first
+    view = view_after(d, time.time() + 1)
+    print(f"a dropped stream: the engine's stream closed: {world.dropped}; c in the view after: "
+          f"{view['deployments']['c']}")
+    assert view["deployments"]["c"]["inflight"] == 0 and view["deployments"]["c"]["state"] == od.SERVING
+
+
+def test_a_refused_connection_to_a_stopped_engine_reaches_the_failure_hook(proxy):
+    """The guard stopped c under the hook's feet (its port refuses): the failed request reaches the
+    failure hook, which asks the guard and finds c parked (the next request would start it again)."""
+    port, world, d = proxy
+    world.started.pop("c")
+    engine = world.engines.pop("c")
+    engine.shutdown()
+    engine.server_close()
+    t0 = time.time()
+    code, body, _ = stream_chat(port, "model-c", world.master)
+    print(f"a streamed request to a refused port: {code} in {time.time() - t0:.2f}s")
+    assert code >= 500, body
+    view = view_after(d, time.time())
+    assert ("state", "c") in world.calls, world.calls
+    assert view["deployments"]["c"]["state"] == od.PARKED and view["deployments"]["c"]["inflight"] == 0

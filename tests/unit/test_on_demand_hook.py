@@ -132,3 +132,117 @@ def test_a_model_not_on_demand_is_not_held_while_the_view_waits_for_a_guard():
         data = {"model": "some-fixed-model"}
         assert await asyncio.wait_for(h.async_pre_call_hook(None, None, data, "completion"), 1) is data
     asyncio.run(go())
+
+
+# A streamed chat completion as LiteLLM 1.108.7's proxy hands it to the iterator hook (proxy/utils.py
+# ProxyLogging.async_post_call_streaming_iterator_hook): OpenAI's chunk objects, here as their JSON.
+CHUNKS = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+          {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Blue."}}]},
+          {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+
+
+def request(call_id: str) -> dict:
+    """A request's data as the proxy gives it to every hook: the client's fields and the call id it
+    sets before the pre-call hook (the failure hook gets it without its logging object)."""
+    return {"model": "model-a", "stream": True, "messages": [{"role": "user", "content": "Name a color."}],
+            "litellm_call_id": call_id}
+
+
+async def upstream(fail_after: int | None = None):
+    for i, chunk in enumerate(CHUNKS):
+        if i == fail_after:
+            raise ConnectionError("upstream closed the stream")
+        yield chunk
+
+
+async def served_two(h) -> tuple[dict, dict]:
+    """Two requests for model-a held and served; the second stays in flight throughout."""
+    stream, other = request("c-stream"), request("c-other")
+    await h.async_pre_call_hook(None, None, stream, "acompletion")
+    await h.async_pre_call_hook(None, None, other, "acompletion")
+    assert h.act.inflight["a"] == 2
+    return stream, other
+
+
+def test_a_stream_ends_its_request_at_its_last_chunk_once_whatever_else_reports_it():
+    """LiteLLM calls no success hook for a stream (common_request_processing.py returns the
+    StreamingResponse before post_call_success_hook): the stream's end is counted where it ends, and
+    a success or failure report of the same request after it changes nothing."""
+    h = hook(Nodes())
+
+    async def go():
+        stream, other = await served_two(h)
+        got = [c async for c in h.async_post_call_streaming_iterator_hook(None, upstream(), stream)]
+        assert got == CHUNKS                 # the chunks pass unchanged
+        assert h.act.inflight["a"] == 1
+        await h.async_post_call_success_hook(stream, None, None)
+        await h.async_post_call_failure_hook(stream, RuntimeError("late"), None)
+        assert h.act.inflight["a"] == 1      # the other request is still counted
+        await h.async_post_call_success_hook(other, None, None)
+        assert h.act.inflight["a"] == 0
+        h.sweeper.cancel()
+    asyncio.run(go())
+
+
+def test_a_stream_its_client_drops_half_way_ends_its_request():
+    """A client gone mid-stream: the proxy closes the stream's generators (proxy_server.py
+    async_data_generator, on GeneratorExit or CancelledError) and calls neither post-call hook."""
+    h = hook(Nodes())
+
+    async def go():
+        stream, _ = await served_two(h)
+        it = h.async_post_call_streaming_iterator_hook(None, upstream(), stream)
+        assert await it.__anext__() == CHUNKS[0]
+        assert h.act.inflight["a"] == 2
+        await it.aclose()
+        assert h.act.inflight["a"] == 1
+        h.sweeper.cancel()
+    asyncio.run(go())
+
+
+def test_a_stream_that_fails_half_way_is_counted_once_and_its_deployment_rechecked():
+    """An upstream error mid-stream leaves the iterator hook and then reaches the failure hook
+    (async_data_generator's `except Exception`): one end, and the guard asked about the deployment
+    (here the guard stopped it under the hook's feet: parked, the next request starts it again)."""
+    nodes = Nodes()
+    h = hook(nodes)
+
+    async def go():
+        stream, _ = await served_two(h)
+        nodes.running.discard("a")
+        with pytest.raises(ConnectionError):
+            [c async for c in h.async_post_call_streaming_iterator_hook(None, upstream(fail_after=1), stream)]
+        assert h.act.inflight["a"] == 1
+        await h.async_post_call_failure_hook(stream, ConnectionError("upstream closed the stream"), None)
+        assert h.act.inflight["a"] == 1 and h.act.state["a"] == od.PARKED
+        h.sweeper.cancel()
+    asyncio.run(go())
+
+
+def test_a_failure_of_a_request_the_hook_never_held_leaves_the_others_counted():
+    """The failure hook also comes for a request refused before or by the hook (a 503 whose hold
+    counted its own end): it must not end another request's count."""
+    h = hook(Nodes())
+
+    async def go():
+        _, other = await served_two(h)
+        await h.async_post_call_failure_hook(request("c-refused"), RuntimeError("refused"), None)
+        assert h.act.inflight["a"] == 2
+        h.sweeper.cancel()
+    asyncio.run(go())
+
+
+def test_concurrent_requests_a_client_gave_one_call_id_each_end_once():
+    """x-litellm-call-id is the client's to set: two requests in flight under one id are two."""
+    h = hook(Nodes())
+
+    async def go():
+        first, second = request("same"), request("same")
+        await h.async_pre_call_hook(None, None, first, "acompletion")
+        await h.async_pre_call_hook(None, None, second, "acompletion")
+        [c async for c in h.async_post_call_streaming_iterator_hook(None, upstream(), first)]
+        assert h.act.inflight["a"] == 1
+        await h.async_post_call_success_hook(second, None, None)
+        assert h.act.inflight["a"] == 0 and h.held == {}
+        h.sweeper.cancel()
+    asyncio.run(go())
