@@ -140,7 +140,7 @@ class Activator:
                 raise Unavailable(f"{model} waited {self.bound_s:g}s for room and got none: {why}") from None
             raise Unavailable(f"{model} is starting on {', '.join(d.hosts)} and did not answer within "
                               f"{self.bound_s:g}s; try again shortly") from None
-        except Unavailable:
+        except (Unavailable, asyncio.CancelledError):   # cancelled: no post-call hook will count its end
             self.done(model)
             raise
 

@@ -353,18 +353,38 @@ def test_a_stream_its_client_drops_half_way_leaves_nothing_in_flight(proxy):
     assert view["deployments"]["c"]["inflight"] == 0 and view["deployments"]["c"]["state"] == od.SERVING
 
 
-def test_a_refused_connection_to_a_stopped_engine_reaches_the_failure_hook(proxy):
-    """The guard stopped c under the hook's feet (its port refuses): the failed request reaches the
-    failure hook, which asks the guard and finds c parked (the next request would start it again)."""
+def test_a_stream_its_client_leaves_while_it_is_held_leaves_nothing_in_flight(proxy):
+    """A chat tab closed while the model starts: the request goes on once it serves (LiteLLM does not
+    cancel a request whose client left during its pre-call hook), its stream is dropped, and nothing
+    stays in flight."""
     port, world, d = proxy
-    world.started.pop("c")
-    engine = world.engines.pop("c")
+    assert world.started.get("a") is None          # a is parked: c took its room
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/chat/completions",
+                 json.dumps({"model": "model-a", "stream": True, "messages": [{"role": "user", "content": "slow"}]}),
+                 {"Authorization": f"Bearer {world.master}", "Content-Type": "application/json"})
+    time.sleep(0.5)                                 # held: the start takes load_s
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    left = time.time()
+    view = view_after(d, left + world.load_s + 1)
+    print(f"a stream whose client left while held: a in the view after: {view['deployments']['a']}; "
+          f"starts of a: {world.calls.count(('start', 'a'))}; streams the proxy closed: {world.dropped}")
+    assert view["deployments"]["a"]["inflight"] == 0, (d / "proxy.log").read_text()[-3000:]
+
+
+def test_a_refused_connection_to_a_stopped_engine_reaches_the_failure_hook(proxy):
+    """The guard stopped a under the hook's feet (its port refuses): the failed request reaches the
+    failure hook, which asks the guard and finds a parked (the next request would start it again)."""
+    port, world, d = proxy
+    world.started.pop("a")
+    engine = world.engines.pop("a")
     engine.shutdown()
     engine.server_close()
     t0 = time.time()
-    code, body, _ = stream_chat(port, "model-c", world.master)
+    code, body, _ = stream_chat(port, "model-a", world.master)
     print(f"a streamed request to a refused port: {code} in {time.time() - t0:.2f}s")
     assert code >= 500, body
     view = view_after(d, time.time())
-    assert ("state", "c") in world.calls, world.calls
-    assert view["deployments"]["c"]["state"] == od.PARKED and view["deployments"]["c"]["inflight"] == 0
+    assert ("state", "a") in world.calls, world.calls
+    assert view["deployments"]["a"]["state"] == od.PARKED and view["deployments"]["a"]["inflight"] == 0

@@ -246,3 +246,24 @@ def test_concurrent_requests_a_client_gave_one_call_id_each_end_once():
         assert h.act.inflight["a"] == 0 and h.held == {}
         h.sweeper.cancel()
     asyncio.run(go())
+
+
+def test_a_request_cancelled_while_it_is_held_is_not_left_in_flight():
+    """A held request whose task is cancelled (LiteLLM's cancel_on_disconnect, a server shutting
+    down) reaches none of the post-call hooks: its hold ends it itself."""
+    nodes = Nodes(warmup=10**9)              # the model starting throughout
+    h = hook(nodes)
+
+    async def go():
+        held = asyncio.ensure_future(h.async_pre_call_hook(None, None, request("c-gone"), "acompletion"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert h.act.inflight["a"] == 1
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        assert h.act.inflight["a"] == 0 and h.held == {}
+        for t in h.act._tasks.values():
+            t.cancel()
+        h.sweeper.cancel()
+    asyncio.run(go())
