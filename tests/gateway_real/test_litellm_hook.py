@@ -1,7 +1,9 @@
 """The on-demand hook inside the real LiteLLM proxy (1.108.7, the lab's gateway image's), on loopback:
 a request for a parked model is held while the node's guard starts it and answered once it answers;
 a request the node's guard refuses to start gets HTTP 503 with the reason; concurrent requests share
-one start. The guard and the engines are stand-ins on loopback (the guard verifies the signatures with
+one start; a streamed answer (`stream: true`, as chat UIs ask), one its client drops half-way, one
+whose client left while it was held and one refused by a stopped engine each end their request once
+(the deployment is not left "in use", which would keep it from ever being stopped). The guard and the engines are stand-ins on loopback (the guard verifies the signatures with
 node/ondemand.py's verify, as the real one does); LiteLLM is real: its proxy loads the hook file from
 the config's folder, as the gateway's container does.
 
