@@ -54,6 +54,54 @@ def in_hosts(names: list[str], script: str) -> list[subprocess.CompletedProcess]
         return list(ex.map(lambda n: nsexec(n, ["sh", "-c", script], check=False), names))
 
 
+# -- the lab benches' command line, timed plays and results ---------------------------------
+def lab_bench_args(doc: str | None, name: str):
+    """The options of a bench that brings up its own lab: --runs, --json (results under
+    bench/results/NAME-DATE.json), --keep (leave the lab up)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help=f"write bench/results/{name}-DATE.json")
+    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    return ap.parse_args()
+
+
+def write_result(name: str, out: dict) -> Path:
+    """`out` as bench/results/NAME-DATE.json (its "date")."""
+    import json
+
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}-{out['date']}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return path
+
+
+def stamped_report():
+    """A quiet engine Report that also keeps each play's start and each host's result, as lines of
+    seconds from its creation (`events`; `t0` the start): where a play's time goes."""
+    import io
+    import time
+
+    from sparkprov.engine.report import Report
+
+    class Stamped(Report):
+        def __init__(self):
+            super().__init__(io.StringIO(), quiet=True)
+            self.t0 = time.monotonic()
+            self.events: list[str] = []
+
+        def play(self, name, hosts):
+            self.events.append(f"{time.monotonic() - self.t0:6.2f} play {name}")
+            super().play(name, hosts)
+
+        def record(self, result):
+            self.events.append(f"{time.monotonic() - self.t0:6.2f}   {result.host} {result.status}: {result.task}")
+            super().record(result)
+
+    return Stamped()
+
+
 # -- counting remote executions from sshd's logs --------------------------------------------
 SESSION = re.compile(r"Starting session: (command|forced-command|shell|subsystem '([^']+)')")
 ACCEPTED = re.compile(r"Accepted publickey for ")

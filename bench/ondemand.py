@@ -32,7 +32,6 @@ results/ondemand-DATE.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -43,7 +42,7 @@ import urllib.request
 from datetime import date
 from pathlib import Path
 
-from _common import REPO, RESULTS, lab_down, machine, median
+from _common import REPO, lab_bench_args, lab_down, machine, median, stamped_report, write_result
 
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 MODEL = "lab-tiny"
@@ -234,30 +233,13 @@ def one_round(env: dict, argv: list[str]) -> dict:
 def stamped_cluster_up(inv: Path) -> dict:
     """One cluster-up of cu in-process: each play's start and each host's result, seconds from the
     start (where cluster-up's time goes); then cluster-down."""
-    import io
-
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.report import Report
     from sparkprov.plays import cluster as plays
     from sparkprov.plays.options import UpOptions
 
-    class Stamped(Report):
-        def __init__(self):
-            super().__init__(io.StringIO(), quiet=True)
-            self.t0 = time.monotonic()
-            self.events: list[str] = []
-
-        def play(self, name, hosts):
-            self.events.append(f"{time.monotonic() - self.t0:6.2f} play {name}")
-            super().play(name, hosts)
-
-        def record(self, result):
-            self.events.append(f"{time.monotonic() - self.t0:6.2f}   {result.host} {result.status}: {result.task}")
-            super().record(result)
-
     loaded = load_inventory(inv)
     o = UpOptions(model=MODEL, hosts="spark2", name="cu", health_timeout=300, json=True)
-    report = Stamped()
+    report = stamped_report()
     deps = plays.up_deployments(loaded, o, "")
     plays.cluster_up(loaded, deps, o, plays.up_targets(loaded, deps, None), report)
     took = time.monotonic() - report.t0
@@ -266,11 +248,7 @@ def stamped_cluster_up(inv: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="write bench/results/ondemand-DATE.json")
-    ap.add_argument("--keep", action="store_true", help="leave the lab up")
-    a = ap.parse_args()
+    a = lab_bench_args(__doc__, "ondemand")
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="bench-ondemand-"))
@@ -293,8 +271,7 @@ def main() -> None:
                "first_request_after_gateway_up_s": env["first_request_after_gateway_up_s"]}
         print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
         if a.json:
-            RESULTS.mkdir(exist_ok=True)
-            (RESULTS / f"ondemand-{out['date']}.json").write_text(json.dumps(out, indent=2) + "\n")
+            write_result("ondemand", out)
     finally:
         if not a.keep:
             subprocess.run([INVOKE, "gateway", "down", "--inventory", str(work / "inventory.yaml")], cwd=REPO,

@@ -18,7 +18,6 @@ for where the time goes. The lab is taken down at the end (--keep leaves it up).
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import subprocess
@@ -27,7 +26,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from _common import REPO, RESULTS, SshdLogs, in_hosts, lab_down, machine, median
+from _common import REPO, SshdLogs, in_hosts, lab_bench_args, lab_down, machine, median, stamped_report, write_result
 
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 MODEL = "lab-tiny"
@@ -61,36 +60,17 @@ def stage_cli(inv: Path, hosts: list[str]) -> tuple[float, dict]:
 def timed_run(inv: Path, names: list[str]) -> dict:
     """One ring stage in-process: each play's start and each host's result, seconds from the start."""
     from sparkprov.data.inventory import load_inventory
-    from sparkprov.engine.report import Report
     from sparkprov.plays import stage as plays
 
-    class Stamped(Report):
-        def __init__(self):
-            super().__init__(io.StringIO(), quiet=True)
-            self.t0 = time.monotonic()
-            self.events: list[tuple[float, str]] = []
-
-        def play(self, name, hosts):
-            self.events.append((time.monotonic() - self.t0, f"play {name}"))
-            super().play(name, hosts)
-
-        def record(self, result):
-            self.events.append((time.monotonic() - self.t0, f"  {result.host} {result.status}: {result.task}"))
-            super().record(result)
-
-    report = Stamped()
+    report = stamped_report()
     plays.run_stage(load_inventory(inv), names, MODEL, plays.StageOptions(), report)
     took = time.monotonic() - report.t0
-    return {"seconds": round(took, 3), "events": [f"{t:6.2f} {e}" for t, e in report.events],
+    return {"seconds": round(took, 3), "events": report.events,
             "remote_calls": {h: t.remote_calls for h, t in report.hosts.items()}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="write bench/results/stage-ring-DATE.json")
-    ap.add_argument("--keep", action="store_true", help="leave the lab up")
-    a = ap.parse_args()
+    a = lab_bench_args(__doc__, "stage-ring")
     from sparklab import up as labup
 
     t0 = time.monotonic()
@@ -132,8 +112,7 @@ def main() -> None:
         out["ratio_of_medians"] = round(out["ring_median_s"] / out["one_download_median_s"], 3)
         print(json.dumps({k: v for k, v in out.items() if k not in ("timed_ring_run", "timed_one_download", "machine")}, indent=1))
         if a.json:
-            RESULTS.mkdir(exist_ok=True)
-            (RESULTS / f"stage-ring-{out['date']}.json").write_text(json.dumps(out, indent=2) + "\n")
+            write_result("stage-ring", out)
     finally:
         if not a.keep:
             lab_down()
