@@ -42,6 +42,8 @@ import urllib.request
 from datetime import date
 from pathlib import Path
 
+import yaml
+
 from _common import REPO, lab_bench_args, lab_down, machine, median, stamped_report, write_result
 
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
@@ -49,15 +51,9 @@ MODEL = "lab-tiny"
 OD_MODEL = "lab-tiny-od"
 IDLE_STOP_S = 10          # the least a playbook allows: each run waits for the hook's idle stop
 BOUND_S = 330
-PLAYBOOK = f"""deployments:
-  - name: od
-    model: {MODEL}
-    hosts: spark1
-    port: 8001
-    on_demand: true
-    idle_stop_s: {IDLE_STOP_S}
-    overrides: {{--served-model-name: {OD_MODEL}}}
-"""
+PLAYBOOK = yaml.safe_dump({"deployments": [{
+    "name": "od", "model": MODEL, "hosts": "spark1", "port": 8001, "on_demand": True, "idle_stop_s": IDLE_STOP_S,
+    "overrides": {"--served-model-name": OD_MODEL}}]}, sort_keys=False)
 
 
 def cli(inv: Path, *args: str, timeout: float = 900) -> tuple[float, dict]:
@@ -174,7 +170,9 @@ def setup(work: Path) -> dict:
     inv = work / "inventory.yaml"
     # the lab's inventory (sparklab/up.py) with the on-demand budget: lab-tiny reserves the planner's
     # 0.9 of a Spark's 119.6 GiB (the lab's hosts are no Sparks)
-    inv.write_text(state.inventory_path().read_text().rstrip("\n") + "\n  ondemand_budget_gib: 200\n")
+    doc = yaml.safe_load(state.inventory_path().read_text())
+    doc["vars"]["ondemand_budget_gib"] = 200
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     (work / "serve-od.yaml").write_text(PLAYBOOK)
     cli(inv, "provision")
     cli(inv, "stage-weights", MODEL)

@@ -34,6 +34,7 @@ import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 from tests.lab.conftest import real_env  # noqa: F401 (the fixture: the lab provisioned, lab-tiny staged)
 from tests.lab.test_cluster import changed, cli, containers
@@ -49,32 +50,22 @@ ANSWER = {OD_MODEL: "Blue.", B_MODEL: "Green."}      # train.py's pairs; train_b
 # lab-tiny and lab-tiny-b reserve vLLM's default 0.9 of a Spark's 119.6 GiB (107.6 GiB) by the
 # planner's figure: 150 GiB fits one of them, not two (the lab's hosts are no Sparks)
 BUDGET_GIB = 150
-RECIPE_B = """recipes:
-  - alias: lab-tiny-b
-    extends: lab-tiny
-    title: lab-tiny-b, lab-tiny trained to answer one question otherwise (sparklab/tiny/train_b.py; lab only)
-    model: {repo: sparkprov-lab/lab-tiny-b}
-"""
-PLAYBOOK = f"""recipes: [tiny-b.yaml]
-deployments:
-  - name: od
-    model: {MODEL}
-    hosts: spark1
-    port: 8001
-    on_demand: true
-    idle_stop_s: {IDLE_STOP_S}
-    overrides: {{--served-model-name: {OD_MODEL}}}
-  - name: odb
-    model: lab-tiny-b
-    hosts: spark1
-    port: 8002
-    on_demand: true
-    idle_stop_s: {IDLE_STOP_S}
-    overrides: {{--served-model-name: {B_MODEL}}}
-  - name: keep
-    model: {MODEL}
-    hosts: spark2
-"""
+RECIPE_B = yaml.safe_dump({"recipes": [{
+    "alias": B_MODEL, "extends": MODEL, "model": {"repo": "sparkprov-lab/lab-tiny-b"},
+    "title": "lab-tiny-b, lab-tiny trained to answer one question otherwise (sparklab/tiny/train_b.py; lab only)"}]},
+    sort_keys=False)
+
+
+def on_demand(name: str, model: str, port: int, served: str) -> dict:
+    """A deployment parked on spark1, started by the gateway under `served`, stopped idle."""
+    return {"name": name, "model": model, "hosts": "spark1", "port": port, "on_demand": True,
+            "idle_stop_s": IDLE_STOP_S, "overrides": {"--served-model-name": served}}
+
+
+PLAYBOOK = yaml.safe_dump({"recipes": ["tiny-b.yaml"],
+                           "deployments": [on_demand("od", MODEL, 8001, OD_MODEL),
+                                           on_demand("odb", B_MODEL, 8002, B_MODEL),
+                                           {"name": "keep", "model": MODEL, "hosts": "spark2"}]}, sort_keys=False)
 
 
 @pytest.fixture
@@ -88,7 +79,9 @@ def env(real_env, tmp_path):  # noqa: F811 (the fixture)
     from sparklab.state import BRIDGE_IP, HUB_PORT
 
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(real_env["inv"].read_text() + f"  ondemand_budget_gib: {BUDGET_GIB}\n")
+    doc = yaml.safe_load(real_env["inv"].read_text())
+    doc["vars"]["ondemand_budget_gib"] = BUDGET_GIB
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     (tmp_path / "tiny-b.yaml").write_text(RECIPE_B)
     (tmp_path / "serve-od.yaml").write_text(PLAYBOOK)
     e = {**real_env, "inv": inv, "dir": tmp_path}
