@@ -195,6 +195,20 @@ def _cache_lock(cache_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _unless_published(cache_dir: Path, published):
+    """Whether the caller must build an entry of ``cache_dir`` (True: under the folder's lock) or finds it
+    published (``published()``: its files are renamed into place whole, so being there means complete).
+    The check comes before the lock too: a cold build of one layer (the real vLLM's, minutes) holds the
+    folder's lock, and a reader of another layer that is already there (the stand-ins' base and torch)
+    must not wait for it (a cold `make test` held its lab tests for minutes on that lock)."""
+    if published():
+        yield False
+        return
+    with _cache_lock(cache_dir):
+        yield not published()
+
+
 GZIP_CHUNK = 8 << 20  # bytes of the raw stream per gzip member
 
 
@@ -387,8 +401,8 @@ def ensure_base(cache_dir: Path = CACHE_DIR, recipe: dict = BASE_RECIPE) -> Base
     """The base layer, built once per recipe (atomically published) and reused afterwards."""
     key = _hash_obj(dict(recipe, arch=_goarch()))[:16]
     final = cache_dir / f"base-{key}"
-    with _cache_lock(cache_dir):
-        if not (final / "meta.json").exists():
+    with _unless_published(cache_dir, lambda: (final / "meta.json").exists()) as missing:
+        if missing:
             for stale in cache_dir.glob(".tmp-base-*"):  # an interrupted build (we hold the lock)
                 _safe_rmtree(stale)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-base-", dir=cache_dir))
@@ -893,8 +907,8 @@ def ensure_torch_layer(base: Base, cache_dir: Path = CACHE_DIR,
                      "v": TORCH_BUILD_VERSION})[:16]
     dest = cache_dir / f"torch-{key}.tar.gz"
     metaf = cache_dir / f"torch-{key}.json"
-    with _cache_lock(cache_dir):
-        if not (dest.exists() and metaf.exists()):
+    with _unless_published(cache_dir, lambda: dest.exists() and metaf.exists()) as missing:
+        if missing:
             for stale in cache_dir.glob(".tmp-torch-*"):  # an interrupted build (we hold the lock)
                 _safe_rmtree(stale)
             _log(f"torch layer: building from {wheel} (cold; cached afterwards)")
@@ -920,8 +934,8 @@ def _cached_pip_layer(base: Base, cache_dir: Path, what: str, key_parts: dict, *
     key = _hash_obj({**key_parts, "base": base.layer.digest, "arch": _goarch()})[:16]
     dest = cache_dir / f"{what}-{key}.tar.gz"
     metaf = cache_dir / f"{what}-{key}.json"
-    with _cache_lock(cache_dir):
-        if not (dest.exists() and metaf.exists()):
+    with _unless_published(cache_dir, lambda: dest.exists() and metaf.exists()) as missing:
+        if missing:
             for stale in cache_dir.glob(f".tmp-{what}-*"):  # an interrupted build (we hold the lock)
                 _safe_rmtree(stale)
             _log(f"{what} layer: building {build.get('requirement') or what} (cold; cached afterwards)")
