@@ -52,6 +52,12 @@ def require(missing: list[str]) -> None:
 # `nat`, started once, and remove it at their end: the others need spark1's port)
 REAL_ENGINE_MODULES = ("test_guard.py", "test_real_tp2.py", "test_monitoring.py", "test_real_layouts.py",
                        "test_real_vllm.py")
+# The lab's modules that need neither lab-tiny nor the real vLLM's image (the stand-ins' base and torch
+# layers at most): right after the fresh checks, in this order. On a cold machine the prebuild trains
+# lab-tiny for about four minutes (base, torch and the real vLLM's layer first), and every other module
+# waits for it (the hub serves lab-tiny); these run meanwhile.
+BEFORE_THE_MODEL = ("test_engine_ssh.py", "test_fabric_qualify.py", "test_lab_multinode.py", "test_lab_reboot.py",
+                    "test_provision.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,7 +66,8 @@ def pytest_collection_modifyitems(config, items):
     # Then the lab's own tests, which check a *fresh* Spark (nvidia not in docker, MTU 1500,
     # no addresses), before any test that provisions the shared lab. The modules on the real vLLM
     # share one provisioned lab with lab-tiny staged (test_real_vllm's env), so they run one after
-    # another, after the other lab tests. Tests that tear the lab down run after every other test.
+    # another, after the other lab tests. Of the others, BEFORE_THE_MODEL's come first. Tests that tear
+    # the lab down run after every other test.
     unit_dir = Path(__file__).resolve().parents[1] / "unit"
     unit = [i for i in items if unit_dir in Path(str(i.fspath)).parents]
     placed = set(map(id, unit))
@@ -73,7 +80,9 @@ def pytest_collection_modifyitems(config, items):
                   key=lambda i: REAL_ENGINE_MODULES.index(i.fspath.basename))   # stable: a module's own order kept
     placed = set(map(id, fresh + real))
     others = [i for i in rest if id(i) not in placed]
-    in_lab = [i for i in others if Path(str(i.fspath)).parent == lab_dir]
+    in_lab = sorted((i for i in others if Path(str(i.fspath)).parent == lab_dir),
+                    key=lambda i: BEFORE_THE_MODEL.index(i.fspath.basename) if i.fspath.basename in BEFORE_THE_MODEL
+                    else len(BEFORE_THE_MODEL))   # stable: the other modules keep their order after them
     items[:] = unit + fresh + in_lab + real + [i for i in others if Path(str(i.fspath)).parent != lab_dir] + last
 
 
@@ -182,13 +191,28 @@ def lab_session():
         up.down(quiet=True)
     baseline = snapshot()
     # SPARKPROV_LAB_HOSTS=3: a third host (a stranger on a switched fabric, test_ports_lockdown)
-    res = up.up(int(os.environ.get("SPARKPROV_LAB_HOSTS") or 2), images=False, quiet=True)
+    # no hub: it serves lab-tiny, which a cold machine trains for minutes; the tests that use it start it
+    # (ensure_lab_hub: test_cluster's hub, real_env, the README's, the reliability tests' lab_hub_token)
+    res = up.up(int(os.environ.get("SPARKPROV_LAB_HOSTS") or 2), images=False, hub=False, quiet=True)
     yield LabHandle(hosts=res.hosts, key=state.key_path(), known_hosts=state.known_hosts_path(),
                     password=state.password_path().read_text().strip(),
                     password_file=state.password_path(), inventory=res.inventory,
                     state_dir=state.STATE_DIR, baseline=baseline)
     if not found:
         up.down(quiet=True)
+
+
+def rails_and_guard_for_provision(lab) -> None:
+    """The rails unaddressed and the node guard stopped on every host, so that the provision after this
+    addresses the rails as it does and starts the guard on those addresses. Earlier lab tests addressed
+    the rails otherwise (test_lab_multinode's 192.168.177.0/24, booted from its netplan), and a guard
+    started in such a boot still listens on the address it found then (its /metrics on every rail
+    address, the stale one included, which `status --ports` rightly reports as open to everyone)."""
+    from sparklab.state import RAIL_IFACES
+
+    for h in lab.names:
+        lab.sh(h, "".join(f"ip addr flush dev {i} scope global; " for i in RAIL_IFACES.values())
+               + "pid=$(cat /run/sparkprov-guard.pid 2>/dev/null); [ -z \"$pid\" ] || kill \"$pid\" 2>/dev/null; true")
 
 
 # -- the real vLLM: one provisioned lab for every module on it, one pinned native tp 2 deployment -----
@@ -203,11 +227,7 @@ def real_env(lab, tmp_path_factory):
     every module on the real engine (REAL_ENGINE_MODULES run one after another); each test removes
     the deployments it does not leave on purpose (test_real_vllm.py nothing_left_running).
 
-    The rails as provision leaves them, and only that: earlier lab tests addressed them otherwise
-    (test_lab_multinode's 192.168.177.0/24, booted from its netplan), and a guard started in such a
-    boot still listens on the address it found then (its /metrics on every rail address, the stale one
-    included, which `status --ports` rightly reports). Provision addresses the rails again and starts
-    the guard anew."""
+    The rails as provision leaves them, and only that (rails_and_guard_for_provision)."""
     import io
 
     from sparkprov.cli.common import run_playbook
@@ -216,16 +236,14 @@ def real_env(lab, tmp_path_factory):
     from sparkprov.plays.stage import StageOptions, run_stage
     from sparklab.hub import ensure_lab_hub
     from sparklab.image import VLLM_CPU_IMAGE, ensure_images
-    from sparklab.state import BRIDGE_IP, HUB_PORT, RAIL_IFACES, REGISTRY_PORT
+    from sparklab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
 
     repo = Path(__file__).resolve().parents[2]
     hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
     d = tmp_path_factory.mktemp("real")
     inv = lab.write_inventory(d / "inventory.yaml", store=REAL_STORE, extra_vars=f"  hf_endpoint: {hub}\n")
-    for h in lab.names:
-        lab.sh(h, "".join(f"ip addr flush dev {i} scope global; " for i in RAIL_IFACES.values())
-               + "pid=$(cat /run/sparkprov-guard.pid 2>/dev/null); [ -z \"$pid\" ] || kill \"$pid\" 2>/dev/null; true")
+    rails_and_guard_for_provision(lab)
     assert run_playbook(playbook=str(repo / "playbooks" / "provision.yaml"), inventory=str(inv),
                         hosts=None, as_json=True) == 0
     loaded = load_inventory(inv)

@@ -72,7 +72,9 @@ def env(lab, hub, tmp_path_factory):
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}")  # the lab fixture brings the lab up without them
+    from tests.lab.conftest import rails_and_guard_for_provision
 
+    rails_and_guard_for_provision(lab)  # the modules before this one left them as they tested them
     assert run_playbook(playbook=str(REPO_ROOT / "playbooks" / "provision.yaml"), inventory=str(inv),
                         hosts=None, as_json=True) == 0
     for n in lab.names:

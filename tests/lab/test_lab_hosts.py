@@ -311,7 +311,7 @@ def test_faults_sshd_dockerd_and_shaping(lab):
 def test_up_is_idempotent_and_inventory(lab):
     from sparklab import up
     t0 = time.monotonic()
-    res = up.up(2, images=False, quiet=True)
+    res = up.up(2, images=False, hub=False, quiet=True)   # the session's own call (tests/lab/conftest.py)
     assert res.changed == []
     assert time.monotonic() - t0 < 15
     inv = lab.inventory.read_text()

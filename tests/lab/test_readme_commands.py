@@ -155,11 +155,12 @@ def pull_demo_image(lab) -> None:
 
 
 def test_every_readme_example_exits_as_the_readme_says_on_the_demo_lab(lab, tmp_path):
-    from sparklab.hub import lab_token
+    from sparklab.hub import ensure_lab_hub, lab_token
     from sparklab.image import ensure_images, lab_images
-    from sparklab.state import BRIDGE_IP, REGISTRY_PORT
+    from sparklab.state import BRIDGE_IP, HUB_PORT, REGISTRY_PORT
 
     t0 = time.monotonic()
+    ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)                  # the lab hub, as make demo runs it
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", lab_images())   # the lab registry as make demo leaves it
     pull_demo_image(lab)                                                 # and both hosts as it leaves them
     env = {k: v for k, v in os.environ.items() if k not in ("SPARKPROV_INVENTORY",)}

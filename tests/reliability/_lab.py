@@ -72,10 +72,13 @@ MANAGED = "sparkprov.managed=1"
 
 
 def lab_hub_token(lab) -> str:
-    from sparklab.hub import hub_status, lab_token
+    """The lab hub's token, the hub started as `invoke lab.up` starts it if it is not serving (the session's
+    lab comes up without it: tests/lab/conftest.py lab_session)."""
+    from sparklab.hub import ensure_lab_hub, lab_token
+    from sparklab.state import BRIDGE_IP, HUB_PORT
 
-    st = hub_status(lab.state_dir)
-    assert st and st["url"] == LAB_HUB, f"the lab hub is not serving on {LAB_HUB} (invoke lab.up): {st}"
+    url = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
+    assert url == LAB_HUB, f"the lab hub serves on {url}, not {LAB_HUB}"
     return lab_token(lab.state_dir)
 
 
