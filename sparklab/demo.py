@@ -15,10 +15,12 @@ image, the gateway's and Prometheus's, so that every command of the README runs 
 builds, pushes and is pulled here beside the steps, in the order they need it (Images); each step
 prints what it does and, when it ends, how long it took, and the background stages' times come at
 the end (their own output goes to a log file, named). Measured on this machine's kind (2 cores,
-shared): 342 s with every cache of the lab cold (the real vLLM's image and lab-tiny built: 250 s of
-it before stage-weights can start), 122-160 s warm (the stand-in's pull, then lab-tiny's image's on both hosts: 75-107 s of it, before stage-weights can
-run; the two hosts unpacking the real vLLM's 2.9 GB image at once take 80 s on an idle machine, most of it the kernel
-creating its 69,727 files).
+shared): 361 s of steps with every cache of the lab cold (the real vLLM's image and lab-tiny built: 265 s
+of it before lab-tiny's image can be pushed), 133-177 s with the caches warm on new lab hosts (the stand-in's
+pull, then lab-tiny's image's on both hosts: 84-116 s of it; each host's dockerd takes 41-51 s for the real
+vLLM's 2.9 GB image alone, its own untar helper and hashing busy, not the disk: a plain tar of the same layer
+unpacks in 9 s), and 9 s run again on the lab it left (nothing to change: provision 4.9 s, stage-weights 0.8,
+cluster-up 1.2).
 """
 
 from __future__ import annotations
