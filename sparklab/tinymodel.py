@@ -71,16 +71,12 @@ def _cached(final: Path, build) -> Path:
     """``final`` (a trained model's folder, named PREFIX-KEY) once trained.json is in it: built by
     ``build()`` under the models cache's lock, after the folders of PREFIX's interrupted builds (we
     hold the lock) and older keys are removed."""
-    if (final / "trained.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with image._cache_lock(final.parent):
-        if (final / "trained.json").exists():
-            return final
-        prefix = final.name.rsplit("-", 1)[0]
-        for stale in [*final.parent.glob(f".tmp-{prefix}-*"), *final.parent.glob(f"{prefix}-*")]:
-            image._safe_rmtree(stale)
-        build()
+    with image._unless_published(final.parent, lambda: (final / "trained.json").exists()) as missing:
+        if missing:
+            prefix = final.name.rsplit("-", 1)[0]
+            for stale in [*final.parent.glob(f".tmp-{prefix}-*"), *final.parent.glob(f"{prefix}-*")]:
+                image._safe_rmtree(stale)
+            build()
     return final
 
 
@@ -118,20 +114,6 @@ def ensure_tiny_model_b(cache_dir: Path = image.CACHE_DIR, models_dir: Path = MO
             if (rootfs / where).exists():
                 image._safe_rmtree(rootfs / where)
     return _cached(final, build)
-    models_dir.mkdir(parents=True, exist_ok=True)
-    with image._cache_lock(models_dir):
-        if (final / "trained.json").exists():
-            return final
-        for stale in [*models_dir.glob(".tmp-tiny-b-*"), *models_dir.glob("tiny-b-*")]:
-            image._safe_rmtree(stale)
-        where = f"tmp/sparkprov-lab-tiny-b-{os.getpid()}"
-        rootfs = image.ensure_vllm_rootfs(cache_dir)
-        try:
-            _train_into(final, "lab-tiny-b", TRAIN_B_SCRIPT, where)(rootfs)
-        finally:
-            if (rootfs / where).exists():
-                image._safe_rmtree(rootfs / where)
-    return final
 
 
 if __name__ == "__main__":

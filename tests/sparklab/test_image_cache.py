@@ -108,3 +108,28 @@ def test_a_pip_layer_is_built_once_with_its_build_arguments_then_read_without_th
     finally:
         lock.close()
     assert calls == [("thing", "thing==1")] and again == layer
+
+
+def test_a_trained_model_is_built_once_clearing_its_own_stale_folders_then_read_without_the_lock(tmp_path):
+    """sparklab/tinymodel.py's cache (lab-tiny, lab-tiny-b): the same check, lock and check again; a
+    build removes PREFIX's interrupted and older folders only."""
+    from sparklab.tinymodel import _cached
+
+    final = tmp_path / "tiny-b-new"
+    for name in (".tmp-tiny-b-1", "tiny-b-old", "lab-tiny-keep"):
+        (tmp_path / name).mkdir()
+    built = []
+
+    def build():
+        built.append(1)
+        final.mkdir()
+        (final / "trained.json").write_text("{}")
+
+    assert _cached(final, build) == final and built == [1]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".lock") == ["lab-tiny-keep", "tiny-b-new"]
+    lock = _held(tmp_path)
+    try:
+        assert _within(5, lambda: _cached(final, build)) == final
+    finally:
+        lock.close()
+    assert built == [1]
