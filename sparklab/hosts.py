@@ -30,6 +30,10 @@ LOGIN_GROUPS = ("adm", "cdrom", "sudo", "dip", "plugdev", "video", "render", "lp
 
 
 KMSG_FILE = "/var/log/sparklab-kmsg"   # inside the host: what its /dev/kmsg reads
+# each host's docker disk (docker_disk), in its folder of the lab's state: sparse, so its size is a
+# bound (as a Spark's disk is), not what it takes of the machine's
+DOCKER_DISK = "docker.ext4"
+DOCKER_DISK_BYTES = 128 << 30
 
 
 class LabError(RuntimeError):
@@ -193,8 +197,11 @@ def _anchor_script(name: str, hdir: Path) -> str:
     # a kernel log of its own: the host's /dev/kmsg is a file on its disk (/var/log persists, as a
     # journal does), where `lab.fault nvrm` writes the NVRM lines a Spark's kernel printed
     lines.append(f"touch {KMSG_FILE} && mount --bind {KMSG_FILE} /dev/kmsg")
+    # docker's store on a disk of its own, as a Spark's is (see docker_disk): with a folder of the
+    # machine's shared ext4, pulling the real vLLM's image spent most of its time in that aged file
+    # system's inode allocator (the lab needs loop devices: mount's own error says so where there are none)
     lines.append("mkdir -p /var/lib/docker")
-    lines.append(f"mount --bind {q(str(hdir / 'docker'))} /var/lib/docker")
+    lines.append(f"mount -o loop,discard,noinit_itable {q(str(hdir / DOCKER_DISK))} /var/lib/docker")
     for d in BINDS:
         lines.append(f"mount --bind {q(str(hdir / 'fs' / _slug(d)))} {d}")
     # the host's memory figures and the kernel's reclaim knobs are files of its own (replays change and
@@ -204,6 +211,20 @@ def _anchor_script(name: str, hdir: Path) -> str:
     lines += stand_in_lines()
     lines += ["echo READY", "exec sleep infinity </dev/null >/dev/null 2>&1"]
     return "\n".join(lines) + "\n"
+
+
+def docker_disk(path: Path) -> None:
+    """A host's docker disk: an ext4 file system in a sparse file (blocks taken as written, and given
+    back as deleted: the mount's `discard`), made once and kept across the host's reboots, removed
+    with the lab (one file, where a folder of docker's store was hundreds of thousands)."""
+    if path.exists():
+        return
+    tmp = path.with_suffix(".new")
+    with open(tmp, "wb") as f:
+        f.truncate(DOCKER_DISK_BYTES)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-L", "sparklab-docker",
+                    "-E", "nodiscard,lazy_itable_init=1", str(tmp)], check=True, capture_output=True)
+    tmp.rename(path)
 
 
 def _prepare_dirs(name: str) -> Path:
@@ -221,7 +242,7 @@ def _prepare_dirs(name: str) -> Path:
     for sub in ("sshd", "lock", "user"):
         (hdir / "fs" / "run" / sub).mkdir(exist_ok=True)
     os.chmod(hdir / "fs" / "run" / "lock", 0o1777)
-    (hdir / "docker").mkdir(exist_ok=True, mode=0o710)
+    docker_disk(hdir / DOCKER_DISK)
     # root's shell start-up files: Debian's defaults, not the control machine's (pyenv, cargo)
     root_upper = hdir / "ovl" / "root" / "upper"
     for src, dst in (("/usr/share/base-files/dot.bashrc", ".bashrc"),

@@ -1413,6 +1413,7 @@ class _Registry:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.blobs_in: dict[str, str] = {}   # digest -> a repo already holding it
+        self.repos: list[str] | None = None   # the registry's repositories, read when first needed
 
     def _req(self, method: str, url: str, data=None, headers=None, ok=(200,)):
         req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
@@ -1433,13 +1434,27 @@ class _Registry:
         r = self._req("HEAD", f"{self.url}/v2/{repo}/blobs/{digest}", ok=(200, 404))
         return r.status == 200
 
+    def holder(self, digest: str) -> str | None:
+        """A repository that holds the blob `digest`: one this push saw it in, else one of the registry's
+        (another process's push, e.g. the stand-in's base and torch layers, which the real vLLM's image
+        shares: mounted, not uploaded again)."""
+        if digest not in self.blobs_in:
+            if self.repos is None:
+                with _NO_PROXY.open(f"{self.url}/v2/_catalog?n=1000", timeout=60) as resp:
+                    self.repos = json.loads(resp.read()).get("repositories") or []
+            for repo in self.repos:
+                if self.has_blob(repo, digest):
+                    self.blobs_in[digest] = repo
+                    break
+        return self.blobs_in.get(digest)
+
     def push_blob(self, repo: str, digest: str, size: int, src: Path | bytes) -> str:
         """Returns "present", "mounted" or "uploaded"."""
         if self.has_blob(repo, digest):
             self.blobs_in.setdefault(digest, repo)
             return "present"
         start = f"{self.url}/v2/{repo}/blobs/uploads/"
-        if digest in self.blobs_in:
+        if self.holder(digest):
             q = urllib.parse.urlencode({"mount": digest, "from": self.blobs_in[digest]})
             r = self._req("POST", f"{start}?{q}", data=b"", ok=(201, 202))
             if r.status == 201:

@@ -241,6 +241,12 @@ def test_docker_root_works_nvidia_needs_group(lab):
     h = "spark2"
     info = lab.exec(h, ["docker", "info", "--format", "{{.ServerVersion}} {{.DockerRootDir}}"])
     assert info.stdout.startswith("20.10") and "/var/lib/docker" in info.stdout
+    # docker's store is a disk of each host's own (sparklab/hosts.py docker_disk), not a folder of the
+    # machine's file system
+    disks = {n: lab.exec(n, ["findmnt", "-n", "-o", "FSTYPE,SOURCE", "/var/lib/docker"]).stdout.split()
+             for n in ("spark1", "spark2")}
+    assert all(fs == "ext4" and dev.startswith("/dev/loop") for fs, dev in disks.values()), disks
+    assert disks["spark1"][1] != disks["spark2"][1]
     r = lab.ssh(h, "docker info")
     assert r.returncode != 0 and "permission denied" in (r.stdout + r.stderr)
     try:
@@ -364,6 +370,14 @@ def test_down_leaves_nothing_behind(lab):
     assert not [n for n in after["netns"] if n.startswith("spark")]
     assert not [l for l in after["links"] if l.startswith(("sl", "sparklab"))]
     assert not [m for m in after["mounts"] if "sparkprov-lab" in m]
+    # the hosts' docker disks: the kernel detaches each loop device (mount -o loop: autoclear) once
+    # the last process of its host's mount namespace is gone
+    deadline = time.monotonic() + 10
+    while str(state.STATE_DIR) in (loops := subprocess.run(
+            ["losetup", "--list", "--noheadings", "--output", "BACK-FILE"],
+            capture_output=True, text=True).stdout) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert str(state.STATE_DIR) not in loops
     assert not after["cgroups"]
     lab_cmd = re.compile(r"sparkprov-lab|sshd_config|--cgroup-parent /sparklab")
     assert not [c for _p, (_o, c) in after["procs"].items() if lab_cmd.search(c)]

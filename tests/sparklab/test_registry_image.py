@@ -252,6 +252,29 @@ def test_registry_lifecycle(tmp_path):
     assert registry._processes(tmp_path / "registry" / "config.yml") == []
 
 
+
+@heavy
+def test_a_blob_another_push_uploaded_is_mounted_not_uploaded_again(tmp_path):
+    """Two pushes in two processes (the demo's stand-in push, then the real vLLM's, sharing the base
+    and torch layers): the second finds the blob in the first's repository and mounts it."""
+    import hashlib
+
+    port = _free_port()
+    url = registry.ensure_registry(tmp_path, "127.0.0.1", port, alias=False)
+    try:
+        data = b"a layer both images share" * 1000
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert image._Registry(url).push_blob("sparkprov/lab-vllm", digest, len(data), data) == "uploaded"
+        second = image._Registry(url)   # a new push: it has seen nothing
+        assert second.push_blob("sparkprov/lab-vllm-cpu", digest, len(data), data) == "mounted"
+        assert second.has_blob("sparkprov/lab-vllm-cpu", digest)
+        assert second.push_blob("sparkprov/lab-vllm-cpu", digest, len(data), data) == "present"
+        other = b"a layer of its own"
+        assert second.push_blob("sparkprov/smoke", "sha256:" + hashlib.sha256(other).hexdigest(),
+                                len(other), other) == "uploaded"
+    finally:
+        registry.stop_registry(tmp_path)
+
 def test_parse_ref():
     r = image.parse_ref("vllm/vllm-openai:cu130-nightly")
     assert (r.host, r.path, r.tag) == ("docker.io", "vllm/vllm-openai", "cu130-nightly")
