@@ -31,6 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 REGISTRY_BIN = "/usr/bin/docker-registry"
 ALIAS_PORT = 80  # dockerd's plain-HTTP fallback for an insecure registry named without a port
 
@@ -46,25 +48,16 @@ def _dir(state_dir: Path) -> Path:
 
 
 def _config_text(storage: Path, addr: str, *, readonly: bool) -> str:
-    # distribution reads YAML; JSON-style quoting of the two paths keeps odd characters safe.
-
-    maintenance = (
-        "    readonly:\n      enabled: true\n    uploadpurging:\n      enabled: false\n"
-        if readonly
-        else "    uploadpurging:\n      enabled: true\n      age: 168h\n      interval: 24h\n"
-        "      dryrun: false\n"
-    )
-    return (
-        "version: 0.1\n"
-        "log:\n  level: info\n  accesslog:\n    disabled: false\n"
-        "storage:\n"
-        f"  filesystem:\n    rootdirectory: {json.dumps(str(storage))}\n"
-        "  delete:\n    enabled: true\n"
-        "  maintenance:\n" + maintenance +
-        "http:\n"
-        f"  addr: {json.dumps(addr)}\n"
-        "  headers:\n    X-Content-Type-Options: [nosniff]\n"
-    )
+    """distribution's configuration (YAML) for one listener over `storage`."""
+    maintenance = ({"readonly": {"enabled": True}, "uploadpurging": {"enabled": False}} if readonly else
+                   {"uploadpurging": {"enabled": True, "age": "168h", "interval": "24h", "dryrun": False}})
+    return yaml.safe_dump({
+        "version": 0.1,
+        "log": {"level": "info", "accesslog": {"disabled": False}},
+        "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True},
+                    "maintenance": maintenance},
+        "http": {"addr": addr, "headers": {"X-Content-Type-Options": ["nosniff"]}},
+    }, sort_keys=False)
 
 
 def _processes(config: Path) -> list[int]:

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
 STATE_DIR = Path(os.environ.get("SPARKPROV_LAB_STATE", "/run/sparkprov-lab"))
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,9 +87,16 @@ MGMT_IFACE = "enP7s7"                                  # the Spark's onboard 10 
 LAB_RAIL_VARS = {"rail_min_gbps": 1.0, "rail_expected_gbps": 2.0}
 
 
-def lab_vars_yaml() -> str:
-    """LAB_RAIL_VARS as lines under an inventory's `vars:` (two spaces in)."""
-    return "".join(f"  {k}: {v}\n" for k, v in LAB_RAIL_VARS.items())
+def lab_inventory(hosts: dict[str, str], *, defaults: dict | None = None, vars: dict | None = None) -> str:
+    """An inventory of lab hosts (name -> address), all in group `sparks`, as YAML: the login user and
+    `defaults`, and `vars` over the lab's rail figures (LAB_RAIL_VARS: veths, not 200G links). Every
+    lab inventory (lab.up's, the tests') is made here."""
+    doc = {"defaults": {"user": LOGIN_USER, **{k: str(v) if isinstance(v, Path) else v
+                                                for k, v in (defaults or {}).items()}},
+           "hosts": {name: {"address": address} for name, address in hosts.items()},
+           "groups": {"sparks": list(hosts)},
+           "vars": {**LAB_RAIL_VARS, **(vars or {})}}
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 LOGIN_USER = "nvidia"
 REGISTRY_PORT = 5000
 HUB_PORT = 8080

@@ -59,15 +59,12 @@ def inventory_text(rec: LabRecord, hf_endpoint: str) -> str:
     from .image import PROMETHEUS_IMAGE
 
     names = sorted(rec.hosts, key=lambda n: rec.hosts[n].index)
-    lines = ["defaults:", "  user: nvidia", f"  ssh_key: {state.key_path()}",
-             f"  known_hosts: {state.known_hosts_path()}",
-             f"  become_password_file: {state.password_path()}", "hosts:"]
-    lines += [f"  {n}: {{address: {rec.hosts[n].address}}}" for n in names]
-    lines += ["groups:", f"  sparks: [{', '.join(names)}]", "vars:",
-              f"  hf_endpoint: {hf_endpoint}",
-              # `invoke monitor up`: Prometheus from Debian's package, pushed to the lab registry
-              f"  prometheus_image: {PROMETHEUS_IMAGE}"]
-    return "\n".join(lines) + "\n" + state.lab_vars_yaml()
+    return state.lab_inventory(
+        {n: rec.hosts[n].address for n in names},
+        defaults={"ssh_key": state.key_path(), "known_hosts": state.known_hosts_path(),
+                  "become_password_file": state.password_path()},
+        # `invoke monitor up`: Prometheus from Debian's package, pushed to the lab registry
+        vars={"hf_endpoint": hf_endpoint, "prometheus_image": PROMETHEUS_IMAGE})
 
 
 def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:

@@ -131,19 +131,17 @@ class LabHandle:
                 "-o", "GlobalKnownHostsFile=/dev/null", f"nvidia@{self.hosts[host]}", *cmd]
 
     def write_inventory(self, path: Path, *, known_hosts: Path | None = None, password_file: Path | None = None,
-                        store: str = "~/vllm", extra_vars: str = "") -> Path:
+                        store: str = "~/vllm", extra_vars: dict | None = None) -> Path:
         """An inventory of every lab host (the lab's key, known_hosts, sudo password file) with
-        the model store and compile cache as provision uses them, and the lab's rail floor
-        (state.LAB_RAIL_VARS: veths, not 200G links); `extra_vars` lines go under vars:."""
-        from sparklab.state import lab_vars_yaml
+        the model store and compile cache as provision uses them (sparklab.state.lab_inventory: the
+        lab's rail figures too), and `extra_vars` under vars."""
+        from sparklab.state import lab_inventory
 
-        path.write_text(
-            "defaults:\n  user: nvidia\n"
-            f"  ssh_key: {self.key}\n  known_hosts: {known_hosts or self.known_hosts}\n"
-            f"  become_password_file: {password_file or self.password_file}\n  connect_timeout: 10\n"
-            "hosts:\n" + "".join(f"  {n}: {{address: {a}}}\n" for n, a in self.hosts.items())
-            + f"groups:\n  sparks: [{', '.join(self.hosts)}]\n"
-            + f"vars:\n  model_store: {store}\n  compile_cache: ~/vllm-compile-cache\n{lab_vars_yaml()}{extra_vars}")
+        path.write_text(lab_inventory(
+            self.hosts,
+            defaults={"ssh_key": self.key, "known_hosts": known_hosts or self.known_hosts,
+                      "become_password_file": password_file or self.password_file, "connect_timeout": 10},
+            vars={"model_store": store, "compile_cache": "~/vllm-compile-cache", **(extra_vars or {})}))
         return path
 
     def ssh(self, host: str, cmd: str, *, input: str | None = None,
@@ -242,7 +240,7 @@ def real_env(lab, tmp_path_factory):
     hub = ensure_lab_hub(lab.state_dir, BRIDGE_IP, HUB_PORT)
     ensure_images(f"http://{BRIDGE_IP}:{REGISTRY_PORT}", [VLLM_CPU_IMAGE])
     d = tmp_path_factory.mktemp("real")
-    inv = lab.write_inventory(d / "inventory.yaml", store=REAL_STORE, extra_vars=f"  hf_endpoint: {hub}\n")
+    inv = lab.write_inventory(d / "inventory.yaml", store=REAL_STORE, extra_vars={"hf_endpoint": hub})
     rails_and_guard_for_provision(lab)
     assert run_playbook(playbook=str(repo / "playbooks" / "provision.yaml"), inventory=str(inv),
                         hosts=None, as_json=True) == 0

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkprov.catalog.load import load_catalog
 from sparkprov.data.inventory import load_inventory
@@ -53,20 +54,18 @@ def hub(lab):
 
 @pytest.fixture(scope="module")
 def env(lab, hub, tmp_path_factory):
-    from sparklab.state import lab_vars_yaml
+    from sparklab.state import lab_inventory
 
     d = tmp_path_factory.mktemp("cluster")
     inv = d / "inventory.yaml"
-    inv.write_text(
-        "defaults:\n  user: nvidia\n"
-        f"  ssh_key: {lab.key}\n  known_hosts: {lab.known_hosts}\n  become_password_file: {lab.password_file}\n"
-        "hosts:\n" + "".join(f"  {n}: {{address: {a}}}\n" for n, a in lab.hosts.items())
-        + f"groups:\n  sparks: [{', '.join(lab.names)}]\n"
-        f"vars:\n  model_store: {STORE}\n  hf_endpoint: {hub.url}\n" + lab_vars_yaml())
-    (d / "cluster.yaml").write_text(f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2}}\n")
-    (d / "serve.yaml").write_text("deployments:\n"
-                                  f"  - {{name: one, model: {SINGLE[0]}, hosts: spark1}}\n"
-                                  f"  - {{name: two, model: {SINGLE[1]}, hosts: spark2}}\n")
+    inv.write_text(lab_inventory(lab.hosts, defaults={"ssh_key": lab.key, "known_hosts": lab.known_hosts,
+                                                      "become_password_file": lab.password_file},
+                                 vars={"model_store": STORE, "hf_endpoint": hub.url}))
+    (d / "cluster.yaml").write_text(yaml.safe_dump(
+        {"deployments": [{"name": "tp", "model": TP_MODEL, "hosts": ["spark1", "spark2"], "tp": 2}]}))
+    (d / "serve.yaml").write_text(yaml.safe_dump(
+        {"deployments": [{"name": "one", "model": SINGLE[0], "hosts": "spark1"},
+                         {"name": "two", "model": SINGLE[1], "hosts": "spark2"}]}))
     from sparkprov.cli.common import run_playbook
     from sparklab.image import ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT
@@ -588,9 +587,9 @@ def test_changed_recipe_replaces_the_running_containers(env):
     assert rc == 0, out
     before = {h: managed(lab, h) for h in lab.names}
     assert set(before["spark1"]) == {"sparkprov-tp-head"} and set(before["spark2"]) == {"sparkprov-tp-worker"}
-    (env["dir"] / "cluster-mml.yaml").write_text(
-        f"deployments:\n  - {{name: tp, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2, "
-        "overrides: {--max-model-len: 6000}}\n")
+    (env["dir"] / "cluster-mml.yaml").write_text(yaml.safe_dump({"deployments": [
+        {"name": "tp", "model": TP_MODEL, "hosts": ["spark1", "spark2"], "tp": 2,
+         "overrides": {"--max-model-len": 6000}}]}))
 
     rc, doc2, out2 = up(env, "--playbook", str(env["dir"] / "cluster-mml.yaml"))
     assert rc == 0, out2

@@ -37,7 +37,7 @@ RESET = (
 
 
 def write_inventory(lab, path: Path, smoke: str | None) -> Path:
-    extra = f"  smoke_image: {smoke}\n  smoke_command: [echo, smoke-ok]\n" if smoke else ""
+    extra = {"smoke_image": smoke, "smoke_command": ["echo", "smoke-ok"]} if smoke else {}
     return lab.write_inventory(path, extra_vars=extra)
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
@@ -54,13 +55,12 @@ def setup(lab, hub, tmp_path_factory):
     d = tmp_path_factory.mktemp("stage")
     store = d / "store"
     inv = d / "inventory.yaml"
-    inv.write_text(
-        "defaults:\n  user: nvidia\n"
-        f"  ssh_key: {lab.key}\n  known_hosts: {lab.known_hosts}\n  become_password_file: {lab.password_file}\n"
-        "hosts:\n"
-        f"  localhost: {{connection: local, vars: {{model_store: {store}}}}}\n"
-        + "".join(f"  {n}: {{address: {a}}}\n" for n, a in lab.hosts.items())
-        + f"vars:\n  model_store: {STORE}\n  hf_endpoint: {server.url}\n")
+    inv.write_text(yaml.safe_dump({
+        "defaults": {"user": "nvidia", "ssh_key": str(lab.key), "known_hosts": str(lab.known_hosts),
+                     "become_password_file": str(lab.password_file)},
+        "hosts": {"localhost": {"connection": "local", "vars": {"model_store": str(store)}},
+                  **{n: {"address": a} for n, a in lab.hosts.items()}},
+        "vars": {"model_store": STORE, "hf_endpoint": server.url}}, sort_keys=False))
     for n in lab.names:
         lab.ssh(n, f"rm -rf {STORE}")
     return {"inv": inv, "store": store, "server": server, "repos": repos, "lab": lab, "dir": d}

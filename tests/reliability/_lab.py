@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from sparkprov.data.inventory import load_inventory
 from sparkprov.data.playbook import load_playbook
 from sparkprov.engine.report import Report
@@ -21,7 +23,7 @@ NUM = {"spark1": 11, "spark2": 12}
 STORE = "/home/nvidia/vllm"
 
 
-def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, extra_vars: str = "",
+def write_inventory(lab, path: Path, *, known_hosts: Path | None = None, extra_vars: dict | None = None,
                     store: str = "~/vllm") -> Path:
     return lab.write_inventory(path, known_hosts=known_hosts, store=store, extra_vars=extra_vars)
 
@@ -90,7 +92,8 @@ def token_file(path: Path, token: str) -> Path:
 
 
 def serve_playbook(path: Path, name: str) -> Path:
-    path.write_text(f"deployments:\n  - {{name: {name}, model: {TP_MODEL}, hosts: [spark1, spark2], tp: 2}}\n")
+    path.write_text(yaml.safe_dump({"deployments": [{"name": name, "model": TP_MODEL, "hosts": ["spark1", "spark2"],
+                                                     "tp": 2}]}))
     return path
 
 

@@ -21,7 +21,7 @@ def served(lab, tmp_path_factory):
     """The lab provisioned, the TP model staged (gated: the lab hub's token in a 0600 file)."""
     d = tmp_path_factory.mktemp("relcluster")
     env = cli_env(token_file(d / "hf-token", lab_hub_token(lab)))
-    inv = write_inventory(lab, d / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
+    inv = write_inventory(lab, d / "inventory.yaml", store=STORE, extra_vars={"hf_endpoint": LAB_HUB})
     pb = serve_playbook(d / "cluster.yaml", "relfault")
     from sparklab.image import ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT

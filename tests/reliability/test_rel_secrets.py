@@ -145,7 +145,7 @@ def test_password_token_and_api_key_only_in_their_0600_files(lab, tmp_path):
     password = lab.password
     tok = token_file(tmp_path / "hf-token", hf_token)
     env = cli_env(tok)
-    inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {LAB_HUB}\n")
+    inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars={"hf_endpoint": LAB_HUB})
     pb = serve_playbook(tmp_path / "cluster.yaml", "relsecret")
     from sparklab.image import ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT

@@ -87,7 +87,7 @@ def test_fabric_link_cut_during_fan_out_then_rerun_sends_only_missing_bytes(lab,
     from sparklab import faults
 
     server, repo = hub
-    inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars=f"  hf_endpoint: {server.url}\n")
+    inv = write_inventory(lab, tmp_path / "inventory.yaml", store=STORE, extra_vars={"hf_endpoint": server.url})
     from sparklab.image import ensure_images
     from sparklab.state import BRIDGE_IP, REGISTRY_PORT
 

@@ -50,15 +50,14 @@ def sh(host: str, script: str) -> str:
     return labhosts.nsexec(host, ["sh", "-c", script], check=False).stdout
 
 
-def inventory(d: Path, names: list[str], extra: str = "", hub: str | None = None) -> Path:
+def inventory(d: Path, names: list[str], extra: dict | None = None, hub: str | None = None) -> Path:
     inv = d / "inventory.yaml"
-    inv.write_text("defaults:\n  user: nvidia\n"
-                   f"  ssh_key: {state.key_path()}\n  known_hosts: {state.known_hosts_path()}\n"
-                   f"  become_password_file: {state.password_path()}\n  connect_timeout: 10\n"
-                   "hosts:\n" + "".join(f"  {n}: {{address: {state.host_address(int(n[5:]))}}}\n" for n in names)
-                   + f"groups:\n  sparks: [{', '.join(names)}]\nvars:\n" + state.lab_vars_yaml()
-                   + f"  hf_endpoint: {hub or state.LabRecord.load().hub_url or f'http://{state.BRIDGE_IP}:{state.HUB_PORT}'}\n"
-                   + extra)
+    hub = hub or state.LabRecord.load().hub_url or f"http://{state.BRIDGE_IP}:{state.HUB_PORT}"
+    inv.write_text(state.lab_inventory(
+        {n: state.host_address(int(n[5:])) for n in names},
+        defaults={"ssh_key": state.key_path(), "known_hosts": state.known_hosts_path(),
+                  "become_password_file": state.password_path(), "connect_timeout": 10},
+        vars={"hf_endpoint": hub, **(extra or {})}))
     return inv
 
 
@@ -158,8 +157,8 @@ def test_a_three_spark_mesh(tmp_path):
     check_links("mesh", 3, names, inv)
     (tmp_path / "bad").mkdir()
     # the ring the other way round: spark1's port 0 declared to spark3, cabled to spark2
-    bad = inventory(tmp_path / "bad", names, '  fabric_links: ["spark1:p0 spark3:p1", "spark3:p0 spark2:p1", '
-                                             '"spark2:p0 spark1:p1"]\n')
+    bad = inventory(tmp_path / "bad", names, {"fabric_links": ["spark1:p0 spark3:p1", "spark3:p0 spark2:p1",
+                                                           "spark2:p0 spark1:p1"]})
     report, out = provision(bad, tags={"fabric"})
     lines = failed(report)
     assert any("fabric_links declares spark1:p0 <-> spark3:p1, but spark1:p0 is cabled to spark2:p1" in x
@@ -170,7 +169,7 @@ def test_a_four_spark_switch(tmp_path):
     inv, names, _ = converge_twice("switch", 4, tmp_path)
     check_links("switch", 4, names, inv)
     (tmp_path / "bad").mkdir()
-    report, out = provision(inventory(tmp_path / "bad", names, "  fabric_topology: ring\n"), tags={"fabric"})
+    report, out = provision(inventory(tmp_path / "bad", names, {"fabric_topology": "ring"}), tags={"fabric"})
     assert any("fabric_topology is ring but the cabling is a switch: spark1 enp1s0f1np1 reaches spark2, spark3, "
                "spark4" in x for x in failed(report)), out[-3000:]
 
@@ -197,7 +196,7 @@ def test_a_four_spark_ring_and_staging_along_it(tmp_path):
     inv, names, _ = converge_twice("ring", 4, tmp_path, light=False)
     check_links("ring", 4, names, inv)
     (tmp_path / "bad").mkdir()
-    report, out = provision(inventory(tmp_path / "bad", names, "  fabric_topology: switch\n"), tags={"fabric"})
+    report, out = provision(inventory(tmp_path / "bad", names, {"fabric_topology": "switch"}), tags={"fabric"})
     assert any("fabric_topology is switch but the cabling is a ring: spark1 enp1s0f0np0 reaches only spark2 "
                "enp1s0f1np1 (a point-to-point cable)" in x for x in failed(report)), out[-3000:]
     # stage-weights lab-tiny: once to spark1 alone (one download), then to the whole ring from spark1
