@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkprov.node.guard import JOURNAL_PATH
 from tests.lab import test_real_vllm as real
@@ -244,7 +245,9 @@ def test_a_restart_storm_ends_in_a_stand_down_and_resumes(env, native_tp2, tmp_p
     budget = max(made, 1)
     stalls = budget - made + 1  # the storm's restarts, then the stall that finds the budget spent
     one = {**env, "inv": tmp_path / "inventory.yaml"}
-    one["inv"].write_text(Path(env["inv"]).read_text().replace("\nvars:\n", f"\nvars:\n  guard_restart_budget: {budget}\n"))
+    doc = yaml.safe_load(Path(env["inv"]).read_text())
+    doc["vars"]["guard_restart_budget"] = budget
+    one["inv"].write_text(yaml.safe_dump(doc, sort_keys=False))
     rc, _, out = cli(one, "provision", "--tags", "guard", "--limit", "spark1")
     assert rc == 0, out
     before = {h: len(journal(lab, h)) for h in lab.names}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
 from sparkprov.data.inventory import load_inventory
 from sparkprov.engine.report import Report
@@ -104,9 +105,10 @@ def site(lab, hub, tmp_path_factory):
     inv = write_inventory(lab, d / "inventory.yaml")
     # the control machine is the source (it downloads once), the Sparks receive over SSH
     stage_inv = d / "stage.yaml"
-    stage_inv.write_text(inv.read_text().replace("model_store: ~/vllm", f"model_store: {STAGE_STORE}")
-                         .replace("hosts:\n", f"hosts:\n  localhost: {{connection: local, vars: {{model_store: {d / 'store'}}}}}\n", 1)
-                         + f"  hf_endpoint: {hub[0].url}\n")
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"] = {"localhost": {"connection": "local", "vars": {"model_store": str(d / "store")}}, **doc["hosts"]}
+    doc["vars"].update(model_store=STAGE_STORE, hf_endpoint=hub[0].url)
+    stage_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     converge(inv)
     rep = stage(stage_inv)
     assert rep.exit_code() == 0, problems(rep)
