@@ -22,7 +22,6 @@ that can go stale).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -187,11 +186,11 @@ def alias_running(state_dir: Path) -> bool:
 
 
 def _addr_of(config: Path) -> str | None:
-
-    for line in config.read_text().splitlines():
-        if line.strip().startswith("addr:"):
-            return json.loads(line.split(":", 1)[1].strip())
-    return None
+    """The address a configuration (_config_text's) listens on."""
+    try:
+        return yaml.safe_load(config.read_text())["http"]["addr"]
+    except (yaml.YAMLError, TypeError, KeyError):
+        return None
 
 
 def stop_registry(state_dir: Path) -> None:
