@@ -207,6 +207,7 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
              for k in (d.get("mac"), d.get("id")) if k}
     links: dict[frozenset, tuple[tuple[str, str], tuple[str, str]]] = {}
     shared: dict[str, list[str]] = {}
+    heard_on_switch: set[str] = set()   # the twins a twin that heard several peers heard
     probed = False
     for h in order:
         for iface, d in sorted((found.get(h) or {}).items(), key=lambda kv: (domain_of(kv[0]), kv[0])):
@@ -218,6 +219,7 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
             peers = sorted({p for p, _ in ends}, key=order.index)
             if len(peers) > 1:
                 shared[f"{h} {iface}"] = peers
+                heard_on_switch |= {f"{p} {i}" for p, i in ends}
                 continue
             if not ends:
                 continue
@@ -239,9 +241,12 @@ def discover(found: dict[str, dict[str, dict[str, Any]]], order: list[str]) -> d
     n = len(order)
     if shared:
         # a switch: a twin that heard one peer this time is on it too (the others did not answer in
-        # time); the record keeps which twins are on it, never who answered (that varies run to run)
+        # time), and so is one that heard none but was heard (its own echo failed, e.g. its link-local
+        # address still tentative right after boot); the record keeps which twins are on it, never who
+        # answered (that varies run to run)
         out["kind"] = "switch"
-        out["on_switch"] = sorted(set(shared) | {f"{e[0]} {e[1]}" for ln in out["links"] for e in (ln["a"], ln["b"])},
+        out["on_switch"] = sorted(set(shared) | heard_on_switch
+                                  | {f"{e[0]} {e[1]}" for ln in out["links"] for e in (ln["a"], ln["b"])},
                                   key=lambda k: (order.index(k.split(" ")[0]), k))
         out["links"], out["cables"] = [], []
         return out

@@ -517,11 +517,16 @@ def test_a_switch_record_does_not_depend_on_who_answered_in_time():
     full = cabled("switch", 4)
     short = cabled("switch", 4)
     short["spark3"]["enp1s0f1np1"]["neighbours"] = [mac("spark1", "enp1s0f1np1")]   # one answer this time
-    a, b = t.discover(full, ORDER[4]), t.discover(short, ORDER[4])
-    assert a["kind"] == b["kind"] == "switch" and a["links"] == b["links"] == []
-    assert a["on_switch"] == b["on_switch"] and "spark3 enp1s0f1np1" in b["on_switch"]
+    # none: its own echo failed (seen once in the lab: a 4-switch's second provision rewrote every
+    # host's record, the twin missing from the first), while the others heard it
+    silent = cabled("switch", 4)
+    silent["spark4"]["enP2p1s0f1np1"].update(neighbours=[], error="ping: bind icmp socket: Cannot assign requested address")
+    a, b, c = t.discover(full, ORDER[4]), t.discover(short, ORDER[4]), t.discover(silent, ORDER[4])
+    assert a["kind"] == b["kind"] == c["kind"] == "switch" and a["links"] == b["links"] == c["links"] == []
+    assert a["on_switch"] == b["on_switch"] == c["on_switch"] and "spark3 enp1s0f1np1" in b["on_switch"]
+    assert "spark4 enP2p1s0f1np1" in c["on_switch"]
     recs = []
-    for found in (full, short):
+    for found in (full, short, silent):
         p = configure(found, ORDER[4], "spark2")
         recs.append(p.exports["fabric"]["topology"])
-    assert recs[0] == recs[1] and recs[0]["shared"] == {}
+    assert recs[0] == recs[1] == recs[2] and recs[0]["shared"] == {}
