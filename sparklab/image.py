@@ -1590,9 +1590,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-dir", type=Path, default=ENGINE_DIR)
     ap.add_argument("--find-links", type=Path, action="append", default=None,
                     help="directory holding the torch wheel (repeatable; default: pip's find-links)")
+    ap.add_argument("--base-only", action="store_true",
+                    help="build only the base layer (the standard library's python suffices: make demo runs it "
+                         "with the machine's python3 while it makes the venv)")
     ap.add_argument("images", nargs="*", help="image names (default: the catalog's + smoke)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
+    if a.base_only:
+        base = ensure_base()
+        print(json.dumps({"base": base.layer.digest, "build_s": round(time.monotonic() - t0, 2)}))
+        return 0
     built = build_images(a.images or None, engine_dir=a.engine_dir, find_links=a.find_links)
     t1 = time.monotonic()
     result = {"build_s": round(t1 - t0, 2), "images": {b.ref.name: b.digest for b in built}}

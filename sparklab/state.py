@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 STATE_DIR = Path(os.environ.get("SPARKPROV_LAB_STATE", "/run/sparkprov-lab"))
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +89,9 @@ def lab_inventory(hosts: dict[str, str], *, defaults: dict | None = None, vars: 
     """An inventory of lab hosts (name -> address), all in group `sparks`, as YAML: the login user and
     `defaults`, and `vars` over the lab's rail figures (LAB_RAIL_VARS: veths, not 200G links). Every
     lab inventory (lab.up's, the tests') is made here."""
+    import yaml   # here: the rest of this module is the standard library's (make demo builds the base with
+    #               the machine's python3 while the venv is made: sparklab.image --base-only)
+
     doc = {"defaults": {"user": LOGIN_USER, **{k: str(v) if isinstance(v, Path) else v
                                                 for k, v in (defaults or {}).items()}},
            "hosts": {name: {"address": address} for name, address in hosts.items()},

@@ -133,3 +133,20 @@ def test_a_trained_model_is_built_once_clearing_its_own_stale_folders_then_read_
     finally:
         lock.close()
     assert built == [1]
+
+
+def test_make_demo_builds_the_base_with_the_machines_python_before_the_venv_exists(tmp_path):
+    """`make demo` starts `python3 -m sparklab.image --base-only` with the machine's python3 while it
+    makes the venv: the standard library suffices for it (-S: no site-packages, neither the venv's nor
+    Debian's python3-yaml), and a published base is found, not built."""
+    import os
+    import subprocess
+    import sys
+
+    _published_base(tmp_path / "images")
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-S", "-m", "sparklab.image", "--base-only"], cwd=repo,
+                       env={**os.environ, "SPARKPROV_LAB_CACHE": str(tmp_path), "PYTHONPATH": ""},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["base"] == "sha256:" + "a" * 64
