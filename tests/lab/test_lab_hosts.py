@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from sparklab import faults, gb10, state
 
@@ -320,10 +321,10 @@ def test_up_is_idempotent_and_inventory(lab):
     res = up.up(2, images=False, hub=False, quiet=True)   # the session's own call (tests/lab/conftest.py)
     assert res.changed == []
     assert time.monotonic() - t0 < 15
-    inv = lab.inventory.read_text()
-    assert "  spark1: {address: 10.77.0.11}\n  spark2: {address: 10.77.0.12}\n" in inv
-    assert "become_password_file: /run/sparkprov-lab/become_password" in inv
-    assert "groups:\n  sparks: [spark1, spark2]\n" in inv
+    inv = yaml.safe_load(lab.inventory.read_text())
+    assert inv["hosts"] == {"spark1": {"address": "10.77.0.11"}, "spark2": {"address": "10.77.0.12"}}
+    assert inv["defaults"]["become_password_file"] == "/run/sparkprov-lab/become_password"
+    assert inv["groups"] == {"sparks": ["spark1", "spark2"]}
 
 
 def test_ollama_standin_holds_and_frees_memory(lab):
