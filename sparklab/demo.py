@@ -19,8 +19,8 @@ shared): 346 s the whole command with every cache of the lab cold, its venv made
 vLLM's image and lab-tiny built, the base beside the venv: the Makefile), 107-109 s of steps with the caches
 warm on new lab hosts (the stand-in's pull, then lab-tiny's image's on both hosts: 60-62 s of it, each host's
 dockerd unpacking onto a docker disk of its own, sparklab/hosts.py docker_disk; on a folder of the machine's
-aged ext4 it was 80-116 s, and the demo 131-177 s), and 9 s run again on the lab it left (nothing to change: provision 4.9 s, stage-weights 0.8,
-cluster-up 1.2).
+aged ext4 it was 80-116 s, and the demo 131-177 s), and 9 s run again on the lab it left (nothing to change:
+provision 4.9 s, stage-weights 0.8, cluster-up 1.2).
 """
 
 from __future__ import annotations

@@ -1454,8 +1454,8 @@ class _Registry:
             self.blobs_in.setdefault(digest, repo)
             return "present"
         start = f"{self.url}/v2/{repo}/blobs/uploads/"
-        if self.holder(digest):
-            q = urllib.parse.urlencode({"mount": digest, "from": self.blobs_in[digest]})
+        if held_in := self.holder(digest):
+            q = urllib.parse.urlencode({"mount": digest, "from": held_in})
             r = self._req("POST", f"{start}?{q}", data=b"", ok=(201, 202))
             if r.status == 201:
                 return "mounted"

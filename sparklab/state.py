@@ -98,6 +98,8 @@ def lab_inventory(hosts: dict[str, str], *, defaults: dict | None = None, vars: 
            "groups": {"sparks": list(hosts)},
            "vars": {**LAB_RAIL_VARS, **(vars or {})}}
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
 LOGIN_USER = "nvidia"
 REGISTRY_PORT = 5000
 HUB_PORT = 8080
