@@ -16,8 +16,8 @@ builds, pushes and is pulled here beside the steps, in the order they need it (I
 prints what it does and, when it ends, how long it took, and the background stages' times come at
 the end (their own output goes to a log file, named). Measured on this machine's kind (2 cores,
 shared): 346 s the whole command with every cache of the lab cold, its venv made (324 s of steps: the real
-vLLM's image and lab-tiny built, the base beside the venv: the Makefile), 107-109 s of steps with the caches
-warm on new lab hosts (the stand-in's pull, then lab-tiny's image's on both hosts: 60-62 s of it, each host's
+vLLM's image and lab-tiny built, the base beside the venv: the Makefile), 107-139 s of steps with the caches
+warm on new lab hosts (the stand-in's pull, then lab-tiny's image's on both hosts: 60-79 s of it, each host's
 dockerd unpacking onto a docker disk of its own, sparklab/hosts.py docker_disk; on a folder of the machine's
 aged ext4 it was 80-116 s, and the demo 131-177 s), and 9 s run again on the lab it left (nothing to change:
 provision 4.9 s, stage-weights 0.8, cluster-up 1.2).
