@@ -15,11 +15,11 @@ image, the gateway's and Prometheus's, so that every command of the README runs 
 builds, pushes and is pulled here beside the steps, in the order they need it (Images); each step
 prints what it does and, when it ends, how long it took, and the background stages' times come at
 the end (their own output goes to a log file, named). Measured on this machine's kind (2 cores,
-shared): 299-346 s the whole command with every cache of the lab cold, its venv made (287-324 s of steps:
-the real vLLM's image and lab-tiny built, the base beside the venv: the Makefile); 92-109 s of steps with
+shared): 286-346 s the whole command with every cache of the lab cold, its venv made (269-324 s of steps:
+the real vLLM's image and lab-tiny built, the base beside the venv: the Makefile); 86-108 s of steps with
 the caches warm on new lab hosts, the machine's disk 33-79% full (136-139 s on another machine of this
 kind, where the engine's CPU-bound start slowed as much as the pulls). Of the warm steps, the stand-in's
-pull and then lab-tiny's image's on both hosts take 52-79 s, each host's dockerd unpacking onto a docker
+pull and then lab-tiny's image's on both hosts take 49-79 s, each host's dockerd unpacking onto a docker
 disk of its own (sparklab/hosts.py docker_disk; on a folder of the machine's aged ext4 it was 80-116 s,
 and the demo 131-177 s). Run again on the lab it left: 5-9 s (nothing to change: provision 2.5-4.9 s,
 stage-weights 0.6-0.8, cluster-up 0.7-1.2).
