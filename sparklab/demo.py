@@ -15,7 +15,7 @@ image, the gateway's and Prometheus's, so that every command of the README runs 
 builds, pushes and is pulled here beside the steps, in the order they need it (Images); each step
 prints what it does and, when it ends, how long it took, and the background stages' times come at
 the end (their own output goes to a log file, named). Measured on this machine's kind (2 cores,
-shared): 286-346 s the whole command with every cache of the lab cold, its venv made (269-324 s of steps:
+shared): 279-346 s the whole command with every cache of the lab cold, its venv made (263-324 s of steps:
 the real vLLM's image and lab-tiny built, the base beside the venv: the Makefile); 86-108 s of steps with
 the caches warm on new lab hosts, the machine's disk 33-79% full (136-139 s on another machine of this
 kind, where the engine's CPU-bound start slowed as much as the pulls). Of the warm steps, the stand-in's
